@@ -1,0 +1,516 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// ErrDeadLettered is the outcome of an assign that would have changed the epoch more
+// than max_epochs times: the run was dead-lettered instead and has no new epoch.
+var ErrDeadLettered = errors.New("checkpoint: run dead-lettered (max_epochs exceeded)")
+
+// applyTx applies the entries of one log message into one indexed batch. Runs and
+// steps are cached and written once at commit, so that several entries of one message
+// about the same run see each other's effects.
+type applyTx struct {
+	s     *Store
+	b     *pebble.Batch
+	seq   uint64
+	term  int64
+	runs  map[string]*cachedRun
+	order []string // run IDs in first-touch order, so writes are deterministic
+	// assigned holds runs given an epoch by this message: a second assign of the same
+	// run in one message would get the same epoch, so it is rejected.
+	assigned map[string]bool
+}
+
+type cachedRun struct {
+	run        *Run
+	origStatus RunStatus // status when loaded ("" for a new run)
+	steps      map[string]*Step
+	dirty      bool
+}
+
+func newApplyTx(s *Store, seq uint64) *applyTx {
+	return &applyTx{
+		s: s, b: s.db.NewIndexedBatch(), seq: seq, term: s.term.Load(),
+		runs: map[string]*cachedRun{}, assigned: map[string]bool{},
+	}
+}
+
+func (tx *applyTx) close() { _ = tx.b.Close() }
+
+func (tx *applyTx) commit() error {
+	for _, id := range tx.order {
+		c := tx.runs[id]
+		if !c.dirty {
+			continue
+		}
+		c.run.UpdatedSeq = tx.seq
+		if err := tx.putJSON(keyRun(id), c.run); err != nil {
+			return err
+		}
+		for _, name := range c.run.Steps {
+			if st, ok := c.steps[name]; ok {
+				if err := tx.putJSON(keyStep(id, name), st); err != nil {
+					return err
+				}
+			}
+		}
+		if c.origStatus != c.run.Status {
+			if c.origStatus != "" {
+				_ = tx.b.Delete(keyByStatus(c.origStatus, id), nil)
+				_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, c.origStatus, id), nil)
+			}
+			_ = tx.b.Set(keyByStatus(c.run.Status, id), nil, nil)
+			_ = tx.b.Set(keyByWorkflow(c.run.Workflow, c.run.Status, id), nil, nil)
+		}
+	}
+	_ = tx.b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, tx.seq), nil)
+	_ = tx.b.Set(keyTerm, binary.BigEndian.AppendUint64(nil, uint64(tx.term)), nil)
+	// NoSync: the log is the durable record. A crash that loses this batch replays it,
+	// since the applied sequence is in the same batch.
+	if err := tx.b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("checkpoint: commit state for sequence %d: %w", tx.seq, err)
+	}
+	return nil
+}
+
+func (tx *applyTx) putJSON(key []byte, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("checkpoint: encode %q: %w", key, err)
+	}
+	return tx.b.Set(key, raw, nil)
+}
+
+// load returns the run (cached), or nil if it does not exist.
+func (tx *applyTx) load(id string) (*cachedRun, error) {
+	if c, ok := tx.runs[id]; ok {
+		return c, nil
+	}
+	var r Run
+	found, err := getJSON(tx.b, keyRun(id), &r)
+	if err != nil || !found {
+		return nil, err
+	}
+	c := &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps))}
+	for _, name := range r.Steps {
+		var st Step
+		if _, err := getJSON(tx.b, keyStep(id, name), &st); err != nil {
+			return nil, err
+		}
+		c.steps[name] = &st
+	}
+	tx.runs[id] = c
+	tx.order = append(tx.order, id)
+	return c, nil
+}
+
+func (tx *applyTx) apply(idx int, e *Entry) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("%w (sequence %d, entry %d)", err, tx.seq, idx)
+	}
+	if e.Term > 0 {
+		if e.Term < tx.term && !tx.s.unsafe.NoTermCheck {
+			rej := &StaleTermError{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq}
+			_ = tx.putJSON(keyStaleTerm(tx.seq, idx), StaleTerm{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq, At: e.At})
+			if c, _ := tx.load(e.Run); c != nil {
+				tx.event(c, idx, e, "rejected: stale term", fmt.Sprintf("term %d < %d", e.Term, tx.term))
+			}
+			return rej
+		}
+		tx.term = max(tx.term, e.Term)
+	}
+	switch e.Kind {
+	case KindSubmit:
+		return tx.submit(idx, e, e.Submit)
+	case KindCronTick:
+		return tx.cronTick(idx, e)
+	}
+	c, err := tx.load(e.Run)
+	if err != nil {
+		return err
+	}
+	if c == nil {
+		return fmt.Errorf("%w: run %q (%s at sequence %d)", ErrNotFound, e.Run, e.Kind, tx.seq)
+	}
+	switch e.Kind {
+	case KindAssign:
+		err = tx.assign(c, e)
+	case KindClaim:
+		err = tx.claim(c, e)
+	case KindStart:
+		err = tx.start(c, e)
+	case KindCommit, KindFail:
+		err = tx.commitStep(c, idx, e)
+	case KindComplete:
+		err = tx.complete(c, idx, e)
+	case KindCancel:
+		err = tx.finishEarly(c, e, StatusCancelled)
+	case KindDeadLetter:
+		err = tx.finishEarly(c, e, StatusDeadLettered)
+	case KindRequeue:
+		err = tx.requeue(c, e)
+	case KindRetry:
+		err = tx.retry(c, e)
+	}
+	var fe *FencedError
+	switch {
+	case err == nil:
+		tx.event(c, idx, e, "accepted", "")
+	case errors.As(err, &fe):
+		tx.event(c, idx, e, "fenced: "+fe.Reason, "")
+		if e.Kind == KindCommit || e.Kind == KindFail || e.Kind == KindComplete {
+			c.run.Fenced++
+			c.dirty = true
+			_ = tx.putJSON(keyFenced(c.run.ID, tx.seq, idx), Fenced{
+				Step: e.Step, Item: e.Item, Epoch: e.Epoch, CurrentEpoch: fe.CurrentEpoch,
+				Owner: e.Owner, Kind: e.Kind, Reason: fe.Reason, Seq: tx.seq, At: e.At,
+			})
+		}
+	case errors.Is(err, ErrDeadLettered):
+		tx.event(c, idx, e, "dead-lettered", c.run.DeadLetter)
+	default:
+		tx.event(c, idx, e, "rejected", err.Error())
+	}
+	return err
+}
+
+func (tx *applyTx) event(c *cachedRun, idx int, e *Entry, outcome, detail string) {
+	_ = tx.putJSON(keyEvent(c.run.ID, tx.seq, idx), Event{
+		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
+		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At,
+	})
+}
+
+func (tx *applyTx) fenced(c *cachedRun, e *Entry, reason string) *FencedError {
+	return &FencedError{Run: c.run.ID, Step: e.Step, Item: e.Item, Epoch: e.Epoch,
+		CurrentEpoch: c.run.Epoch, Reason: reason, Seq: tx.seq}
+}
+
+func (tx *applyTx) conflict(c *cachedRun, e *Entry, format string, args ...any) error {
+	return fmt.Errorf("%w: %s of run %s (status %s, epoch %d): %s", ErrConflict, e.Kind,
+		c.run.ID, c.run.Status, c.run.Epoch, fmt.Sprintf(format, args...))
+}
+
+func (tx *applyTx) submit(idx int, e *Entry, sub *Submit) error {
+	if c, err := tx.load(e.Run); err != nil {
+		return err
+	} else if c != nil {
+		tx.event(c, idx, e, "rejected: run exists", "")
+		return fmt.Errorf("%w: %s", ErrRunExists, e.Run)
+	}
+	maxEpochs := sub.MaxEpochs
+	if maxEpochs == 0 {
+		maxEpochs = DefaultMaxEpochs
+	}
+	r := &Run{
+		ID: e.Run, Workflow: sub.Workflow, Version: sub.Version, Status: StatusPending,
+		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
+		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
+	}
+	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), dirty: true}
+	for _, st := range sub.Steps {
+		r.Steps = append(r.Steps, st.Name)
+		c.steps[st.Name] = &Step{Name: st.Name, Foreach: st.Foreach, Status: StepPending}
+	}
+	tx.runs[e.Run] = c
+	tx.order = append(tx.order, e.Run)
+	tx.event(c, idx, e, "accepted", "")
+	return nil
+}
+
+func (tx *applyTx) cronTick(idx int, e *Entry) error {
+	key := keyTick(e.Tick.Workflow, e.Tick.At)
+	if _, closer, err := tx.b.Get(key); err == nil {
+		closer.Close()
+		return fmt.Errorf("%w: %s at %s", ErrTickExists, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("checkpoint: read tick: %w", err)
+	}
+	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
+		return err
+	}
+	if e.Tick.Outcome == TickFired || e.Tick.Outcome == TickCaughtUp {
+		return tx.submit(idx, e, e.Submit)
+	}
+	return nil
+}
+
+// reset returns every in-flight step to pending: a new epoch, a hand-back or a
+// terminal status leaves nothing claiming to be in progress.
+func (c *cachedRun) reset() {
+	for _, name := range c.run.Steps {
+		if st := c.steps[name]; st.Status == StepRunning {
+			st.Status = StepPending
+		}
+	}
+}
+
+func (c *cachedRun) touch(e *Entry) {
+	c.dirty = true
+	c.run.UpdatedAt = e.At
+}
+
+func (tx *applyTx) assign(c *cachedRun, e *Entry) error {
+	r := c.run
+	if r.Status != StatusPending && r.Status != StatusRunning {
+		return tx.conflict(c, e, "only a pending or running run gets a new epoch (retry it first)")
+	}
+	if e.Epoch != r.Epoch {
+		return tx.conflict(c, e, "the assigner saw epoch %d: its view is stale", e.Epoch)
+	}
+	if tx.assigned[r.ID] {
+		return tx.conflict(c, e, "a second assign of the run in one log message")
+	}
+	counted := false
+	var reason string
+	switch {
+	case r.Epoch == 0:
+		reason = ReasonAssigned
+	case r.RetryRequested:
+		reason = ReasonRetried
+	case r.HandedBack:
+		reason = ReasonReleased
+	case r.Owner != "":
+		// Ownership was lost: the only epoch changes that count toward max_epochs.
+		reason, counted = e.Reason, true
+		if reason == "" {
+			reason = ReasonLeaseExpired
+		}
+	default:
+		// Assigned but never claimed (the task was lost): nobody lost ownership.
+		reason = ReasonReconciled
+	}
+	c.touch(e)
+	c.reset()
+	if counted && r.EpochChanges+1 > r.MaxEpochs {
+		r.Status = StatusDeadLettered
+		r.Owner = ""
+		r.DeadLetter = fmt.Sprintf("epoch changed %d times, more than max_epochs %d (last owner %s, %s)",
+			r.EpochChanges+1, r.MaxEpochs, lastOwner(r), reason)
+		return fmt.Errorf("%w: run %s: %s", ErrDeadLettered, r.ID, r.DeadLetter)
+	}
+	if counted {
+		r.EpochChanges++
+	}
+	tx.assigned[r.ID] = true
+	r.Epoch = int64(tx.seq)
+	r.Status = StatusPending
+	r.Owner = ""
+	r.HandedBack, r.RetryRequested = false, false
+	r.Epochs = append(r.Epochs, EpochRecord{Epoch: r.Epoch, Reason: reason, At: e.At, Term: e.Term})
+	return nil
+}
+
+func lastOwner(r *Run) string {
+	for i := len(r.Epochs) - 1; i >= 0; i-- {
+		if r.Epochs[i].Owner != "" {
+			return r.Epochs[i].Owner
+		}
+	}
+	return "none"
+}
+
+func (tx *applyTx) claim(c *cachedRun, e *Entry) error {
+	r := c.run
+	switch {
+	case r.Status == StatusRunning && r.Epoch == e.Epoch && r.Owner == e.Owner:
+		return nil // a repeated claim by the holder
+	case e.Epoch != r.Epoch:
+		return tx.fenced(c, e, "stale-epoch")
+	case r.Status != StatusPending || r.Owner != "":
+		return tx.fenced(c, e, "epoch-already-claimed")
+	}
+	c.touch(e)
+	r.Status = StatusRunning
+	r.Owner = e.Owner
+	r.Epochs[len(r.Epochs)-1].Owner = e.Owner
+	return nil
+}
+
+// guard is the fencing check shared by every write of a worker.
+func (tx *applyTx) guard(c *cachedRun, e *Entry) *FencedError {
+	if c.run.Status != StatusRunning {
+		return tx.fenced(c, e, "run-not-running")
+	}
+	if e.Epoch != c.run.Epoch && !tx.s.unsafe.NoEpochCheck {
+		if e.Epoch < c.run.Epoch {
+			return tx.fenced(c, e, "stale-epoch")
+		}
+		return tx.fenced(c, e, "unknown-epoch")
+	}
+	return nil
+}
+
+func (tx *applyTx) step(c *cachedRun, e *Entry) (*Step, error) {
+	st, ok := c.steps[e.Step]
+	if !ok {
+		return nil, fmt.Errorf("%w: run %s has no step %q", ErrInvalidEntry, c.run.ID, e.Step)
+	}
+	return st, nil
+}
+
+func (tx *applyTx) start(c *cachedRun, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	st, err := tx.step(c, e)
+	if err != nil {
+		return err
+	}
+	switch st.Status {
+	case StepSucceeded, StepSkipped:
+		return tx.fenced(c, e, "checkpoint-exists") // a checkpointed step never runs again
+	case StepFailed:
+		return tx.conflict(c, e, "step %q already failed", st.Name)
+	}
+	c.touch(e)
+	st.Status = StepRunning
+	st.Epoch = e.Epoch
+	st.Attempts = max(e.Attempt, st.Attempts+1)
+	if st.Foreach && e.Items > 0 {
+		st.Items = e.Items
+	}
+	return nil
+}
+
+func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	st, err := tx.step(c, e)
+	if err != nil {
+		return err
+	}
+	if e.Item != ItemWhole {
+		if !st.Foreach {
+			return fmt.Errorf("%w: step %q has no foreach: use item %d", ErrInvalidEntry, st.Name, ItemWhole)
+		}
+		if st.Items > 0 && e.Item >= st.Items {
+			return fmt.Errorf("%w: step %q has %d items, item %d is out of range", ErrInvalidEntry, st.Name, st.Items, e.Item)
+		}
+	}
+	exists, err := tx.checkpointed(c, st, e.Item)
+	if err != nil {
+		return err
+	}
+	if exists && !tx.s.unsafe.NoCheckpointCheck {
+		return tx.fenced(c, e, "checkpoint-exists")
+	}
+	if st.Status == StepFailed {
+		return tx.conflict(c, e, "step %q already failed", st.Name)
+	}
+	c.touch(e)
+	if e.Kind == KindFail {
+		st.Error = e.Error
+		st.Attempts = max(st.Attempts, e.Attempt)
+		st.Epoch = e.Epoch
+		if e.Final {
+			st.Status = StepFailed
+		}
+		return nil
+	}
+	if e.Item != ItemWhole {
+		st.ItemsDone++
+		return tx.putJSON(keyItem(c.run.ID, st.Name, e.Item), Item{
+			Index: e.Item, Epoch: e.Epoch, Owner: e.Owner, Output: e.Output, Seq: tx.seq, At: e.At,
+		})
+	}
+	st.Status = StepSucceeded
+	if e.Skipped {
+		st.Status = StepSkipped
+	}
+	st.Output, st.Epoch, st.Seq, st.Error = e.Output, e.Epoch, tx.seq, ""
+	return nil
+}
+
+func (tx *applyTx) checkpointed(c *cachedRun, st *Step, item int) (bool, error) {
+	if item == ItemWhole {
+		return st.Status == StepSucceeded || st.Status == StepSkipped, nil
+	}
+	_, closer, err := tx.b.Get(keyItem(c.run.ID, st.Name, item))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: read item: %w", err)
+	}
+	closer.Close()
+	return true, nil
+}
+
+func (tx *applyTx) complete(c *cachedRun, idx int, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	r := c.run
+	if e.Status == StatusSucceeded {
+		for _, name := range r.Steps {
+			if st := c.steps[name]; st.Status != StepSucceeded && st.Status != StepSkipped {
+				return tx.conflict(c, e, "step %q is %s: a run succeeds only when every step has", name, st.Status)
+			}
+		}
+	}
+	c.touch(e)
+	c.reset()
+	r.Status = e.Status
+	r.Error, r.FailedStep = e.Error, e.Step
+	return nil
+}
+
+func (tx *applyTx) finishEarly(c *cachedRun, e *Entry, status RunStatus) error {
+	r := c.run
+	if r.Status.Terminal() {
+		return tx.conflict(c, e, "the run already ended")
+	}
+	c.touch(e)
+	c.reset()
+	r.Status = status
+	r.Owner = ""
+	if status == StatusDeadLettered {
+		r.DeadLetter = e.Reason
+	} else {
+		r.Error = e.Reason
+	}
+	return nil
+}
+
+func (tx *applyTx) requeue(c *cachedRun, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	c.touch(e)
+	c.reset()
+	c.run.Status = StatusPending
+	c.run.Owner = ""
+	c.run.HandedBack = true
+	return nil
+}
+
+func (tx *applyTx) retry(c *cachedRun, e *Entry) error {
+	r := c.run
+	if !slices.Contains([]RunStatus{StatusFailed, StatusDeadLettered, StatusCancelled}, r.Status) {
+		return tx.conflict(c, e, "only a failed, dead-lettered or cancelled run can be retried")
+	}
+	c.touch(e)
+	c.reset()
+	for _, name := range r.Steps {
+		if st := c.steps[name]; st.Status == StepFailed {
+			st.Status, st.Error = StepPending, ""
+		}
+	}
+	r.Status = StatusPending
+	r.Owner = ""
+	r.EpochChanges = 0
+	r.RetryRequested, r.HandedBack = true, false
+	r.Error, r.FailedStep, r.DeadLetter = "", "", ""
+	return nil
+}

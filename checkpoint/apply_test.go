@@ -1,0 +1,323 @@
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// a run with two steps, assigned and claimed by owner a.
+func claimedRun(t *testing.T, s *Store) int64 {
+	t.Helper()
+	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}, StepSpec{Name: "each", Foreach: true}))
+	epoch := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Term: 1, At: t0}))
+	mustApply(t, s, Entry{Kind: KindClaim, Run: "r1", Epoch: epoch, Owner: "a", At: t0})
+	return epoch
+}
+
+func TestAssignEpochIsTheEntrySequence(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	epoch := claimedRun(t, s)
+	r, err := s.Run("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Epoch != epoch || r.Epoch != 2 || r.Status != StatusRunning || r.Owner != "a" {
+		t.Fatalf("run = epoch %d status %s owner %q; want epoch 2 (the assign's sequence), running, owner a", r.Epoch, r.Status, r.Owner)
+	}
+	if len(r.Epochs) != 1 || r.Epochs[0].Reason != ReasonAssigned || r.Epochs[0].Owner != "a" || r.EpochChanges != 0 {
+		t.Fatalf("epoch history %+v changes %d; want one 'assigned' epoch owned by a, 0 changes", r.Epochs, r.EpochChanges)
+	}
+}
+
+func TestStaleCommitIsFencedAndRecorded(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	old := claimedRun(t, s)
+	mustApply(t, s, Entry{Kind: KindStart, Run: "r1", Step: "one", Item: ItemWhole, Epoch: old, Owner: "a", At: t0})
+	// a is paused; its lease lapses; the leader reclaims and b claims.
+	cur := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: old, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
+	steps, _ := s.Steps("r1")
+	if steps[0].Status != StepPending {
+		t.Fatalf("after reclaim, step one is %s; want pending (nothing left running without an owner)", steps[0].Status)
+	}
+	mustApply(t, s, Entry{Kind: KindClaim, Run: "r1", Epoch: cur, Owner: "b", At: t0})
+	// a wakes and commits with its old epoch.
+	seq, err := applyOne(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{"x":1}`), At: t0})
+	var fe *FencedError
+	if !errors.Is(err, ErrFenced) || !errors.As(err, &fe) {
+		t.Fatalf("zombie commit: err = %v, want ErrFenced", err)
+	}
+	if fe.Epoch != old || fe.CurrentEpoch != cur || fe.Reason != "stale-epoch" || fe.Seq != seq {
+		t.Fatalf("fenced error = %+v; want epoch %d current %d stale-epoch seq %d", fe, old, cur, seq)
+	}
+	v, err := s.View("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Fenced) != 1 || v.Fenced[0].Owner != "a" || v.Fenced[0].Epoch != old || v.Fenced[0].CurrentEpoch != cur || v.Fenced[0].Step != "one" {
+		t.Fatalf("fenced records = %+v; want a's commit with both epochs", v.Fenced)
+	}
+	if v.Steps[0].Status != StepPending || v.Steps[0].Output != nil {
+		t.Fatalf("step one = %+v; the fenced commit must change nothing", v.Steps[0].Step)
+	}
+	if v.Run.EpochChanges != 1 || v.Run.Epochs[1].Reason != ReasonLeaseExpired || v.Run.Epochs[1].Owner != "b" {
+		t.Fatalf("run epochs %+v changes %d; want a lease-expired epoch owned by b, 1 change", v.Run.Epochs, v.Run.EpochChanges)
+	}
+	// b's commit is accepted; a second commit of the same step is fenced even at the current epoch.
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: cur, Owner: "b", Output: json.RawMessage(`{"x":2}`), At: t0})
+	if _, err := applyOne(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: cur, Owner: "b", At: t0}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("second commit of a checkpointed step: err = %v, want ErrFenced", err)
+	}
+	// and a start of a checkpointed step is refused: a resumed run never re-runs it.
+	if _, err := applyOne(t, s, Entry{Kind: KindStart, Run: "r1", Step: "one", Item: ItemWhole, Epoch: cur, Owner: "b", At: t0}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("start of a checkpointed step: err = %v, want ErrFenced", err)
+	}
+}
+
+func TestForeachItemsCheckpointSeparately(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	e := claimedRun(t, s)
+	mustApply(t, s, Entry{Kind: KindStart, Run: "r1", Step: "each", Item: ItemWhole, Items: 3, Epoch: e, Owner: "a", At: t0})
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: 0, Epoch: e, Owner: "a", Output: json.RawMessage(`1`), At: t0})
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: 2, Epoch: e, Owner: "a", Output: json.RawMessage(`3`), At: t0})
+	if _, err := applyOne(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: 2, Epoch: e, Owner: "a", At: t0}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("second commit of item 2: %v, want ErrFenced", err)
+	}
+	if _, err := applyOne(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: 3, Epoch: e, Owner: "a", At: t0}); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("item 3 of 3: %v, want ErrInvalidEntry", err)
+	}
+	if _, err := applyOne(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: 0, Epoch: e, Owner: "a", At: t0}); !errors.Is(err, ErrInvalidEntry) {
+		t.Fatalf("item of a step without foreach: %v, want ErrInvalidEntry", err)
+	}
+	items, err := s.Items("r1", "each")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 2 || items[0].Index != 0 || items[1].Index != 2 {
+		t.Fatalf("items = %+v; want items 0 and 2", items)
+	}
+	steps, _ := s.Steps("r1")
+	if steps[1].Items != 3 || steps[1].ItemsDone != 2 || steps[1].Status != StepRunning {
+		t.Fatalf("foreach step = %+v; want 2 of 3 done, running", steps[1])
+	}
+}
+
+func TestMaxEpochsDeadLettersInsteadOfChanging(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	e := claimedRun(t, s) // max_epochs 3
+	for i := 0; i < 3; i++ {
+		e = int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
+		mustApply(t, s, Entry{Kind: KindClaim, Run: "r1", Epoch: e, Owner: "w", At: t0})
+	}
+	_, err := applyOne(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonLeaseExpired, At: t0})
+	if !errors.Is(err, ErrDeadLettered) {
+		t.Fatalf("4th counted change: %v, want ErrDeadLettered", err)
+	}
+	r, _ := s.Run("r1")
+	if r.Status != StatusDeadLettered || r.Epoch != e || r.EpochChanges != 3 || r.Owner != "" || !strings.Contains(r.DeadLetter, "max_epochs 3") {
+		t.Fatalf("run = %s epoch %d changes %d owner %q reason %q; want dead_lettered at epoch %d with 3 changes", r.Status, r.Epoch, r.EpochChanges, r.Owner, r.DeadLetter, e)
+	}
+	dl, _, _ := s.ListRuns(ListOptions{Status: StatusDeadLettered})
+	if len(dl) != 1 {
+		t.Fatalf("dead-lettered list = %d runs, want 1", len(dl))
+	}
+	// An operator's retry resets the count and gives a new, uncounted epoch.
+	mustApply(t, s, Entry{Kind: KindRetry, Run: "r1", At: t0})
+	e2 := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, At: t0}))
+	r, _ = s.Run("r1")
+	if r.Status != StatusPending || r.Epoch != e2 || r.EpochChanges != 0 || r.Epochs[len(r.Epochs)-1].Reason != ReasonRetried {
+		t.Fatalf("after retry: %s epoch %d changes %d epochs %+v", r.Status, r.Epoch, r.EpochChanges, r.Epochs)
+	}
+}
+
+func TestHandBackAndNeverClaimedDoNotCount(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	e := claimedRun(t, s)
+	mustApply(t, s, Entry{Kind: KindRequeue, Run: "r1", Epoch: e, Owner: "a", At: t0})
+	e = int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
+	// assigned but the task was lost: reassign
+	e = int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonReconciled, At: t0}))
+	r, _ := s.Run("r1")
+	reasons := []string{}
+	for _, ep := range r.Epochs {
+		reasons = append(reasons, ep.Reason)
+	}
+	if r.EpochChanges != 0 || strings.Join(reasons, ",") != "assigned,released,reconciled" || r.Epoch != e {
+		t.Fatalf("changes %d reasons %v; want 0 changes and assigned,released,reconciled", r.EpochChanges, reasons)
+	}
+}
+
+func TestStaleTermRejected(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
+	mustApply(t, s, submitEntry("r2", StepSpec{Name: "one"}))
+	mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Term: 7, At: t0})
+	seq, err := applyOne(t, s, Entry{Kind: KindAssign, Run: "r2", Term: 5, At: t0})
+	var st *StaleTermError
+	if !errors.Is(err, ErrStaleTerm) || !errors.As(err, &st) || st.Term != 5 || st.HighestTerm != 7 || st.Seq != seq {
+		t.Fatalf("old leader's assign: %v, want a StaleTermError 5 < 7", err)
+	}
+	if r, _ := s.Run("r2"); r.Epoch != 0 {
+		t.Fatalf("rejected assign changed r2's epoch to %d", r.Epoch)
+	}
+	recs, _ := s.StaleTerms()
+	if len(recs) != 1 || recs[0].Run != "r2" || s.HighestTerm() != 7 {
+		t.Fatalf("stale-term records %+v highest %d", recs, s.HighestTerm())
+	}
+}
+
+func TestCronTickOnce(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	tick := func(outcome string) Entry {
+		e := Entry{Kind: KindCronTick, Term: 1, At: t0, Tick: &CronTick{Workflow: "wf", At: t0, Outcome: outcome}}
+		if outcome == TickFired {
+			e.Run, e.Tick.RunID = "wf-20261129T020000Z", "wf-20261129T020000Z"
+			e.Submit = &Submit{Workflow: "wf", Trigger: TriggerCron, ScheduledAt: t0, Steps: []StepSpec{{Name: "one"}}}
+		}
+		return e
+	}
+	mustApply(t, s, tick(TickFired))
+	if _, err := applyOne(t, s, tick(TickFired)); !errors.Is(err, ErrTickExists) {
+		t.Fatalf("second fire of one tick: %v, want ErrTickExists", err)
+	}
+	runs, _, _ := s.ListRuns(ListOptions{Workflow: "wf"})
+	ticks, _ := s.Ticks("wf")
+	if len(runs) != 1 || len(ticks) != 1 || !runs[0].ScheduledAt.Equal(t0) || runs[0].Trigger != TriggerCron {
+		t.Fatalf("runs %d ticks %d; want one of each", len(runs), len(ticks))
+	}
+}
+
+func TestCompleteNeedsEveryStep(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	e := claimedRun(t, s)
+	if _, err := applyOne(t, s, Entry{Kind: KindComplete, Run: "r1", Epoch: e, Owner: "a", Status: StatusSucceeded, At: t0}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("succeed with pending steps: %v, want ErrConflict", err)
+	}
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: e, Owner: "a", At: t0})
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: ItemWhole, Epoch: e, Owner: "a", Skipped: true, At: t0})
+	mustApply(t, s, Entry{Kind: KindComplete, Run: "r1", Epoch: e, Owner: "a", Status: StatusSucceeded, At: t0})
+	if _, err := applyOne(t, s, Entry{Kind: KindCancel, Run: "r1", At: t0}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("cancel a finished run: %v, want ErrConflict", err)
+	}
+	ok, _, _ := s.ListRuns(ListOptions{Workflow: "wf", Status: StatusSucceeded})
+	running, _, _ := s.ListRuns(ListOptions{Status: StatusRunning})
+	if len(ok) != 1 || len(running) != 0 {
+		t.Fatalf("status index: %d succeeded, %d running; want 1 and 0", len(ok), len(running))
+	}
+}
+
+func TestListRunsPages(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	for _, id := range []string{"a1", "a2", "a3", "a4", "a5"} {
+		mustApply(t, s, submitEntry(id, StepSpec{Name: "one"}))
+	}
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		runs, next, err := s.ListRuns(ListOptions{Status: StatusPending, After: after, Limit: 2})
+		if err != nil || pages > 5 {
+			t.Fatalf("page %d: %v", pages, err)
+		}
+		for _, r := range runs {
+			got = append(got, r.ID)
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if strings.Join(got, ",") != "a1,a2,a3,a4,a5" {
+		t.Fatalf("paged runs = %v", got)
+	}
+	if _, _, err := s.ListRuns(ListOptions{Status: "runing"}); !errors.Is(err, ErrInvalidEntry) || !strings.Contains(err.Error(), "use pending") {
+		t.Fatalf("bad status filter: %v", err)
+	}
+}
+
+// Bad input: a message that cannot be applied stops with an error naming the sequence
+// and changes nothing.
+func TestCorruptMessagesChangeNothing(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	claimedRun(t, s)
+	var before bytes.Buffer
+	if err := s.Dump(&before); err != nil {
+		t.Fatal(err)
+	}
+	good := msg(t, Entry{Kind: KindCancel, Run: "r1", At: t0})
+	cases := map[string][]byte{
+		"truncated":      good[:len(good)/2],
+		"empty":          {},
+		"not json":       []byte("\x00\x01garbage"),
+		"future version": bytes.Replace(good, []byte(`"v":1`), []byte(`"v":2`), 1),
+		"unknown kind":   bytes.Replace(good, []byte(`"cancel"`), []byte(`"teleport"`), 1),
+		"unknown field":  bytes.Replace(good, []byte(`"run":`), []byte(`"zzz":1,"run":`), 1),
+		"no entries":     []byte(`{"v":1,"entries":[]}`),
+		"trailing":       append(append([]byte(nil), good...), []byte(`{}`)...),
+	}
+	seq := s.Applied() + 1
+	for name, data := range cases {
+		_, err := s.ApplyMessage(seq, data)
+		var ce *CorruptError
+		if !errors.Is(err, ErrCorruptLog) || !errors.As(err, &ce) || ce.Seq != seq || !strings.Contains(err.Error(), "sequence") {
+			t.Errorf("%s: err = %v; want a CorruptError naming sequence %d", name, err, seq)
+		}
+	}
+	var after bytes.Buffer
+	if err := s.Dump(&after); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before.Bytes(), after.Bytes()) || s.Applied() != seq-1 {
+		t.Fatalf("corrupt messages changed the state (applied %d)", s.Applied())
+	}
+}
+
+// Entries that decode but are invalid are rejected one by one, changing nothing else.
+func TestInvalidEntriesRejected(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	e := claimedRun(t, s)
+	bad := []Entry{
+		{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: e, At: t0},                    // no owner
+		{Kind: KindCommit, Run: "r1", Step: "One!", Item: ItemWhole, Epoch: e, Owner: "a", At: t0},       // bad step name
+		{Kind: KindCommit, Run: "r1", Step: "nope", Item: ItemWhole, Epoch: e, Owner: "a", At: t0},       // unknown step
+		{Kind: KindCommit, Run: "r1", Step: "one", Item: -2, Epoch: e, Owner: "a", At: t0},               // bad item
+		{Kind: KindAssign, Run: "r1", Epoch: e, At: t0},                                                  // no term
+		{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: "whim", At: t0},                         // bad reason
+		{Kind: KindComplete, Run: "r1", Epoch: e, Owner: "a", Status: "meh", At: t0},                     // bad status
+		{Kind: KindClaim, Run: "bad/id", Epoch: e, Owner: "a", At: t0},                                   // bad run ID
+		{Kind: KindSubmit, Run: "r9", At: t0},                                                            // no submit
+		{Kind: KindCronTick, Term: 1, At: t0, Tick: &CronTick{Workflow: "wf", At: t0, Outcome: "fired"}}, // fired without run
+	}
+	for i, b := range bad {
+		if _, err := applyOne(t, s, b); !errors.Is(err, ErrInvalidEntry) {
+			t.Errorf("bad entry %d (%s): err = %v, want ErrInvalidEntry", i, b.Kind, err)
+		}
+	}
+	// An output that is not JSON, as only a foreign writer could publish it.
+	raw := []byte(fmt.Sprintf(`{"v":1,"entries":[{"k":"commit","run":"r1","epoch":%d,"owner":"a","step":"one","item":-1,"output":{,"at":"2026-11-29T02:00:00Z"}]}`, e))
+	if _, err := s.ApplyMessage(s.Applied()+1, raw); !errors.Is(err, ErrCorruptLog) {
+		t.Errorf("output that is not JSON: %v, want ErrCorruptLog", err)
+	}
+	v, _ := s.View("r1")
+	if v.Steps[0].Status != StepPending || v.Run.Status != StatusRunning || v.Run.Epoch != e || len(v.Fenced) != 0 {
+		t.Fatalf("invalid entries changed the run: %+v", v.Run)
+	}
+	if _, err := s.Run("r9"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("r9 exists after an invalid submit: %v", err)
+	}
+}
+
+func TestTwoAssignsOfOneRunInOneMessage(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
+	a := Entry{Kind: KindAssign, Run: "r1", Term: 1, At: t0}
+	res, err := s.ApplyMessage(s.Applied()+1, msg(t, a, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0] != nil || !errors.Is(res[1], ErrConflict) {
+		t.Fatalf("results %v; want the second assign of the message rejected", res)
+	}
+}

@@ -1,0 +1,242 @@
+package checkpoint
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/natsnode"
+)
+
+const crashHelperEnv = "FLOW_CHECKPOINT_CRASH_HELPER"
+
+// crashHelperMain runs in a child process: it opens the data dir given in the
+// environment, applies the log and prints the applied sequence as it moves, until the
+// parent SIGKILLs it or it has applied everything.
+func crashHelperMain() {
+	dir := os.Getenv(crashHelperEnv)
+	want, _ := strconv.ParseUint(os.Getenv(crashHelperEnv+"_LAST"), 10, 64)
+	fail := func(err error) { fmt.Println("error", err); os.Exit(2) }
+	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		fail(err)
+	}
+	nc, err := srv.Connect()
+	if err != nil {
+		fail(err)
+	}
+	js, _ := jetstream.New(nc)
+	store, err := OpenStore(filepath.Join(dir, "state"), StoreOptions{})
+	if err != nil {
+		fail(err)
+	}
+	ctx := context.Background()
+	l, err := OpenLog(ctx, LogConfig{JS: js, Store: store, Node: "helper"})
+	if err != nil {
+		fail(err)
+	}
+	if err := l.Start(ctx); err != nil {
+		fail(err)
+	}
+	out := bufio.NewWriter(os.Stdout)
+	last := uint64(0)
+	for {
+		if a := store.Applied(); a != last {
+			last = a
+			fmt.Fprintf(out, "applied %d\n", a)
+			out.Flush()
+			if a >= want {
+				break
+			}
+		}
+		if err := l.Err(); err != nil {
+			fail(err)
+		}
+		time.Sleep(50 * time.Microsecond) // polling a counter to report progress, not to synchronise
+	}
+	l.Stop()
+	store.Close()
+	nc.Close()
+	srv.Shutdown()
+	fmt.Fprintln(out, "done")
+	out.Flush()
+	os.Exit(0)
+}
+
+// randomLog makes a deterministic log of n messages over a few runs, with stale and
+// duplicate writes mixed in, so that many kinds of outcome are applied.
+func randomLog(seed uint64, n int) [][]byte {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	type runState struct{ epoch int64 }
+	runs := map[string]*runState{}
+	var msgs [][]byte
+	seq := uint64(0)
+	for len(msgs) < n {
+		seq++
+		k := 1 + rng.IntN(6)
+		var datas [][]byte
+		for i := 0; i < k; i++ {
+			id := fmt.Sprintf("run-%d", rng.IntN(40))
+			rs := runs[id]
+			var e Entry
+			switch {
+			case rs == nil:
+				e = submitEntry(id, StepSpec{Name: "a"}, StepSpec{Name: "b", Foreach: true}, StepSpec{Name: "c"})
+				runs[id] = &runState{}
+			default:
+				epoch := rs.epoch
+				if rng.IntN(5) == 0 && epoch > 3 {
+					epoch -= int64(1 + rng.IntN(3)) // a zombie's stale epoch
+				}
+				switch rng.IntN(8) {
+				case 0:
+					e = Entry{Kind: KindAssign, Run: id, Epoch: rs.epoch, Term: int64(1 + rng.IntN(3)), Reason: ReasonLeaseExpired}
+					if i == 0 { // only the first entry of a message may assign (see randomLog's use of seq)
+						rs.epoch = int64(seq)
+					}
+				case 1:
+					e = Entry{Kind: KindClaim, Run: id, Epoch: epoch, Owner: fmt.Sprintf("w%d", rng.IntN(3))}
+				case 2:
+					e = Entry{Kind: KindStart, Run: id, Epoch: epoch, Owner: "w", Step: []string{"a", "b", "c"}[rng.IntN(3)], Item: ItemWhole, Items: 5}
+				case 3, 4, 5:
+					step, item := "b", rng.IntN(5)
+					if rng.IntN(2) == 0 {
+						step, item = []string{"a", "c"}[rng.IntN(2)], ItemWhole
+					}
+					e = Entry{Kind: KindCommit, Run: id, Epoch: epoch, Owner: "w", Step: step, Item: item, Output: json.RawMessage(fmt.Sprintf(`{"n":%d}`, rng.IntN(1000)))}
+				case 6:
+					e = Entry{Kind: KindComplete, Run: id, Epoch: epoch, Owner: "w", Status: StatusSucceeded}
+				case 7:
+					e = Entry{Kind: []Kind{KindRequeue, KindRetry, KindCancel}[rng.IntN(3)], Run: id, Epoch: epoch, Owner: "w"}
+				}
+			}
+			e.At = t0.Add(time.Duration(seq) * time.Millisecond)
+			b, _ := json.Marshal(e)
+			datas = append(datas, b)
+		}
+		msgs = append(msgs, encodeEnvelope("gen", datas))
+	}
+	return msgs
+}
+
+// replayDump applies msgs[0:upTo] to a fresh store and dumps it.
+func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
+	t.Helper()
+	s := memStore(t, Unsafe{})
+	for i := uint64(0); i < upTo; i++ {
+		if _, err := s.ApplyMessage(i+1, msgs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var b bytes.Buffer
+	if err := s.Dump(&b); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	return b.Bytes()
+}
+
+func dumpDir(t *testing.T, dir string) ([]byte, uint64) {
+	t.Helper()
+	s, err := OpenStore(dir, StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var b bytes.Buffer
+	if err := s.Dump(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes(), s.Applied()
+}
+
+// TestCrashDuringApply SIGKILLs a process applying a long log at random points, 20
+// times; after each kill the state it left equals a clean replay of the log up to the
+// sequence it says it applied, and the next start carries on from there.
+func TestCrashDuringApply(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 21 processes")
+	}
+	dir := t.TempDir()
+	const total = 1500
+	msgs := randomLog(42, total)
+	{ // write the log
+		env := startEnv(t, dir)
+		env.closeLog()
+		for i, m := range msgs {
+			ack, err := env.js.Publish(ctxT(t), DefaultSubject, m)
+			if err != nil || ack.Sequence != uint64(i+1) {
+				t.Fatalf("publish %d: %v %+v", i, err, ack)
+			}
+		}
+		env.close()
+		os.RemoveAll(filepath.Join(dir, "state"))
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	kills := 0
+	for round := 0; round < 21; round++ {
+		_, from := dumpDirApplied(t, dir)
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), crashHelperEnv+"="+dir, crashHelperEnv+"_LAST="+strconv.Itoa(total))
+		stdout, _ := cmd.StdoutPipe()
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		target := from + 1 + uint64(rng.IntN(total/25))
+		last := round == 20
+		sc := bufio.NewScanner(stdout)
+		killed := false
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "error") {
+				t.Fatalf("helper: %s", line)
+			}
+			var a uint64
+			if _, err := fmt.Sscanf(line, "applied %d", &a); err == nil && !last && a >= target {
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				killed = true
+				break
+			}
+		}
+		_ = cmd.Wait()
+		if killed {
+			kills++
+		}
+		got, applied := dumpDir(t, filepath.Join(dir, "state"))
+		if want := replayDump(t, msgs, applied); !bytes.Equal(got, want) {
+			t.Fatalf("round %d: state after kill at applied=%d differs from a clean replay", round, applied)
+		}
+		if last && applied != total {
+			t.Fatalf("final run applied %d of %d", applied, total)
+		}
+	}
+	if kills < 15 {
+		t.Fatalf("only %d of 20 rounds were killed mid-apply; the test did not test crashes", kills)
+	}
+}
+
+func dumpDirApplied(t *testing.T, dir string) ([]byte, uint64) {
+	st := filepath.Join(dir, "state")
+	if _, err := os.Stat(st); err != nil {
+		return nil, 0
+	}
+	return dumpDir(t, st)
+}

@@ -1,0 +1,299 @@
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Kind names an entry type. The strings are part of the log format: never rename one.
+type Kind string
+
+// The entry kinds. Scheduler entries (assign, dead_letter, cron_tick) must carry the
+// leader term.
+const (
+	KindSubmit     Kind = "submit"      // create a run (pending)
+	KindAssign     Kind = "assign"      // new epoch = this entry's sequence (scheduler)
+	KindClaim      Kind = "claim"       // a worker holding the lease takes the epoch
+	KindStart      Kind = "start"       // a step attempt begins
+	KindCommit     Kind = "commit"      // a step's or foreach item's checkpoint
+	KindFail       Kind = "fail"        // a step attempt failed
+	KindComplete   Kind = "complete"    // the run finished: succeeded or failed
+	KindCancel     Kind = "cancel"      // operator or scheduler cancels
+	KindDeadLetter Kind = "dead_letter" // scheduler moves a run to the DLQ
+	KindRequeue    Kind = "requeue"     // clean hand-back (drain): pending, not counted
+	KindRetry      Kind = "retry"       // operator retry of a failed/dead-lettered run
+	KindCronTick   Kind = "cron_tick"   // a cron fire time and its outcome (scheduler)
+)
+
+// FormatVersion is the version of the message envelope written by this code. A message
+// of another version stops the applier (it was written by newer code).
+const FormatVersion = 1
+
+// ItemWhole is the Item of an entry about a whole step rather than one foreach item.
+const ItemWhole = -1
+
+// Entry is one change to run state. Fields not used by a kind are left zero.
+type Entry struct {
+	Kind  Kind   `json:"k"`
+	Run   string `json:"run,omitempty"`
+	Epoch int64  `json:"epoch,omitempty"` // the writer's epoch (claim, start, commit, fail, complete, requeue); assign: the epoch it replaces
+	Term  int64  `json:"term,omitempty"`  // leader term, on scheduler entries
+	Owner string `json:"owner,omitempty"` // worker or node that wrote it
+	Step  string `json:"step,omitempty"`
+	Item  int    `json:"item,omitempty"` // foreach index, or ItemWhole
+
+	Reason  string          `json:"reason,omitempty"`  // assign: lease-expired | reconciled; cancel, dead_letter: free text
+	Output  json.RawMessage `json:"output,omitempty"`  // commit
+	Error   string          `json:"error,omitempty"`   // fail, complete(failed)
+	Final   bool            `json:"final,omitempty"`   // fail: no more attempts
+	Attempt int             `json:"attempt,omitempty"` // start, fail
+	Items   int             `json:"items,omitempty"`   // start of a foreach step: the item count
+	Skipped bool            `json:"skipped,omitempty"` // commit: the step's `if` was false
+	Status  RunStatus       `json:"status,omitempty"`  // complete: succeeded | failed
+
+	Submit *Submit   `json:"submit,omitempty"` // submit, and cron_tick that fires
+	Tick   *CronTick `json:"tick,omitempty"`   // cron_tick
+
+	// At is the writer's wall clock. It is recorded for people to read and never
+	// used to decide anything.
+	At time.Time `json:"at"`
+}
+
+// Submit describes a new run.
+type Submit struct {
+	Workflow    string          `json:"workflow"`
+	Version     int             `json:"version"`
+	Trigger     string          `json:"trigger"` // manual | cron | retry
+	ScheduledAt time.Time       `json:"scheduled_at,omitzero"`
+	MaxEpochs   int             `json:"max_epochs"`
+	Inputs      json.RawMessage `json:"inputs,omitempty"`
+	Steps       []StepSpec      `json:"steps"`
+	Spec        json.RawMessage `json:"spec,omitempty"` // the workflow version, for people and the engine
+}
+
+// StepSpec is what the state machine needs to know of a step.
+type StepSpec struct {
+	Name    string `json:"name"`
+	Foreach bool   `json:"foreach,omitempty"`
+}
+
+// CronTick is one fire time of a workflow's schedule.
+type CronTick struct {
+	Workflow string    `json:"workflow"`
+	At       time.Time `json:"at"`               // the scheduled fire time
+	Outcome  string    `json:"outcome"`          // fired | skipped-overlap | missed | caught-up
+	RunID    string    `json:"run_id,omitempty"` // the run fired for it, if any
+}
+
+// Tick outcomes.
+const (
+	TickFired          = "fired"
+	TickSkippedOverlap = "skipped-overlap"
+	TickMissed         = "missed"
+	TickCaughtUp       = "caught-up"
+)
+
+var (
+	idPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+	namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+)
+
+// ValidID reports whether s can name a run or an owner.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// Validate checks the shape of an entry (not its effect on state). Writers call it
+// before publishing; the applier calls it again and rejects, changing nothing, an entry
+// that fails it.
+func (e *Entry) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
+	}
+	if e.Kind != KindCronTick && !ValidID(e.Run) {
+		return bad("run ID %q must be 1-128 letters, digits, '.', '_', ':' or '-'", e.Run)
+	}
+	if e.Owner != "" && !ValidID(e.Owner) {
+		return bad("owner %q must be 1-128 letters, digits, '.', '_', ':' or '-'", e.Owner)
+	}
+	if e.Term < 0 || e.Epoch < 0 {
+		return bad("negative term or epoch")
+	}
+	needsStep := func() error {
+		if !namePattern.MatchString(e.Step) {
+			return bad("step %q must be 1-64 of a-z, 0-9, '_' or '-'", e.Step)
+		}
+		if e.Item < ItemWhole {
+			return bad("item %d: use a foreach index >= 0 or ItemWhole (-1)", e.Item)
+		}
+		return nil
+	}
+	needsEpoch := func() error {
+		if e.Epoch <= 0 {
+			return bad("epoch is required")
+		}
+		if !ValidID(e.Owner) {
+			return bad("owner is required")
+		}
+		return nil
+	}
+	switch e.Kind {
+	case KindSubmit:
+		return e.Submit.validate(bad)
+	case KindAssign:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+		switch e.Reason {
+		case "", ReasonLeaseExpired, ReasonReconciled:
+		default:
+			return bad("reason %q: use %q or %q (the others are derived from state)", e.Reason, ReasonLeaseExpired, ReasonReconciled)
+		}
+	case KindClaim, KindRequeue:
+		return needsEpoch()
+	case KindStart, KindCommit, KindFail:
+		if err := needsEpoch(); err != nil {
+			return err
+		}
+		if err := needsStep(); err != nil {
+			return err
+		}
+		if e.Kind == KindCommit && len(e.Output) > 0 && !json.Valid(e.Output) {
+			return bad("output is not valid JSON")
+		}
+		if e.Items < 0 || e.Attempt < 0 {
+			return bad("negative items or attempt")
+		}
+	case KindComplete:
+		if err := needsEpoch(); err != nil {
+			return err
+		}
+		if e.Status != StatusSucceeded && e.Status != StatusFailed {
+			return bad("status %q: use succeeded or failed", e.Status)
+		}
+	case KindCancel, KindRetry:
+	case KindDeadLetter:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+	case KindCronTick:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+		if e.Tick == nil || !namePattern.MatchString(e.Tick.Workflow) || e.Tick.At.IsZero() {
+			return bad("tick needs a workflow name and a fire time")
+		}
+		switch e.Tick.Outcome {
+		case TickFired, TickCaughtUp:
+			if e.Submit == nil || !ValidID(e.Run) || e.Tick.RunID != e.Run {
+				return bad("a fired tick needs the run ID and its submit")
+			}
+			return e.Submit.validate(bad)
+		case TickSkippedOverlap, TickMissed:
+		default:
+			return bad("tick outcome %q: use fired, skipped-overlap, missed or caught-up", e.Tick.Outcome)
+		}
+	default:
+		return bad("unknown kind (written by newer code?)")
+	}
+	return nil
+}
+
+func (s *Submit) validate(bad func(string, ...any) error) error {
+	if s == nil {
+		return bad("submit details are missing")
+	}
+	if !namePattern.MatchString(s.Workflow) {
+		return bad("workflow name %q must be 1-64 of a-z, 0-9, '_' or '-'", s.Workflow)
+	}
+	if s.MaxEpochs < 0 || s.Version < 0 {
+		return bad("negative max_epochs or version")
+	}
+	switch s.Trigger {
+	case TriggerManual, TriggerCron, TriggerRetry:
+	default:
+		return bad("trigger %q: use manual, cron or retry", s.Trigger)
+	}
+	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
+		return bad("inputs are not valid JSON")
+	}
+	seen := make(map[string]bool, len(s.Steps))
+	for _, st := range s.Steps {
+		if !namePattern.MatchString(st.Name) {
+			return bad("step name %q must be 1-64 of a-z, 0-9, '_' or '-'", st.Name)
+		}
+		if seen[st.Name] {
+			return bad("step %q appears twice", st.Name)
+		}
+		seen[st.Name] = true
+	}
+	return nil
+}
+
+// envelope is one log message: a batch of entries.
+type envelope struct {
+	V       int               `json:"v"`
+	Node    string            `json:"node,omitempty"`
+	Entries []json.RawMessage `json:"entries"`
+}
+
+// encodeEnvelope joins already-encoded entries into one message without re-encoding.
+func encodeEnvelope(node string, entries [][]byte) []byte {
+	n := 32 + len(node)
+	for _, e := range entries {
+		n += len(e) + 1
+	}
+	var b bytes.Buffer
+	b.Grow(n)
+	fmt.Fprintf(&b, `{"v":%d,"node":%q,"entries":[`, FormatVersion, node)
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(e)
+	}
+	b.WriteString("]}")
+	return b.Bytes()
+}
+
+// decodeEnvelope decodes a message strictly: unknown fields or an unknown version are
+// corruption, since they mean a writer this code does not understand.
+func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
+	var env envelope
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil {
+		return nil, &CorruptError{Seq: seq, Detail: "envelope: " + err.Error()}
+	}
+	if dec.More() {
+		return nil, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
+	}
+	if env.V != FormatVersion {
+		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads version %d (upgrade flowd)", env.V, FormatVersion)}
+	}
+	if len(env.Entries) == 0 {
+		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
+	}
+	out := make([]Entry, len(env.Entries))
+	for i, raw := range env.Entries {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.DisallowUnknownFields()
+		if err := d.Decode(&out[i]); err != nil {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: %v", i, err)}
+		}
+		if !knownKind(out[i].Kind) {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, out[i].Kind)}
+		}
+	}
+	return out, nil
+}
+
+func knownKind(k Kind) bool {
+	switch k {
+	case KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
+		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,87 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Test them with errors.Is: the errors returned carry context.
+var (
+	// ErrFenced: an entry carried an epoch that is not the run's current epoch, or it
+	// committed a (step, item) that already has a checkpoint, or the run is not running.
+	// The error is a *FencedError with both epochs.
+	ErrFenced = errors.New("checkpoint: fenced")
+	// ErrStaleTerm: a scheduler entry carried a term lower than the highest applied.
+	ErrStaleTerm = errors.New("checkpoint: stale leader term")
+	// ErrNotFound: no such run.
+	ErrNotFound = errors.New("checkpoint: not found")
+	// ErrRunExists: a submit named a run that already exists (a second fire of a tick).
+	ErrRunExists = errors.New("checkpoint: run exists")
+	// ErrTickExists: a cron tick that was already recorded.
+	ErrTickExists = errors.New("checkpoint: cron tick already recorded")
+	// ErrConflict: the entry is well formed but the run's state does not allow it
+	// (e.g. cancelling a finished run).
+	ErrConflict = errors.New("checkpoint: conflict with run state")
+	// ErrInvalidEntry: the entry is malformed; it is refused before publishing, and
+	// rejected (changing nothing) if another writer published it anyway.
+	ErrInvalidEntry = errors.New("checkpoint: invalid entry")
+	// ErrOutputTooLarge: a step output above the configured limit (default 1 MiB).
+	ErrOutputTooLarge = errors.New("checkpoint: output too large")
+	// ErrCorruptLog: a message in the log cannot be decoded or has an unknown version.
+	// The applier stops on it rather than skip it: see docs/checkpoint.md.
+	ErrCorruptLog = errors.New("checkpoint: corrupt log message")
+	// ErrStopped: the log or applier has stopped.
+	ErrStopped = errors.New("checkpoint: stopped")
+	// ErrAppendUncertain: publishing failed and it is unknown whether the entry is in
+	// the log. The writer must treat its ownership as lost.
+	ErrAppendUncertain = errors.New("checkpoint: append outcome unknown")
+)
+
+// FencedError describes a rejected commit (or other epoch-fenced entry).
+type FencedError struct {
+	Run          string
+	Step         string
+	Item         int
+	Epoch        int64 // the epoch the writer carried
+	CurrentEpoch int64 // the run's epoch when the entry was applied
+	Reason       string
+	Seq          uint64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("checkpoint: fenced: run %s step %q item %d: epoch %d, current %d: %s (seq %d)",
+		e.Run, e.Step, e.Item, e.Epoch, e.CurrentEpoch, e.Reason, e.Seq)
+}
+
+// Is makes errors.Is(err, ErrFenced) true.
+func (e *FencedError) Is(target error) bool { return target == ErrFenced }
+
+// StaleTermError describes a scheduler entry rejected for its term.
+type StaleTermError struct {
+	Kind        Kind
+	Run         string
+	Term        int64
+	HighestTerm int64
+	Seq         uint64
+}
+
+func (e *StaleTermError) Error() string {
+	return fmt.Sprintf("checkpoint: stale leader term: %s for run %q carries term %d, highest applied is %d (seq %d)",
+		e.Kind, e.Run, e.Term, e.HighestTerm, e.Seq)
+}
+
+// Is makes errors.Is(err, ErrStaleTerm) true.
+func (e *StaleTermError) Is(target error) bool { return target == ErrStaleTerm }
+
+// CorruptError names the log message the applier could not apply.
+type CorruptError struct {
+	Seq    uint64
+	Detail string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("checkpoint: corrupt log message at sequence %d: %s; the applier stopped (see docs/checkpoint.md, \"Corrupt log\")", e.Seq, e.Detail)
+}
+
+// Is makes errors.Is(err, ErrCorruptLog) true.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorruptLog }

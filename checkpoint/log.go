@@ -1,0 +1,496 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/backoff"
+)
+
+// Defaults of LogConfig.
+const (
+	DefaultStream          = "FLOW_LOG"
+	DefaultSubject         = "flow.log"
+	DefaultMaxOutputBytes  = 1 << 20 // 1 MiB per step output
+	DefaultMaxBatchEntries = 256
+	DefaultPublishTimeout  = 10 * time.Second
+	duplicateWindow        = 2 * time.Minute
+	envelopeHeadroom       = 4 << 10
+)
+
+// LogConfig configures a Log.
+type LogConfig struct {
+	JS    jetstream.JetStream // required
+	Store *Store              // required: this node's state, fed by the applier
+	Node  string              // required: this node's ID (message IDs, envelope)
+
+	Stream   string // default FLOW_LOG
+	Subject  string // default flow.log
+	Replicas int    // stream replicas; default 1 (natsnode.Replicas gives the cluster's)
+
+	// MaxOutputBytes bounds one step output (default 1 MiB). Above it, Append refuses
+	// the entry with ErrOutputTooLarge. It must fit in the server's max payload.
+	MaxOutputBytes int
+	// MaxBatchEntries bounds the entries packed into one message (default 256).
+	MaxBatchEntries int
+	// PublishTimeout bounds the retries of one publish (default 10s).
+	PublishTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// Log appends entries to the stream with group commit and applies the stream to the
+// Store. One Log per node. Start it, Stop it.
+type Log struct {
+	cfg      LogConfig
+	log      *slog.Logger
+	maxBytes int
+	nonce    string
+	counter  atomic.Uint64
+
+	queue chan *request
+
+	mu struct {
+		sync.Mutex
+		pending map[string][]*Ticket // by message ID, until the applier resolves them
+		applied chan struct{}        // closed and replaced whenever the applied seq moves
+		err     error                // the applier's fatal error
+	}
+
+	startOnce, stopOnce sync.Once
+	cancel              context.CancelFunc
+	stopped             chan struct{} // closed when Stop begins
+	failed              chan struct{} // closed when the applier stops on an error
+	wg                  sync.WaitGroup
+	iter                atomic.Pointer[jetstream.MessagesContext]
+}
+
+type request struct {
+	data   []byte
+	kind   Kind
+	run    string
+	ticket *Ticket
+}
+
+// Ticket is an appended entry's pending outcome.
+type Ticket struct {
+	log  *Log
+	once sync.Once
+	done chan struct{}
+	seq  uint64
+	err  error
+}
+
+func (t *Ticket) resolve(seq uint64, err error) {
+	t.once.Do(func() {
+		t.seq, t.err = seq, err
+		close(t.done)
+	})
+}
+
+// Await waits until this node has applied the entry and returns its outcome: nil if
+// accepted, or the rejection (errors.Is it with ErrFenced, ErrStaleTerm, ...).
+func (t *Ticket) Await(ctx context.Context) error {
+	select {
+	case <-t.done:
+		return t.err
+	case <-ctx.Done():
+		return fmt.Errorf("checkpoint: await: %w", ctx.Err())
+	case <-t.log.failed:
+		return t.log.Err()
+	case <-t.log.stopped:
+		select { // it may have been resolved just before Stop
+		case <-t.done:
+			return t.err
+		default:
+			return ErrStopped
+		}
+	}
+}
+
+// Seq is the entry's log sequence, once Await returned.
+func (t *Ticket) Seq() uint64 {
+	select {
+	case <-t.done:
+		return t.seq
+	default:
+		return 0
+	}
+}
+
+// OpenLog creates the stream if needed and returns a Log ready to Start.
+func OpenLog(ctx context.Context, cfg LogConfig) (*Log, error) {
+	if cfg.JS == nil || cfg.Store == nil || !ValidID(cfg.Node) {
+		return nil, fmt.Errorf("%w: LogConfig needs JS, Store and a valid Node ID (got %q)", ErrInvalidEntry, cfg.Node)
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = DefaultStream
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = DefaultSubject
+	}
+	cfg.Replicas = max(cfg.Replicas, 1)
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if cfg.MaxBatchEntries <= 0 {
+		cfg.MaxBatchEntries = DefaultMaxBatchEntries
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = DefaultPublishTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	maxPayload := int(cfg.JS.Conn().MaxPayload())
+	if cfg.MaxOutputBytes+envelopeHeadroom > maxPayload {
+		return nil, fmt.Errorf("%w: MaxOutputBytes %d does not fit the server's max_payload %d: lower the output limit or raise max_payload on the NATS server",
+			ErrInvalidEntry, cfg.MaxOutputBytes, maxPayload)
+	}
+	_, err := cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "flow checkpoint log: every change to run state, in order",
+		Subjects:    []string{cfg.Subject},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Replicas:    cfg.Replicas,
+		Duplicates:  duplicateWindow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: create stream %s: %w", cfg.Stream, err)
+	}
+	l := &Log{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "checkpoint"),
+		maxBytes: maxPayload - envelopeHeadroom,
+		nonce:    strconv.FormatUint(rand.Uint64(), 36),
+		queue:    make(chan *request, 4*cfg.MaxBatchEntries),
+		stopped:  make(chan struct{}),
+		failed:   make(chan struct{}),
+	}
+	l.mu.pending = map[string][]*Ticket{}
+	l.mu.applied = make(chan struct{})
+	return l, nil
+}
+
+// Start starts the writer and the applier. The applier replays from the store's
+// applied sequence.
+func (l *Log) Start(ctx context.Context) error {
+	err := ErrStopped
+	l.startOnce.Do(func() {
+		ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
+		var cons jetstream.Consumer
+		cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+		if a := l.cfg.Store.Applied(); a > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+		}
+		cons, err = l.cfg.JS.OrderedConsumer(ctx, l.cfg.Stream, cfg)
+		if err != nil {
+			err = fmt.Errorf("checkpoint: consume %s: %w", l.cfg.Stream, err)
+			return
+		}
+		var it jetstream.MessagesContext
+		it, err = cons.Messages()
+		if err != nil {
+			err = fmt.Errorf("checkpoint: consume %s: %w", l.cfg.Stream, err)
+			return
+		}
+		l.iter.Store(&it)
+		l.wg.Add(2)
+		go l.runWriter(ctx)
+		go l.runApplier(it)
+	})
+	return err
+}
+
+// Stop stops the writer and the applier and waits for them. Unresolved tickets get
+// ErrStopped. Safe to call twice and before Start.
+func (l *Log) Stop() {
+	l.stopOnce.Do(func() {
+		close(l.stopped)
+		if l.cancel != nil {
+			l.cancel()
+		}
+		if it := l.iter.Load(); it != nil {
+			(*it).Stop()
+		}
+		l.wg.Wait()
+	})
+}
+
+// Err is the applier's fatal error, if it stopped on one.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.err
+}
+
+// Failed is closed when the applier stops on an error.
+func (l *Log) Failed() <-chan struct{} { return l.failed }
+
+// Store is the state this log applies to.
+func (l *Log) Store() *Store { return l.cfg.Store }
+
+// Append validates and queues an entry for the next log message. The returned ticket's
+// Await gives the outcome.
+func (l *Log) Append(ctx context.Context, e Entry) (*Ticket, error) {
+	if e.At.IsZero() {
+		e.At = time.Now().UTC()
+	}
+	if err := e.Validate(); err != nil {
+		return nil, err
+	}
+	if len(e.Output) > l.cfg.MaxOutputBytes {
+		return nil, fmt.Errorf("%w: step %q item %d output is %d bytes, the limit is %d: write large results elsewhere and return a reference",
+			ErrOutputTooLarge, e.Step, e.Item, len(e.Output), l.cfg.MaxOutputBytes)
+	}
+	data, err := json.Marshal(&e)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode: %v", ErrInvalidEntry, err)
+	}
+	if len(data) > l.maxBytes {
+		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), l.maxBytes)
+	}
+	t := &Ticket{log: l, done: make(chan struct{})}
+	r := &request{data: data, kind: e.Kind, run: e.Run, ticket: t}
+	select {
+	case <-l.stopped:
+		return nil, ErrStopped
+	case <-l.failed:
+		return nil, l.Err()
+	default:
+	}
+	select {
+	case l.queue <- r:
+		return t, nil
+	case <-l.stopped:
+		return nil, ErrStopped
+	case <-l.failed:
+		return nil, l.Err()
+	case <-ctx.Done():
+		return nil, fmt.Errorf("checkpoint: append: %w", ctx.Err())
+	}
+}
+
+// Write appends an entry and waits for its outcome.
+func (l *Log) Write(ctx context.Context, e Entry) (uint64, error) {
+	t, err := l.Append(ctx, e)
+	if err != nil {
+		return 0, err
+	}
+	err = t.Await(ctx)
+	return t.Seq(), err
+}
+
+// WaitApplied waits until this node has applied the log up to seq.
+func (l *Log) WaitApplied(ctx context.Context, seq uint64) error {
+	for {
+		l.mu.Lock()
+		ch, err := l.mu.applied, l.mu.err
+		l.mu.Unlock()
+		if l.cfg.Store.Applied() >= seq {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("checkpoint: wait for sequence %d (applied %d): %w", seq, l.cfg.Store.Applied(), ctx.Err())
+		case <-l.stopped:
+			return ErrStopped
+		}
+	}
+}
+
+// LastSeq is the stream's last sequence: the node has caught up when it has applied it.
+func (l *Log) LastSeq(ctx context.Context) (uint64, error) {
+	s, err := l.cfg.JS.Stream(ctx, l.cfg.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: stream info: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: stream info: %w", err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// runWriter is the group commit: it packs whatever queued while the previous publish
+// was in flight into one message, with exactly one publish in flight and no timer, so
+// a lone writer pays one publish and 64 writers share one fsync.
+func (l *Log) runWriter(ctx context.Context) {
+	defer l.wg.Done()
+	var carry *request
+	batch := make([]*request, 0, l.cfg.MaxBatchEntries)
+	for {
+		batch = batch[:0]
+		if carry != nil {
+			batch, carry = append(batch, carry), nil
+		} else {
+			select {
+			case r := <-l.queue:
+				batch = append(batch, r)
+			case <-l.stopped:
+				l.drainQueue()
+				return
+			}
+		}
+		size := len(batch[0].data)
+		assigned := map[string]bool{}
+		if batch[0].kind == KindAssign {
+			assigned[batch[0].run] = true
+		}
+	fill:
+		for len(batch) < l.cfg.MaxBatchEntries {
+			select {
+			case r := <-l.queue:
+				// Two assigns of one run in one message would share an epoch.
+				if (r.kind == KindAssign && assigned[r.run]) || size+len(r.data)+1 > l.maxBytes {
+					carry = r
+					break fill
+				}
+				if r.kind == KindAssign {
+					assigned[r.run] = true
+				}
+				size += len(r.data) + 1
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		l.publish(ctx, batch)
+	}
+}
+
+func (l *Log) drainQueue() {
+	for {
+		select {
+		case r := <-l.queue:
+			r.ticket.resolve(0, ErrStopped)
+		default:
+			return
+		}
+	}
+}
+
+func (l *Log) publish(ctx context.Context, batch []*request) {
+	id := l.cfg.Node + "." + l.nonce + "." + strconv.FormatUint(l.counter.Add(1), 36)
+	tickets := make([]*Ticket, len(batch))
+	datas := make([][]byte, len(batch))
+	for i, r := range batch {
+		tickets[i], datas[i] = r.ticket, r.data
+	}
+	l.mu.Lock()
+	l.mu.pending[id] = tickets
+	l.mu.Unlock()
+
+	msg := &nats.Msg{Subject: l.cfg.Subject, Data: encodeEnvelope(l.cfg.Node, datas), Header: nats.Header{}}
+	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
+	defer cancel()
+	retry := backoff.Policy{Base: 20 * time.Millisecond, Cap: time.Second}
+	for attempt := 0; ; attempt++ {
+		// The message ID makes a retried publish a duplicate, not a second entry.
+		_, err := l.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(l.cfg.Stream))
+		if err == nil {
+			return // the applier resolves the tickets
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrMaxPayload) {
+			l.abandon(id, fmt.Errorf("%w: %v", ErrAppendUncertain, err))
+			return
+		}
+		l.log.Warn("log publish failed; retrying", "err", err, "attempt", attempt, "entries", len(batch))
+		if retry.Sleep(pctx, attempt) != nil {
+			l.abandon(id, fmt.Errorf("%w: publish of %d entries failed for %s: %v", ErrAppendUncertain, len(batch), l.cfg.PublishTimeout, err))
+			return
+		}
+	}
+}
+
+// abandon gives up on a message whose publish failed. If it did reach the log after
+// all, the applier applies it like any other; only its writers are not told.
+func (l *Log) abandon(id string, err error) {
+	l.mu.Lock()
+	tickets := l.mu.pending[id]
+	delete(l.mu.pending, id)
+	l.mu.Unlock()
+	for _, t := range tickets {
+		t.resolve(0, err)
+	}
+}
+
+func (l *Log) runApplier(it jetstream.MessagesContext) {
+	defer l.wg.Done()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+			select {
+			case <-l.stopped:
+				return
+			default:
+			}
+			// The ordered consumer recreates itself after connection trouble.
+			l.log.Warn("log consumer error; continuing", "err", err)
+			continue
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			l.fail(fmt.Errorf("checkpoint: log message without metadata: %w", err))
+			return
+		}
+		seq := meta.Sequence.Stream
+		results, err := l.cfg.Store.ApplyMessage(seq, msg.Data())
+		if err != nil {
+			l.log.Error("applier stopped", "seq", seq, "err", err)
+			l.fail(err)
+			return
+		}
+		l.applied(msg.Headers().Get(jetstream.MsgIDHeader), seq, results)
+	}
+}
+
+func (l *Log) applied(id string, seq uint64, results []error) {
+	l.mu.Lock()
+	tickets := l.mu.pending[id]
+	if tickets != nil {
+		delete(l.mu.pending, id)
+	}
+	close(l.mu.applied)
+	l.mu.applied = make(chan struct{})
+	l.mu.Unlock()
+	for i, t := range tickets {
+		if i < len(results) {
+			t.resolve(seq, results[i])
+		} else {
+			t.resolve(seq, fmt.Errorf("%w: message %d has %d results for %d entries", ErrCorruptLog, seq, len(results), len(tickets)))
+		}
+	}
+}
+
+func (l *Log) fail(err error) {
+	l.mu.Lock()
+	l.mu.err = err
+	pending := l.mu.pending
+	l.mu.pending = map[string][]*Ticket{}
+	l.mu.Unlock()
+	close(l.failed)
+	for _, ts := range pending {
+		for _, t := range ts {
+			t.resolve(0, err)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package checkpoint
+
+import (
+	"fmt"
+	"strings"
+)
+
+// RunView is everything the state knows about one run.
+type RunView struct {
+	Run    Run        `json:"run"`
+	Steps  []StepView `json:"steps"`
+	Fenced []Fenced   `json:"fenced"`
+	Events []Event    `json:"events"`
+}
+
+// StepView is a step with its foreach items' checkpoints.
+type StepView struct {
+	Step
+	ItemCheckpoints []Item `json:"item_checkpoints,omitempty"`
+}
+
+// Run returns a run's record, or an error wrapping ErrNotFound.
+func (s *Store) Run(id string) (*Run, error) {
+	var r Run
+	found, err := s.getJSON(keyRun(id), &r)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: run %q", ErrNotFound, id)
+	}
+	return &r, nil
+}
+
+// View returns a run with its steps, item checkpoints, fenced commits and events.
+func (s *Store) View(id string) (*RunView, error) {
+	// One snapshot, so that the parts agree with each other.
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	var r Run
+	found, err := getJSON(snap, keyRun(id), &r)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: run %q", ErrNotFound, id)
+	}
+	v := &RunView{Run: r}
+	for _, name := range r.Steps {
+		var sv StepView
+		if _, err := getJSON(snap, keyStep(id, name), &sv.Step); err != nil {
+			return nil, err
+		}
+		if sv.Foreach {
+			if sv.ItemCheckpoints, err = scanJSON[Item](snap, prefixItems(id, name)); err != nil {
+				return nil, err
+			}
+		}
+		v.Steps = append(v.Steps, sv)
+	}
+	if v.Fenced, err = scanJSON[Fenced](snap, prefixFenced(id)); err != nil {
+		return nil, err
+	}
+	if v.Events, err = scanJSON[Event](snap, prefixEvents(id)); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Steps returns a run's steps in workflow order, without items.
+func (s *Store) Steps(id string) ([]Step, error) {
+	r, err := s.Run(id)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Step, 0, len(r.Steps))
+	for _, name := range r.Steps {
+		var st Step
+		if _, err := s.getJSON(keyStep(id, name), &st); err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Items returns the checkpoints of a foreach step's items, by index.
+func (s *Store) Items(run, step string) ([]Item, error) {
+	return scanJSON[Item](s.db, prefixItems(run, step))
+}
+
+// ListOptions select runs. Runs come in run ID order; page with After.
+type ListOptions struct {
+	Workflow string    // "" for every workflow
+	Status   RunStatus // "" for every status
+	After    string    // the last run ID of the previous page
+	Limit    int       // 0 means 100
+}
+
+// ListRuns returns runs matching opts and the cursor of the next page ("" at the end).
+func (s *Store) ListRuns(opts ListOptions) ([]Run, string, error) {
+	if opts.Status != "" && !ValidRunStatus(opts.Status) {
+		return nil, "", fmt.Errorf("%w: status %q: use pending, running, succeeded, failed, cancelled or dead_lettered", ErrInvalidEntry, opts.Status)
+	}
+	limit := opts.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	// Without a status, walk the run table (filtering by workflow); with one, an index.
+	var prefix []byte
+	switch {
+	case opts.Status == "":
+		prefix = []byte("r/")
+	case opts.Workflow != "":
+		prefix = keyByWorkflow(opts.Workflow, opts.Status, "")
+	default:
+		prefix = keyByStatus(opts.Status, "")
+	}
+	var from []byte
+	if opts.After != "" {
+		from = append(append([]byte(nil), prefix...), opts.After...)
+		from = append(from, 0) // strictly after
+	}
+	var runs []Run
+	more := false
+	err := scan(s.db, prefix, from, func(k, _ []byte) (bool, error) {
+		if len(runs) == limit {
+			more = true
+			return false, nil
+		}
+		id := strings.TrimPrefix(string(k), string(prefix))
+		r, err := s.Run(id)
+		if err != nil {
+			return false, err
+		}
+		if opts.Workflow != "" && r.Workflow != opts.Workflow {
+			return true, nil
+		}
+		runs = append(runs, *r)
+		return true, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if more && len(runs) > 0 {
+		next = runs[len(runs)-1].ID
+	}
+	return runs, next, nil
+}
+
+// Ticks returns the recorded cron ticks of a workflow, oldest first.
+func (s *Store) Ticks(workflow string) ([]Tick, error) {
+	return scanJSON[Tick](s.db, prefixTicks(workflow))
+}
+
+// StaleTerms returns the scheduler entries rejected for their term, in log order.
+func (s *Store) StaleTerms() ([]StaleTerm, error) {
+	return scanJSON[StaleTerm](s.db, []byte("t/"))
+}

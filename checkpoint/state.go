@@ -1,0 +1,235 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"time"
+)
+
+// RunStatus is a run's status. The strings are public contract.
+type RunStatus string
+
+// Run statuses.
+const (
+	StatusPending      RunStatus = "pending"
+	StatusRunning      RunStatus = "running"
+	StatusSucceeded    RunStatus = "succeeded"
+	StatusFailed       RunStatus = "failed"
+	StatusCancelled    RunStatus = "cancelled"
+	StatusDeadLettered RunStatus = "dead_lettered"
+)
+
+// Terminal reports whether no worker acts on a run in this status.
+func (s RunStatus) Terminal() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled || s == StatusDeadLettered
+}
+
+// ValidRunStatus reports whether s names a run status.
+func ValidRunStatus(s RunStatus) bool {
+	switch s {
+	case StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered:
+		return true
+	}
+	return false
+}
+
+// StepStatus is a step's status.
+type StepStatus string
+
+// Step statuses.
+const (
+	StepPending   StepStatus = "pending"
+	StepRunning   StepStatus = "running"
+	StepSucceeded StepStatus = "succeeded"
+	StepFailed    StepStatus = "failed"
+	StepSkipped   StepStatus = "skipped"
+)
+
+// Triggers of a run.
+const (
+	TriggerManual = "manual"
+	TriggerCron   = "cron"
+	TriggerRetry  = "retry"
+)
+
+// Why an epoch began (public contract).
+const (
+	ReasonAssigned     = "assigned"
+	ReasonLeaseExpired = "lease-expired"
+	ReasonReleased     = "released"
+	ReasonRetried      = "retried"
+	ReasonReconciled   = "reconciled"
+)
+
+// Run is the state of one run.
+type Run struct {
+	ID           string          `json:"id"`
+	Workflow     string          `json:"workflow"`
+	Version      int             `json:"version"`
+	Status       RunStatus       `json:"status"`
+	Trigger      string          `json:"trigger"`
+	ScheduledAt  time.Time       `json:"scheduled_at,omitzero"`
+	Inputs       json.RawMessage `json:"inputs,omitempty"`
+	Spec         json.RawMessage `json:"spec,omitempty"`
+	Epoch        int64           `json:"epoch"`
+	EpochChanges int             `json:"epoch_changes"`
+	MaxEpochs    int             `json:"max_epochs"`
+	Owner        string          `json:"owner,omitempty"` // holder of the current epoch, once claimed
+	Steps        []string        `json:"step_order"`
+	Epochs       []EpochRecord   `json:"epochs"`
+	Error        string          `json:"error,omitempty"`
+	FailedStep   string          `json:"failed_step,omitempty"`
+	DeadLetter   string          `json:"dead_letter_reason,omitempty"`
+	Fenced       int             `json:"fenced_count"`
+
+	// HandedBack: the last owner released the run cleanly; the next epoch is not counted.
+	HandedBack bool `json:"handed_back,omitempty"`
+	// RetryRequested: an operator retried the run; the next epoch is not counted.
+	RetryRequested bool `json:"retry_requested,omitempty"`
+
+	CreatedSeq uint64    `json:"created_seq"`
+	UpdatedSeq uint64    `json:"updated_seq"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// EpochRecord is one epoch of a run.
+type EpochRecord struct {
+	Epoch  int64     `json:"epoch"`
+	Owner  string    `json:"owner"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+	Term   int64     `json:"term,omitempty"`
+}
+
+// Step is the state of one step of a run.
+type Step struct {
+	Name      string          `json:"name"`
+	Foreach   bool            `json:"foreach,omitempty"`
+	Status    StepStatus      `json:"status"`
+	Attempts  int             `json:"attempts"`
+	Epoch     int64           `json:"epoch"` // the epoch that checkpointed it (or last touched it)
+	Items     int             `json:"items"`
+	ItemsDone int             `json:"items_done"`
+	Output    json.RawMessage `json:"output,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	Seq       uint64          `json:"seq,omitempty"` // the commit's sequence
+}
+
+// Item is the checkpoint of one foreach item.
+type Item struct {
+	Index  int             `json:"item"`
+	Epoch  int64           `json:"epoch"`
+	Owner  string          `json:"owner"`
+	Output json.RawMessage `json:"output,omitempty"`
+	Seq    uint64          `json:"seq"`
+	At     time.Time       `json:"at"`
+}
+
+// Fenced is a rejected commit (or fail/complete), recorded durably.
+type Fenced struct {
+	Step         string    `json:"step"`
+	Item         int       `json:"item"`
+	Epoch        int64     `json:"epoch"`
+	CurrentEpoch int64     `json:"current_epoch"`
+	Owner        string    `json:"owner"`
+	Kind         Kind      `json:"kind"`
+	Reason       string    `json:"reason"`
+	Seq          uint64    `json:"seq"`
+	At           time.Time `json:"at"`
+}
+
+// StaleTerm is a scheduler entry rejected for its term.
+type StaleTerm struct {
+	Kind        Kind      `json:"kind"`
+	Run         string    `json:"run,omitempty"`
+	Term        int64     `json:"term"`
+	HighestTerm int64     `json:"highest_term"`
+	Seq         uint64    `json:"seq"`
+	At          time.Time `json:"at"`
+}
+
+// Event is one applied entry of a run, in log order: the run's history.
+type Event struct {
+	Seq     uint64    `json:"seq"`
+	Index   int       `json:"index"` // position in its log message
+	Kind    Kind      `json:"kind"`
+	Epoch   int64     `json:"epoch,omitempty"`
+	Term    int64     `json:"term,omitempty"`
+	Owner   string    `json:"owner,omitempty"`
+	Step    string    `json:"step,omitempty"`
+	Item    int       `json:"item,omitempty"`
+	Outcome string    `json:"outcome"` // accepted, or why it was rejected
+	Detail  string    `json:"detail,omitempty"`
+	At      time.Time `json:"at"`
+}
+
+// Tick is a recorded cron fire time.
+type Tick struct {
+	CronTick
+	Term int64     `json:"term"`
+	Seq  uint64    `json:"seq"`
+	Rec  time.Time `json:"recorded_at"`
+}
+
+// Pebble key layout. Every key starts with a one-letter table and '/'; run IDs, step and
+// workflow names cannot contain '/', so prefixes never overlap.
+//
+//	m/applied                     applied log sequence (8 bytes, big endian)
+//	m/term                        highest leader term applied
+//	r/<run>                       Run
+//	s/<run>/<step>                Step
+//	i/<run>/<step>/<item:8>       Item
+//	f/<run>/<seq:8><idx:4>        Fenced
+//	e/<run>/<seq:8><idx:4>        Event
+//	t/<seq:8><idx:4>              StaleTerm
+//	c/<workflow>/<unixnano:8>     Tick
+//	x/<status>/<run>              index: runs by status
+//	w/<workflow>/<status>/<run>   index: runs by workflow and status
+var (
+	keyApplied = []byte("m/applied")
+	keyTerm    = []byte("m/term")
+)
+
+func keyRun(run string) []byte        { return []byte("r/" + run) }
+func keyStep(run, step string) []byte { return []byte("s/" + run + "/" + step) }
+func keyItem(run, step string, item int) []byte {
+	return binary.BigEndian.AppendUint64([]byte("i/"+run+"/"+step+"/"), uint64(item))
+}
+func prefixItems(run, step string) []byte { return []byte("i/" + run + "/" + step + "/") }
+func keyFenced(run string, seq uint64, idx int) []byte {
+	return seqIdx([]byte("f/"+run+"/"), seq, idx)
+}
+func prefixFenced(run string) []byte { return []byte("f/" + run + "/") }
+func keyEvent(run string, seq uint64, idx int) []byte {
+	return seqIdx([]byte("e/"+run+"/"), seq, idx)
+}
+func prefixEvents(run string) []byte          { return []byte("e/" + run + "/") }
+func keyStaleTerm(seq uint64, idx int) []byte { return seqIdx([]byte("t/"), seq, idx) }
+func keyTick(workflow string, at time.Time) []byte {
+	return binary.BigEndian.AppendUint64([]byte("c/"+workflow+"/"), uint64(at.UnixNano()))
+}
+func prefixTicks(workflow string) []byte { return []byte("c/" + workflow + "/") }
+func keyByStatus(status RunStatus, run string) []byte {
+	return []byte("x/" + string(status) + "/" + run)
+}
+func keyByWorkflow(workflow string, status RunStatus, run string) []byte {
+	return []byte("w/" + workflow + "/" + string(status) + "/" + run)
+}
+
+func seqIdx(prefix []byte, seq uint64, idx int) []byte {
+	b := binary.BigEndian.AppendUint64(prefix, seq)
+	return binary.BigEndian.AppendUint32(b, uint32(idx))
+}
+
+// prefixEnd is the smallest key after every key with the prefix.
+func prefixEnd(prefix []byte) []byte {
+	end := append([]byte(nil), prefix...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}

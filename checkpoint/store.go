@@ -1,0 +1,222 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// DefaultMaxEpochs is used for a run submitted without max_epochs.
+const DefaultMaxEpochs = 5
+
+// formatVersion is pinned so that an upgrade of Pebble never silently rewrites the
+// data dir into a format an older flowd cannot open (docs/decisions.md).
+const formatVersion = pebble.FormatValueSeparation
+
+// Unsafe switches off guards. They exist only for negative-control tests, which show
+// the damage each guard prevents; flowd never sets them.
+type Unsafe struct {
+	NoEpochCheck      bool // accept commits whatever their epoch
+	NoCheckpointCheck bool // accept a commit of a (step, item) that already has one
+	NoTermCheck       bool // accept scheduler entries of any term
+}
+
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// FS is the file system; nil means the real disk. Tests may pass vfs.NewMem():
+	// still the real Pebble, without the disk.
+	FS vfs.FS
+	// Unsafe disables guards, for negative-control tests only.
+	Unsafe Unsafe
+}
+
+// Store is one node's Pebble copy of the run state, built by applying the log.
+// ApplyMessage must be called from one goroutine at a time (the applier); queries may
+// run concurrently with it.
+type Store struct {
+	db     *pebble.DB
+	unsafe Unsafe
+
+	closeOnce sync.Once
+	closeErr  error
+
+	applyMu sync.Mutex // serialises ApplyMessage
+	applied atomic.Uint64
+	term    atomic.Int64
+}
+
+// OpenStore opens (or creates) the state in dir.
+func OpenStore(dir string, opts StoreOptions) (*Store, error) {
+	popts := &pebble.Options{
+		FormatMajorVersion: formatVersion,
+		Logger:             quietLogger{},
+	}
+	if opts.FS != nil {
+		popts.FS = opts.FS
+	}
+	db, err := pebble.Open(dir, popts)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: open state in %s: %w", dir, err)
+	}
+	s := &Store{db: db, unsafe: opts.Unsafe}
+	applied, err := s.getUint(keyApplied)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	term, err := s.getUint(keyTerm)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.applied.Store(applied)
+	s.term.Store(int64(term))
+	return s, nil
+}
+
+// Close closes the store. Safe to call twice.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.db.Close() })
+	return s.closeErr
+}
+
+// Applied is the last log sequence applied to this store.
+func (s *Store) Applied() uint64 { return s.applied.Load() }
+
+// HighestTerm is the highest leader term applied.
+func (s *Store) HighestTerm() int64 { return s.term.Load() }
+
+func (s *Store) getUint(key []byte) (uint64, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("checkpoint: read %s: %w", key, err)
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, fmt.Errorf("checkpoint: %s holds %d bytes, want 8: the state is corrupt; move the data dir's state aside and let flowd replay the log", key, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// ApplyMessage applies one log message (a batch of entries) at sequence seq, in one
+// Pebble batch together with the applied sequence. It returns each entry's outcome.
+// A message that cannot be decoded returns a *CorruptError and changes nothing.
+// A sequence at or below the applied one is skipped (replay is idempotent).
+func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if seq <= s.applied.Load() {
+		return nil, nil
+	}
+	entries, err := decodeEnvelope(seq, data)
+	if err != nil {
+		return nil, err
+	}
+	tx := newApplyTx(s, seq)
+	defer tx.close()
+	results := make([]error, len(entries))
+	for i := range entries {
+		results[i] = tx.apply(i, &entries[i])
+	}
+	if err := tx.commit(); err != nil {
+		return nil, err
+	}
+	s.applied.Store(seq)
+	s.term.Store(tx.term)
+	return results, nil
+}
+
+func (s *Store) getJSON(key []byte, v any) (bool, error) {
+	return getJSON(s.db, key, v)
+}
+
+func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
+	raw, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: read %q: %w", key, err)
+	}
+	defer closer.Close()
+	if err := json.Unmarshal(raw, v); err != nil {
+		return false, fmt.Errorf("checkpoint: decode %q: %w (the state is corrupt; move it aside and let flowd replay the log)", key, err)
+	}
+	return true, nil
+}
+
+// scan calls fn for every key with the prefix, in key order, until fn returns false.
+func scan(r pebble.Reader, prefix, from []byte, fn func(k, v []byte) (bool, error)) error {
+	lower := prefix
+	if from != nil {
+		lower = from
+	}
+	opts := &pebble.IterOptions{LowerBound: lower}
+	if len(prefix) > 0 {
+		opts.UpperBound = prefixEnd(prefix)
+	}
+	it, err := r.NewIter(opts)
+	if err != nil {
+		return fmt.Errorf("checkpoint: scan %q: %w", prefix, err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return err
+		}
+		more, err := fn(it.Key(), v)
+		if err != nil {
+			it.Close()
+			return err
+		}
+		if !more {
+			break
+		}
+	}
+	if err := it.Error(); err != nil {
+		it.Close()
+		return err
+	}
+	return it.Close()
+}
+
+func scanJSON[T any](r pebble.Reader, prefix []byte) ([]T, error) {
+	var out []T
+	err := scan(r, prefix, nil, func(k, v []byte) (bool, error) {
+		var x T
+		if err := json.Unmarshal(v, &x); err != nil {
+			return false, fmt.Errorf("checkpoint: decode %q: %w", k, err)
+		}
+		out = append(out, x)
+		return true, nil
+	})
+	return out, err
+}
+
+// Dump writes every key and value in key order, one per line. Two stores that applied
+// the same log prefix dump identical bytes.
+func (s *Store) Dump(w io.Writer) error {
+	return scan(s.db, nil, nil, func(k, v []byte) (bool, error) {
+		_, err := fmt.Fprintf(w, "%q = %q\n", k, v)
+		return err == nil, err
+	})
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("pebble: "+format, args...))
+}

@@ -1,0 +1,215 @@
+package natsnode
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// ErrInvalidConfig is returned (wrapped) for a Config that cannot work.
+var ErrInvalidConfig = errors.New("natsnode: invalid config")
+
+// Defaults for Config fields left at their zero value.
+const (
+	DefaultMaxStore   int64 = 8 << 30  // 8 GiB of JetStream file storage
+	DefaultMaxMemory  int64 = 64 << 20 // 64 MiB of JetStream memory storage (flow uses none)
+	DefaultMaxPayload int32 = 8 << 20  // 8 MiB: room for a batch of 1 MiB step outputs
+	readyTimeout            = 10 * time.Second
+)
+
+// Config of an embedded server.
+type Config struct {
+	// DataDir holds the JetStream store (DataDir/jetstream). Required.
+	DataDir string
+	// Listen is the client address, e.g. "127.0.0.1:4222". Empty means in-process only
+	// (no TCP listener): fast and isolated, for tests. A cluster needs a listener.
+	Listen string
+	// ServerName names the server in a cluster; defaults to "flow-" + the listen port
+	// or "flow-embedded".
+	ServerName string
+	// NoSync turns off fsync of every write. Acknowledged entries can then be lost on a
+	// power cut; only benchmarks of the floor and throwaway tests should set it.
+	NoSync bool
+	// MaxStore and MaxMemory bound JetStream storage (the server's defaults are huge).
+	MaxStore, MaxMemory int64
+	// MaxPayload is the largest message the server accepts.
+	MaxPayload int32
+	// Cluster, when Listen is set and Cluster.Listen is not empty, makes this server one
+	// of a JetStream cluster.
+	Cluster ClusterConfig
+	// Logger receives the server's notices and errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// ClusterConfig joins an embedded server to others.
+type ClusterConfig struct {
+	Name   string   // cluster name, the same on every server
+	Listen string   // route address, e.g. "127.0.0.1:6222"
+	Routes []string // other servers' route URLs, e.g. "nats://127.0.0.1:6223"
+}
+
+// Server is a running embedded NATS server.
+type Server struct {
+	srv *server.Server
+}
+
+// Start starts an embedded server and waits until it accepts connections.
+func Start(cfg Config) (*Server, error) {
+	opts, err := cfg.serverOptions()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("natsnode: start embedded NATS: %w", err)
+	}
+	if cfg.Logger != nil {
+		srv.SetLoggerV2(slogAdapter{cfg.Logger}, false, false, false)
+	}
+	go srv.Start() // Start returns quickly; the server owns its goroutines until Shutdown.
+	if !srv.ReadyForConnections(readyTimeout) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("natsnode: embedded NATS not ready within %s (is %q in use?)", readyTimeout, cfg.Listen)
+	}
+	return &Server{srv: srv}, nil
+}
+
+func (cfg Config) serverOptions() (*server.Options, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: DataDir is empty: give the directory for JetStream files", ErrInvalidConfig)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("natsnode: data dir: %w", err)
+	}
+	opts := &server.Options{
+		ServerName:         cfg.ServerName,
+		JetStream:          true,
+		StoreDir:           filepath.Join(cfg.DataDir, "jetstream"),
+		SyncAlways:         !cfg.NoSync,
+		JetStreamMaxStore:  orDefault(cfg.MaxStore, DefaultMaxStore),
+		JetStreamMaxMemory: orDefault(cfg.MaxMemory, DefaultMaxMemory),
+		MaxPayload:         orDefault(cfg.MaxPayload, DefaultMaxPayload),
+		NoSigs:             true, // flowd owns the process's signals
+		NoLog:              cfg.Logger == nil,
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+		if opts.ServerName == "" {
+			opts.ServerName = "flow-embedded"
+		}
+	} else {
+		host, port, err := splitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Listen %q: %v (want HOST:PORT such as 127.0.0.1:4222)", ErrInvalidConfig, cfg.Listen, err)
+		}
+		opts.Host, opts.Port = host, port
+		if opts.ServerName == "" {
+			opts.ServerName = "flow-" + strconv.Itoa(port)
+		}
+	}
+	if cfg.Cluster.Listen != "" {
+		if cfg.Listen == "" {
+			return nil, fmt.Errorf("%w: a cluster needs a client listener: set Listen (a cluster never forms without one)", ErrInvalidConfig)
+		}
+		host, port, err := splitHostPort(cfg.Cluster.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Cluster.Listen %q: %v", ErrInvalidConfig, cfg.Cluster.Listen, err)
+		}
+		opts.Cluster.Name = cfg.Cluster.Name
+		if opts.Cluster.Name == "" {
+			opts.Cluster.Name = "flow"
+		}
+		opts.Cluster.Host, opts.Cluster.Port = host, port
+		for _, r := range cfg.Cluster.Routes {
+			u, err := url.Parse(r)
+			if err != nil {
+				return nil, fmt.Errorf("%w: route %q: %v", ErrInvalidConfig, r, err)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
+	}
+	return opts, nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q is not a number from 0 to 65535", p)
+	}
+	return host, port, nil
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Connect opens a client connection to the embedded server, in process (no TCP).
+func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.InProcessServer(s.srv), nats.MaxReconnects(-1)}, opts...)
+	nc, err := nats.Connect("", opts...)
+	if err != nil {
+		return nil, fmt.Errorf("natsnode: connect in process: %w", err)
+	}
+	return nc, nil
+}
+
+// ClientURL is the TCP URL of the server, or "" when it does not listen.
+func (s *Server) ClientURL() string {
+	if s.srv.Addr() == nil {
+		return ""
+	}
+	return s.srv.ClientURL()
+}
+
+// Shutdown stops the server and waits for it, flushing the store. Safe to call twice.
+func (s *Server) Shutdown() {
+	s.srv.Shutdown()
+	s.srv.WaitForShutdown()
+}
+
+// Connect dials an external NATS server or cluster (a comma-separated URL list).
+func Connect(urls, name string, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(urls, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("natsnode: connect to %s: %w (is NATS running there with JetStream enabled?)", urls, err)
+	}
+	return nc, nil
+}
+
+// Replicas is the replica count for flow's streams and buckets on the server nc is
+// connected to: the cluster's size, at most 3 (1 for a single server).
+func Replicas(nc *nats.Conn) int {
+	n := 1 + len(nc.DiscoveredServers())
+	if nc.ConnectedClusterName() == "" {
+		n = 1
+	}
+	return min(n, 3)
+}
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Noticef(f string, v ...any) { a.l.Info(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Warnf(f string, v ...any)   { a.l.Warn(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Fatalf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Errorf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Debugf(f string, v ...any)  { a.l.Debug(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Tracef(string, ...any)      {}
