@@ -15,50 +15,52 @@ import (
 // than max_epochs times: the run was dead-lettered instead and has no new epoch.
 var ErrDeadLettered = errors.New("checkpoint: run dead-lettered (max_epochs exceeded)")
 
-// applyTx applies the entries of one log message into one indexed batch. Runs and
-// steps are cached and written once at commit, so that several entries of one message
-// about the same run see each other's effects.
+// applyTx applies the entries of one log message into one Pebble batch. Runs and
+// steps are read through the store's cache of decoded runs and written once at commit,
+// so that several entries of one message about the same run see each other's effects.
 type applyTx struct {
 	s     *Store
 	b     *pebble.Batch
 	seq   uint64
 	term  int64
-	runs  map[string]*cachedRun
-	order []string // run IDs in first-touch order, so writes are deterministic
+	order []*cachedRun // runs in first-touch order, so writes are deterministic
+	// ticks written by this message (the batch is not indexed).
+	ticks map[string]bool
 	// assigned holds runs given an epoch by this message: a second assign of the same
 	// run in one message would get the same epoch, so it is rejected.
 	assigned map[string]bool
 }
 
+// cachedRun is a decoded run and its steps. The applier is the only writer, so the
+// cache (Store.runs) always holds what Pebble holds once a batch committed.
 type cachedRun struct {
 	run        *Run
-	origStatus RunStatus // status when loaded ("" for a new run)
+	origStatus RunStatus // status in Pebble ("" for a new run)
 	steps      map[string]*Step
-	dirty      bool
+	runDirty   bool
+	dirtySteps map[string]bool
+	items      map[string]map[int]bool // checkpointed foreach items, by step (loaded lazily)
+	touched    uint64 // the sequence of the message that last touched it
 }
 
 func newApplyTx(s *Store, seq uint64) *applyTx {
-	return &applyTx{
-		s: s, b: s.db.NewIndexedBatch(), seq: seq, term: s.term.Load(),
-		runs: map[string]*cachedRun{}, assigned: map[string]bool{},
-	}
+	return &applyTx{s: s, b: s.db.NewBatch(), seq: seq, term: s.term.Load()}
 }
 
 func (tx *applyTx) close() { _ = tx.b.Close() }
 
 func (tx *applyTx) commit() error {
-	for _, id := range tx.order {
-		c := tx.runs[id]
-		if !c.dirty {
-			continue
-		}
-		c.run.UpdatedSeq = tx.seq
-		if err := tx.putJSON(keyRun(id), c.run); err != nil {
-			return err
+	for _, c := range tx.order {
+		id := c.run.ID
+		if c.runDirty {
+			c.run.UpdatedSeq = tx.seq
+			if err := tx.putJSON(keyRun(id), c.run); err != nil {
+				return err
+			}
 		}
 		for _, name := range c.run.Steps {
-			if st, ok := c.steps[name]; ok {
-				if err := tx.putJSON(keyStep(id, name), st); err != nil {
+			if c.dirtySteps[name] {
+				if err := tx.putJSON(keyStep(id, name), c.steps[name]); err != nil {
 					return err
 				}
 			}
@@ -77,8 +79,14 @@ func (tx *applyTx) commit() error {
 	// NoSync: the log is the durable record. A crash that loses this batch replays it,
 	// since the applied sequence is in the same batch.
 	if err := tx.b.Commit(pebble.NoSync); err != nil {
+		tx.s.dropCache() // the cache may hold this batch's changes
 		return fmt.Errorf("checkpoint: commit state for sequence %d: %w", tx.seq, err)
 	}
+	for _, c := range tx.order {
+		c.origStatus, c.runDirty = c.run.Status, false
+		clear(c.dirtySteps)
+	}
+	tx.s.trimCache()
 	return nil
 }
 
@@ -90,27 +98,34 @@ func (tx *applyTx) putJSON(key []byte, v any) error {
 	return tx.b.Set(key, raw, nil)
 }
 
-// load returns the run (cached), or nil if it does not exist.
+// load returns the run, or nil if it does not exist.
 func (tx *applyTx) load(id string) (*cachedRun, error) {
-	if c, ok := tx.runs[id]; ok {
-		return c, nil
-	}
-	var r Run
-	found, err := getJSON(tx.b, keyRun(id), &r)
-	if err != nil || !found {
-		return nil, err
-	}
-	c := &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps))}
-	for _, name := range r.Steps {
-		var st Step
-		if _, err := getJSON(tx.b, keyStep(id, name), &st); err != nil {
+	c, ok := tx.s.runs[id]
+	if !ok {
+		var r Run
+		found, err := getJSON(tx.s.db, keyRun(id), &r)
+		if err != nil || !found {
 			return nil, err
 		}
-		c.steps[name] = &st
+		c = &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps)), dirtySteps: map[string]bool{}}
+		for _, name := range r.Steps {
+			var st Step
+			if _, err := getJSON(tx.s.db, keyStep(id, name), &st); err != nil {
+				return nil, err
+			}
+			c.steps[name] = &st
+		}
+		tx.s.runs[id] = c
 	}
-	tx.runs[id] = c
-	tx.order = append(tx.order, id)
+	tx.use(c)
 	return c, nil
+}
+
+func (tx *applyTx) use(c *cachedRun) {
+	if c.touched != tx.seq {
+		c.touched = tx.seq
+		tx.order = append(tx.order, c)
+	}
 }
 
 func (tx *applyTx) apply(idx int, e *Entry) error {
@@ -164,12 +179,16 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 	var fe *FencedError
 	switch {
 	case err == nil:
-		tx.event(c, idx, e, "accepted", "")
+		// An accepted item commit is its own history: the Item record carries its
+		// sequence, and View merges items into the events (one write less per item).
+		if e.Kind != KindCommit || e.Item == ItemWhole {
+			tx.event(c, idx, e, "accepted", "")
+		}
 	case errors.As(err, &fe):
 		tx.event(c, idx, e, "fenced: "+fe.Reason, "")
 		if e.Kind == KindCommit || e.Kind == KindFail || e.Kind == KindComplete {
 			c.run.Fenced++
-			c.dirty = true
+			c.runDirty = true
 			_ = tx.putJSON(keyFenced(c.run.ID, tx.seq, idx), Fenced{
 				Step: e.Step, Item: e.Item, Epoch: e.Epoch, CurrentEpoch: fe.CurrentEpoch,
 				Owner: e.Owner, Kind: e.Kind, Reason: fe.Reason, Seq: tx.seq, At: e.At,
@@ -216,28 +235,31 @@ func (tx *applyTx) submit(idx int, e *Entry, sub *Submit) error {
 		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
 		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
 	}
-	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), dirty: true}
+	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), runDirty: true, dirtySteps: map[string]bool{}}
 	for _, st := range sub.Steps {
 		r.Steps = append(r.Steps, st.Name)
 		c.steps[st.Name] = &Step{Name: st.Name, Foreach: st.Foreach, Status: StepPending}
+		c.dirtySteps[st.Name] = true
 	}
-	tx.runs[e.Run] = c
-	tx.order = append(tx.order, e.Run)
+	tx.s.runs[e.Run] = c
+	tx.use(c)
 	tx.event(c, idx, e, "accepted", "")
 	return nil
 }
 
 func (tx *applyTx) cronTick(idx int, e *Entry) error {
 	key := keyTick(e.Tick.Workflow, e.Tick.At)
-	if _, closer, err := tx.b.Get(key); err == nil {
-		closer.Close()
+	exists, err := tx.exists(key, &tx.ticks)
+	if err != nil {
+		return err
+	}
+	if exists {
 		return fmt.Errorf("%w: %s at %s", ErrTickExists, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
-	} else if !errors.Is(err, pebble.ErrNotFound) {
-		return fmt.Errorf("checkpoint: read tick: %w", err)
 	}
 	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
 		return err
 	}
+	tx.mark(key, &tx.ticks)
 	if e.Tick.Outcome == TickFired || e.Tick.Outcome == TickCaughtUp {
 		return tx.submit(idx, e, e.Submit)
 	}
@@ -250,12 +272,14 @@ func (c *cachedRun) reset() {
 	for _, name := range c.run.Steps {
 		if st := c.steps[name]; st.Status == StepRunning {
 			st.Status = StepPending
+			c.dirtySteps[name] = true
 		}
 	}
 }
 
+// touch marks the run record changed.
 func (c *cachedRun) touch(e *Entry) {
-	c.dirty = true
+	c.runDirty = true
 	c.run.UpdatedAt = e.At
 }
 
@@ -300,6 +324,9 @@ func (tx *applyTx) assign(c *cachedRun, e *Entry) error {
 	}
 	if counted {
 		r.EpochChanges++
+	}
+	if tx.assigned == nil {
+		tx.assigned = map[string]bool{}
 	}
 	tx.assigned[r.ID] = true
 	r.Epoch = int64(tx.seq)
@@ -372,7 +399,7 @@ func (tx *applyTx) start(c *cachedRun, e *Entry) error {
 	case StepFailed:
 		return tx.conflict(c, e, "step %q already failed", st.Name)
 	}
-	c.touch(e)
+	c.dirtySteps[st.Name] = true
 	st.Status = StepRunning
 	st.Epoch = e.Epoch
 	st.Attempts = max(e.Attempt, st.Attempts+1)
@@ -408,7 +435,7 @@ func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
 	if st.Status == StepFailed {
 		return tx.conflict(c, e, "step %q already failed", st.Name)
 	}
-	c.touch(e)
+	c.dirtySteps[st.Name] = true
 	if e.Kind == KindFail {
 		st.Error = e.Error
 		st.Attempts = max(st.Attempts, e.Attempt)
@@ -420,8 +447,13 @@ func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
 	}
 	if e.Item != ItemWhole {
 		st.ItemsDone++
+		done, err := tx.doneItems(c, st.Name)
+		if err != nil {
+			return err
+		}
+		done[e.Item] = true
 		return tx.putJSON(keyItem(c.run.ID, st.Name, e.Item), Item{
-			Index: e.Item, Epoch: e.Epoch, Owner: e.Owner, Output: e.Output, Seq: tx.seq, At: e.At,
+			Index: e.Item, Epoch: e.Epoch, Owner: e.Owner, Output: e.Output, Seq: tx.seq, Entry: idx, At: e.At,
 		})
 	}
 	st.Status = StepSucceeded
@@ -436,15 +468,58 @@ func (tx *applyTx) checkpointed(c *cachedRun, st *Step, item int) (bool, error) 
 	if item == ItemWhole {
 		return st.Status == StepSucceeded || st.Status == StepSkipped, nil
 	}
-	_, closer, err := tx.b.Get(keyItem(c.run.ID, st.Name, item))
+	done, err := tx.doneItems(c, st.Name)
+	if err != nil {
+		return false, err
+	}
+	return done[item], nil
+}
+
+// doneItems is the set of a foreach step's checkpointed items, read from Pebble once
+// per cached run and kept up to date by the applier.
+func (tx *applyTx) doneItems(c *cachedRun, step string) (map[int]bool, error) {
+	if done, ok := c.items[step]; ok {
+		return done, nil
+	}
+	done := map[int]bool{}
+	err := scan(tx.s.db, prefixItems(c.run.ID, step), nil, func(k, _ []byte) (bool, error) {
+		if len(k) < 8 {
+			return false, fmt.Errorf("checkpoint: item key %q is corrupt", k)
+		}
+		done[int(binary.BigEndian.Uint64(k[len(k)-8:]))] = true
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.items == nil {
+		c.items = map[string]map[int]bool{}
+	}
+	c.items[step] = done
+	return done, nil
+}
+
+// exists reports whether key is in Pebble or was written by this message.
+func (tx *applyTx) exists(key []byte, written *map[string]bool) (bool, error) {
+	if (*written)[string(key)] {
+		return true, nil
+	}
+	_, closer, err := tx.s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("checkpoint: read item: %w", err)
+		return false, fmt.Errorf("checkpoint: read %q: %w", key, err)
 	}
 	closer.Close()
 	return true, nil
+}
+
+func (tx *applyTx) mark(key []byte, written *map[string]bool) {
+	if *written == nil {
+		*written = map[string]bool{}
+	}
+	(*written)[string(key)] = true
 }
 
 func (tx *applyTx) complete(c *cachedRun, idx int, e *Entry) error {
@@ -505,6 +580,7 @@ func (tx *applyTx) retry(c *cachedRun, e *Entry) error {
 	for _, name := range r.Steps {
 		if st := c.steps[name]; st.Status == StepFailed {
 			st.Status, st.Error = StepPending, ""
+			c.dirtySteps[name] = true
 		}
 	}
 	r.Status = StatusPending

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"time"
 )
 
@@ -96,13 +95,39 @@ const (
 	TickCaughtUp       = "caught-up"
 )
 
-var (
-	idPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
-	namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
-)
+// ValidID reports whether s can name a run or an owner: 1-128 letters, digits, '.',
+// '_', ':' or '-', starting with a letter or digit.
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > 128 || !alnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != ':' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
 
-// ValidID reports whether s can name a run or an owner.
-func ValidID(s string) bool { return idPattern.MatchString(s) }
+// ValidName reports whether s can name a workflow or step: 1-64 of a-z, 0-9, '_' or
+// '-', starting with a letter or digit.
+func ValidName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		lowerOrDigit := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+		if !lowerOrDigit && (i == 0 || (c != '_' && c != '-')) {
+			return false
+		}
+	}
+	return true
+}
+
+func alnum(c byte) bool {
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
+}
 
 // Validate checks the shape of an entry (not its effect on state). Writers call it
 // before publishing; the applier calls it again and rejects, changing nothing, an entry
@@ -121,7 +146,7 @@ func (e *Entry) Validate() error {
 		return bad("negative term or epoch")
 	}
 	needsStep := func() error {
-		if !namePattern.MatchString(e.Step) {
+		if !ValidName(e.Step) {
 			return bad("step %q must be 1-64 of a-z, 0-9, '_' or '-'", e.Step)
 		}
 		if e.Item < ItemWhole {
@@ -181,7 +206,7 @@ func (e *Entry) Validate() error {
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
-		if e.Tick == nil || !namePattern.MatchString(e.Tick.Workflow) || e.Tick.At.IsZero() {
+		if e.Tick == nil || !ValidName(e.Tick.Workflow) || e.Tick.At.IsZero() {
 			return bad("tick needs a workflow name and a fire time")
 		}
 		switch e.Tick.Outcome {
@@ -204,7 +229,7 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if s == nil {
 		return bad("submit details are missing")
 	}
-	if !namePattern.MatchString(s.Workflow) {
+	if !ValidName(s.Workflow) {
 		return bad("workflow name %q must be 1-64 of a-z, 0-9, '_' or '-'", s.Workflow)
 	}
 	if s.MaxEpochs < 0 || s.Version < 0 {
@@ -220,7 +245,7 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	}
 	seen := make(map[string]bool, len(s.Steps))
 	for _, st := range s.Steps {
-		if !namePattern.MatchString(st.Name) {
+		if !ValidName(st.Name) {
 			return bad("step name %q must be 1-64 of a-z, 0-9, '_' or '-'", st.Name)
 		}
 		if seen[st.Name] {
@@ -229,13 +254,6 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 		seen[st.Name] = true
 	}
 	return nil
-}
-
-// envelope is one log message: a batch of entries.
-type envelope struct {
-	V       int               `json:"v"`
-	Node    string            `json:"node,omitempty"`
-	Entries []json.RawMessage `json:"entries"`
 }
 
 // encodeEnvelope joins already-encoded entries into one message without re-encoding.
@@ -260,11 +278,15 @@ func encodeEnvelope(node string, entries [][]byte) []byte {
 // decodeEnvelope decodes a message strictly: unknown fields or an unknown version are
 // corruption, since they mean a writer this code does not understand.
 func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
-	var env envelope
+	var env struct {
+		V       int     `json:"v"`
+		Node    string  `json:"node,omitempty"`
+		Entries []Entry `json:"entries"`
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&env); err != nil {
-		return nil, &CorruptError{Seq: seq, Detail: "envelope: " + err.Error()}
+		return nil, &CorruptError{Seq: seq, Detail: "decode: " + err.Error()}
 	}
 	if dec.More() {
 		return nil, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
@@ -275,18 +297,12 @@ func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	if len(env.Entries) == 0 {
 		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
 	}
-	out := make([]Entry, len(env.Entries))
-	for i, raw := range env.Entries {
-		d := json.NewDecoder(bytes.NewReader(raw))
-		d.DisallowUnknownFields()
-		if err := d.Decode(&out[i]); err != nil {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: %v", i, err)}
-		}
-		if !knownKind(out[i].Kind) {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, out[i].Kind)}
+	for i := range env.Entries {
+		if !knownKind(env.Entries[i].Kind) {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, env.Entries[i].Kind)}
 		}
 	}
-	return out, nil
+	return env.Entries, nil
 }
 
 func knownKind(k Kind) bool {

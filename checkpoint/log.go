@@ -329,48 +329,68 @@ func (l *Log) LastSeq(ctx context.Context) (uint64, error) {
 
 // runWriter is the group commit: it packs whatever queued while the previous publish
 // was in flight into one message, with exactly one publish in flight and no timer, so
-// a lone writer pays one publish and 64 writers share one fsync.
+// a lone writer pays one publish and many writers share one fsync. (A linger timer was
+// measured and gained nothing here: docs/perf.md.)
 func (l *Log) runWriter(ctx context.Context) {
 	defer l.wg.Done()
 	var carry *request
-	batch := make([]*request, 0, l.cfg.MaxBatchEntries)
 	for {
-		batch = batch[:0]
+		var first *request
 		if carry != nil {
-			batch, carry = append(batch, carry), nil
+			first, carry = carry, nil
 		} else {
 			select {
-			case r := <-l.queue:
-				batch = append(batch, r)
+			case first = <-l.queue:
 			case <-l.stopped:
 				l.drainQueue()
 				return
 			}
 		}
-		size := len(batch[0].data)
-		assigned := map[string]bool{}
-		if batch[0].kind == KindAssign {
-			assigned[batch[0].run] = true
+		b := batcher{l: l, batch: make([]*request, 0, 16)}
+		b.add(first)
+		carry = b.fill()
+		l.publish(ctx, b.batch)
+	}
+}
+
+type batcher struct {
+	l        *Log
+	batch    []*request
+	size     int
+	assigned map[string]bool
+}
+
+// add takes r into the batch, or reports that it must open the next one.
+func (b *batcher) add(r *request) bool {
+	if len(b.batch) > 0 && (b.size+len(r.data)+1 > b.l.maxBytes || len(b.batch) >= b.l.cfg.MaxBatchEntries) {
+		return false
+	}
+	if r.kind == KindAssign {
+		// Two assigns of one run in one message would share an epoch.
+		if b.assigned[r.run] {
+			return false
 		}
-	fill:
-		for len(batch) < l.cfg.MaxBatchEntries {
-			select {
-			case r := <-l.queue:
-				// Two assigns of one run in one message would share an epoch.
-				if (r.kind == KindAssign && assigned[r.run]) || size+len(r.data)+1 > l.maxBytes {
-					carry = r
-					break fill
-				}
-				if r.kind == KindAssign {
-					assigned[r.run] = true
-				}
-				size += len(r.data) + 1
-				batch = append(batch, r)
-			default:
-				break fill
+		if b.assigned == nil {
+			b.assigned = map[string]bool{}
+		}
+		b.assigned[r.run] = true
+	}
+	b.size += len(r.data) + 1
+	b.batch = append(b.batch, r)
+	return true
+}
+
+// fill takes what is queued now; it returns a request that did not fit.
+func (b *batcher) fill() *request {
+	for {
+		select {
+		case r := <-b.l.queue:
+			if !b.add(r) {
+				return r
 			}
+		default:
+			return nil
 		}
-		l.publish(ctx, batch)
 	}
 }
 

@@ -1,7 +1,9 @@
 package checkpoint
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -64,6 +66,16 @@ func (s *Store) View(id string) (*RunView, error) {
 	if v.Events, err = scanJSON[Event](snap, prefixEvents(id)); err != nil {
 		return nil, err
 	}
+	// Accepted item commits are stored only as items; put them into the history.
+	for _, sv := range v.Steps {
+		for _, it := range sv.ItemCheckpoints {
+			v.Events = append(v.Events, Event{Seq: it.Seq, Index: it.Entry, Kind: KindCommit, Epoch: it.Epoch,
+				Owner: it.Owner, Step: sv.Name, Item: it.Index, Outcome: "accepted", At: it.At})
+		}
+	}
+	slices.SortFunc(v.Events, func(a, b Event) int {
+		return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Index, b.Index))
+	})
 	return v, nil
 }
 

@@ -123,6 +123,7 @@ type Item struct {
 	Owner  string          `json:"owner"`
 	Output json.RawMessage `json:"output,omitempty"`
 	Seq    uint64          `json:"seq"`
+	Entry  int             `json:"entry"` // position in its log message
 	At     time.Time       `json:"at"`
 }
 

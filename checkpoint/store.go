@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -47,7 +48,8 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	applyMu sync.Mutex // serialises ApplyMessage
+	applyMu sync.Mutex            // serialises ApplyMessage; guards runs
+	runs    map[string]*cachedRun // decoded runs recently applied to
 	applied atomic.Uint64
 	term    atomic.Int64
 }
@@ -57,6 +59,14 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	popts := &pebble.Options{
 		FormatMajorVersion: formatVersion,
 		Logger:             quietLogger{},
+		Cache:              pebble.NewCache(64 << 20),
+	}
+	defer popts.Cache.Unref()
+	// Bloom filters: every commit asks whether its (step, item) already has a
+	// checkpoint, and the answer is almost always no; without filters each such miss
+	// reads index and data blocks of every level.
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	if opts.FS != nil {
 		popts.FS = opts.FS
@@ -65,7 +75,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open state in %s: %w", dir, err)
 	}
-	s := &Store{db: db, unsafe: opts.Unsafe}
+	s := &Store{db: db, unsafe: opts.Unsafe, runs: map[string]*cachedRun{}}
 	applied, err := s.getUint(keyApplied)
 	if err != nil {
 		db.Close()
@@ -134,6 +144,28 @@ func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
 	s.applied.Store(seq)
 	s.term.Store(tx.term)
 	return results, nil
+}
+
+// runCacheSize bounds the decoded runs the applier keeps; decoding a run's JSON on
+// every message was most of the cost of applying one.
+const runCacheSize = 4096
+
+func (s *Store) dropCache() { clear(s.runs) }
+
+// trimCache evicts runs not touched recently once the cache is over its size. Which
+// runs stay cached changes only speed, never an outcome.
+func (s *Store) trimCache() {
+	if len(s.runs) <= runCacheSize {
+		return
+	}
+	for id, c := range s.runs {
+		if c.touched+runCacheSize/2 < s.applied.Load()+1 || c.run.Status.Terminal() {
+			delete(s.runs, id)
+		}
+	}
+	if len(s.runs) > runCacheSize {
+		s.dropCache()
+	}
 }
 
 func (s *Store) getJSON(key []byte, v any) (bool, error) {
