@@ -40,7 +40,7 @@ type cachedRun struct {
 	runDirty   bool
 	dirtySteps map[string]bool
 	items      map[string]map[int]bool // checkpointed foreach items, by step (loaded lazily)
-	touched    uint64 // the sequence of the message that last touched it
+	touched    uint64                  // the sequence of the message that last touched it
 }
 
 func newApplyTx(s *Store, seq uint64) *applyTx {
