@@ -96,13 +96,14 @@ const (
 )
 
 // ValidID reports whether s can name a run or an owner: 1-128 letters, digits, '.',
-// '_', ':' or '-', starting with a letter or digit.
+// '_' or '-', starting with a letter or digit. (Run IDs are also JetStream KV keys, the
+// run leases', which cannot hold ':'.)
 func ValidID(s string) bool {
 	if len(s) == 0 || len(s) > 128 || !alnum(s[0]) {
 		return false
 	}
 	for i := 1; i < len(s); i++ {
-		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != ':' && c != '-' {
+		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
 			return false
 		}
 	}
@@ -137,10 +138,10 @@ func (e *Entry) Validate() error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
 	if e.Kind != KindCronTick && !ValidID(e.Run) {
-		return bad("run ID %q must be 1-128 letters, digits, '.', '_', ':' or '-'", e.Run)
+		return bad("run ID %q must be 1-128 letters, digits, '.', '_' or '-'", e.Run)
 	}
 	if e.Owner != "" && !ValidID(e.Owner) {
-		return bad("owner %q must be 1-128 letters, digits, '.', '_', ':' or '-'", e.Owner)
+		return bad("owner %q must be 1-128 letters, digits, '.', '_' or '-'", e.Owner)
 	}
 	if e.Term < 0 || e.Epoch < 0 {
 		return bad("negative term or epoch")

@@ -113,6 +113,9 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 			return nil, fmt.Errorf("%w: Listen %q: %v (want HOST:PORT such as 127.0.0.1:4222)", ErrInvalidConfig, cfg.Listen, err)
 		}
 		opts.Host, opts.Port = host, port
+		if port == 0 {
+			opts.Port = server.RANDOM_PORT // ":0" means any free port, as with net.Listen
+		}
 		if opts.ServerName == "" {
 			opts.ServerName = "flow-" + strconv.Itoa(port)
 		}
@@ -130,6 +133,9 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 			opts.Cluster.Name = "flow"
 		}
 		opts.Cluster.Host, opts.Cluster.Port = host, port
+		if port == 0 {
+			opts.Cluster.Port = server.RANDOM_PORT
+		}
 		for _, r := range cfg.Cluster.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
