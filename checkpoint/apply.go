@@ -256,7 +256,7 @@ func (tx *applyTx) cronTick(idx int, e *Entry) error {
 	if exists {
 		return fmt.Errorf("%w: %s at %s", ErrTickExists, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
 	}
-	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
+	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Owner: e.Owner, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
 		return err
 	}
 	tx.mark(key, &tx.ticks)

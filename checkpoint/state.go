@@ -168,9 +168,10 @@ type Event struct {
 // Tick is a recorded cron fire time.
 type Tick struct {
 	CronTick
-	Term int64     `json:"term"`
-	Seq  uint64    `json:"seq"`
-	Rec  time.Time `json:"recorded_at"`
+	Owner string    `json:"owner,omitempty"` // the leader node that recorded it
+	Term  int64     `json:"term"`
+	Seq   uint64    `json:"seq"`
+	Rec   time.Time `json:"recorded_at"`
 }
 
 // Pebble key layout. Every key starts with a one-letter table and '/'; run IDs, step and

@@ -1,0 +1,102 @@
+package epoch
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/flowrun/flow/internal/backoff"
+)
+
+// Defaults.
+const (
+	DefaultTTL        = 10 * time.Second
+	minProductionTTL  = time.Second
+	trustFraction     = 2.0 / 3.0 // the holder trusts itself this long after a renewal was sent
+	poisonFraction    = 0.7       // past this without a renewal, a fast-fail holder exits
+	DefaultExitCode   = 75        // exit status of a poison pill (EX_TEMPFAIL)
+	LeaderBucket      = "FLOW_LEADER"
+	LeaseBucket       = "FLOW_LEASES"
+	leaderKey         = "leader"
+	defaultMarkerTTL  = time.Second // how long a lapse marker stays (watchers need to see it)
+	minRenewalTimeout = 50 * time.Millisecond
+)
+
+// Config of leases and elections. The zero value is valid: every field has a default.
+type Config struct {
+	// TTL is how long a lease or term lives on the server without renewal (default 10s).
+	// It is the bucket's, so cluster-wide: every node should use the same.
+	TTL time.Duration
+	// RenewInterval is the time between renewals (default TTL/3). It must be under
+	// 2/3 TTL, the holder's trust window.
+	RenewInterval time.Duration
+	// AllowShortTTL permits a TTL under 1s (tests only).
+	AllowShortTTL bool
+	// FastFail makes a lease holder exit the process (Exit(DefaultExitCode)) when no
+	// renewal succeeded by 70% of the TTL: the poison pill, for workers whose steps may
+	// not stop when their context is cancelled.
+	FastFail bool
+	// Exit is called by the poison pill; default os.Exit.
+	Exit func(code int)
+	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
+	// full jitter).
+	Backoff backoff.Policy
+	// Counters, if set, count renewals, terms and lost leases.
+	Counters *Counters
+	// Logger, if set, receives ownership changes.
+	Logger *slog.Logger
+	// Unsafe switches guards off, for negative-control tests only.
+	Unsafe Unsafe
+}
+
+// Unsafe switches, for negative-control tests only.
+type Unsafe struct {
+	// NoHeartbeat: the holder never renews and never notices it lost its lease (the
+	// seeds' scenario C: a copy of the worker without its heartbeat).
+	NoHeartbeat bool
+}
+
+// Validate checks c and fills in defaults. The error names the field and the fix.
+func (c *Config) Validate() error {
+	if c.TTL < 0 || c.RenewInterval < 0 {
+		return fmt.Errorf("%w: lease TTL %s and renew interval %s must not be negative", ErrInvalidConfig, c.TTL, c.RenewInterval)
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.TTL < minProductionTTL && !c.AllowShortTTL {
+		return fmt.Errorf("%w: lease TTL %s is under 1s: a GC pause or a slow disk would expire leases of healthy workers; use 1s or more (10s is the default)", ErrInvalidConfig, c.TTL)
+	}
+	if c.RenewInterval == 0 {
+		c.RenewInterval = c.TTL / 3
+	}
+	if c.RenewInterval >= c.TTL {
+		return fmt.Errorf("%w: renew interval %s must be shorter than the lease TTL %s (TTL/3 is the default)", ErrInvalidConfig, c.RenewInterval, c.TTL)
+	}
+	if c.RenewInterval >= c.trust() {
+		return fmt.Errorf("%w: renew interval %s must be shorter than 2/3 of the lease TTL (%s), when a holder stops trusting its lease; TTL/3 is the default", ErrInvalidConfig, c.RenewInterval, c.trust())
+	}
+	if c.Exit == nil {
+		c.Exit = os.Exit
+	}
+	if c.Backoff == (backoff.Policy{}) {
+		c.Backoff = backoff.Policy{Base: 50 * time.Millisecond, Cap: 2 * time.Second}
+	}
+	if c.Counters == nil {
+		c.Counters = &Counters{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+func (c *Config) trust() time.Duration  { return time.Duration(float64(c.TTL) * trustFraction) }
+func (c *Config) poison() time.Duration { return time.Duration(float64(c.TTL) * poisonFraction) }
+
+// renewalTimeout bounds one renewal attempt: no answer within it makes a lease
+// degraded (the worker takes no new work) and the renewal is retried at once. Half the
+// renew interval (TTL/6 by default) leaves several retries before the trust window
+// ends at 2/3 TTL.
+func (c *Config) renewalTimeout() time.Duration { return max(c.RenewInterval/2, minRenewalTimeout) }

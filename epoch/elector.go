@@ -1,0 +1,233 @@
+package epoch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrResigned is the cause of a term's context after Resign.
+var ErrResigned = errors.New("epoch: resigned")
+
+// Leader names the current leader. Term 0 means no leader.
+type Leader struct {
+	Node string `json:"node"`
+	Term int64  `json:"term"`
+}
+
+// Elector campaigns for the scheduler leadership of one node.
+type Elector struct {
+	js   jetstream.JetStream
+	kv   jetstream.KeyValue
+	node string
+	cfg  Config
+}
+
+// NewElector opens the leader bucket. replicas is the NATS cluster's size (at most 3).
+func NewElector(ctx context.Context, js jetstream.JetStream, node string, cfg Config, replicas int) (*Elector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if node == "" {
+		return nil, fmt.Errorf("%w: node ID is empty", ErrInvalidConfig)
+	}
+	kv, err := openBucket(ctx, js, LeaderBucket, cfg.TTL, replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Elector{js: js, kv: kv, node: node, cfg: cfg}, nil
+}
+
+// Term is one won election. Its context is cancelled (with the cause) the moment the
+// leadership can no longer be trusted; Check says the same before each write.
+type Term struct {
+	k    *keeper
+	term int64
+	node string
+}
+
+// Term is the term number: the KV revision at which it was won. Every scheduler entry
+// carries it and the log rejects entries of a lower term than it has applied.
+func (t *Term) Term() int64 { return t.term }
+
+// Node is the leader's node ID.
+func (t *Term) Node() string { return t.node }
+
+// Context is cancelled when the term ends.
+func (t *Term) Context() context.Context { return t.k.ctx }
+
+// Done is closed when the term ends.
+func (t *Term) Done() <-chan struct{} { return t.k.ctx.Done() }
+
+// Err is why the term ended (wraps ErrLeaseLost or ErrResigned), nil while it lasts.
+func (t *Term) Err() error { return context.Cause(t.k.ctx) }
+
+// Check is the local test before every scheduler write: nil while this node may still
+// believe it leads (its trust window, on its monotonic clock, is open). A write that
+// slips past it anyway still carries the term, and the log rejects it if stale.
+func (t *Term) Check() error {
+	if err := t.k.check(); err != nil {
+		return fmt.Errorf("%w: term %d: %w", ErrNotLeader, t.term, err)
+	}
+	return nil
+}
+
+// Resign ends the term and deletes the leader key (if still ours), so that another
+// node wins at once instead of after the TTL.
+func (t *Term) Resign(ctx context.Context) error {
+	return t.k.release(ctx, ErrResigned)
+}
+
+type leaderValue struct {
+	Node string `json:"node"`
+	Term int64  `json:"term,omitempty"`
+}
+
+// Campaign blocks until this node wins a term, or ctx ends. Losers wait for the key
+// to be deleted or to lapse (by the server's marker, or on their own clock when no
+// renewal has been seen for a TTL), then retry with capped exponential backoff and
+// full jitter.
+func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	w, err := e.kv.Watch(wctx, leaderKey)
+	if err != nil {
+		return nil, fmt.Errorf("epoch: watch the leader key: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	lapse := time.NewTimer(e.cfg.TTL)
+	defer lapse.Stop()
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		val, _ := json.Marshal(leaderValue{Node: e.node})
+		rev, err := e.kv.Create(ctx, leaderKey, val)
+		if err == nil {
+			return e.won(ctx, rev, sent), nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+			if err := e.waitForVacancy(ctx, w, lapse); err != nil {
+				return nil, err
+			}
+		} else {
+			e.cfg.Logger.Warn("campaign failed; retrying", "err", err)
+		}
+		if err := e.cfg.Backoff.Sleep(ctx, min(attempt, 8)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
+	val, _ := json.Marshal(leaderValue{Node: e.node, Term: int64(rev)})
+	t := &Term{term: int64(rev), node: e.node}
+	// The term's life is not the campaign's ctx: it ends by Resign or lost trust.
+	t.k = newKeeper(context.WithoutCancel(ctx), e.js, e.kv, leaderKey, val, rev, sent, &e.cfg,
+		fmt.Sprintf("term %d of %s", rev, e.node), true)
+	e.cfg.Counters.TermsWon.Add(1)
+	e.cfg.Logger.Info("won leadership", "node", e.node, "term", rev)
+	go func() { // count the loss; ends with the keeper
+		<-t.k.ctx.Done()
+		if !errors.Is(context.Cause(t.k.ctx), ErrResigned) {
+			e.cfg.Counters.TermsLost.Add(1)
+		}
+	}()
+	return t
+}
+
+// waitForVacancy returns when the leader key was deleted, lapsed (marker), or has not
+// been renewed for a TTL on this node's clock.
+func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse *time.Timer) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-lapse.C:
+			lapse.Reset(e.cfg.TTL)
+			return nil
+		case entry, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("epoch: leader watch closed")
+			}
+			if entry == nil {
+				continue // end of the initial value
+			}
+			if entry.Operation() != jetstream.KeyValuePut {
+				return nil
+			}
+			if !lapse.Stop() {
+				select {
+				case <-lapse.C:
+				default:
+				}
+			}
+			lapse.Reset(e.cfg.TTL)
+		}
+	}
+}
+
+// Leader reads the current leader through the bucket stream's leader.
+func (e *Elector) Leader(ctx context.Context) (Leader, error) {
+	l, err := readLatest(ctx, e.js, LeaderBucket, leaderKey)
+	if err != nil || !l.found || l.deleted {
+		return Leader{}, err
+	}
+	return parseLeader(l.value, l.rev), nil
+}
+
+func parseLeader(value []byte, rev uint64) Leader {
+	var v leaderValue
+	_ = json.Unmarshal(value, &v)
+	if v.Term == 0 {
+		v.Term = int64(rev) // the creating write: its revision is the term
+	}
+	return Leader(v)
+}
+
+// Observe streams leader changes (Term 0: none) until ctx ends, then closes the
+// channel. The goroutine it starts is owned by ctx.
+func (e *Elector) Observe(ctx context.Context) (<-chan Leader, error) {
+	w, err := e.kv.Watch(ctx, leaderKey)
+	if err != nil {
+		return nil, fmt.Errorf("epoch: watch the leader key: %w", err)
+	}
+	out := make(chan Leader, 8)
+	go func() {
+		defer close(out)
+		defer func() { _ = w.Stop() }()
+		last := Leader{Term: -1}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case entry, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if entry == nil {
+					continue
+				}
+				cur := Leader{}
+				if entry.Operation() == jetstream.KeyValuePut {
+					cur = parseLeader(entry.Value(), entry.Revision())
+				}
+				if cur == last {
+					continue // a renewal
+				}
+				last = cur
+				select {
+				case out <- cur:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}

@@ -1,0 +1,17 @@
+package epoch
+
+import "errors"
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrLeaseLost: the lease or term can no longer be trusted (renewal refused, or
+	// no successful renewal within the trust window). It is the cause of the holder's
+	// cancelled context.
+	ErrLeaseLost = errors.New("epoch: lease lost")
+	// ErrNotLeader: this node does not hold the term it thought it held.
+	ErrNotLeader = errors.New("epoch: not the leader")
+	// ErrLeaseHeld: another owner (or another epoch) holds the run's lease.
+	ErrLeaseHeld = errors.New("epoch: lease held by another owner")
+	// ErrInvalidConfig: a Config that cannot work.
+	ErrInvalidConfig = errors.New("epoch: invalid config")
+)

@@ -1,0 +1,129 @@
+package epoch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrReleased is the cause of a lease's context after Release.
+var ErrReleased = errors.New("epoch: lease released")
+
+// LeaseValue is what a lease key holds.
+type LeaseValue struct {
+	Run   string `json:"run"`
+	Epoch int64  `json:"epoch"`
+	Owner string `json:"owner"`
+}
+
+// Leases opens run leases on one bucket. One per node.
+type Leases struct {
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	cfg Config
+}
+
+// NewLeases opens the lease bucket. replicas is the NATS cluster's size (at most 3).
+func NewLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) (*Leases, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	kv, err := openBucket(ctx, js, LeaseBucket, cfg.TTL, replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Leases{js: js, kv: kv, cfg: cfg}, nil
+}
+
+// Config is the validated configuration.
+func (ls *Leases) Config() Config { return ls.cfg }
+
+// Lease is a worker's claim on a run at one epoch. Its context is cancelled with cause
+// ErrLeaseLost when it cannot be renewed; Check before every commit; Release when done.
+type Lease struct {
+	k     *keeper
+	value LeaseValue
+}
+
+// Value is the run, epoch and owner of the lease.
+func (l *Lease) Value() LeaseValue { return l.value }
+
+// Context is cancelled when the lease is lost or released.
+func (l *Lease) Context() context.Context { return l.k.ctx }
+
+// Done is closed when the lease is lost or released.
+func (l *Lease) Done() <-chan struct{} { return l.k.ctx.Done() }
+
+// Err is why the lease ended, nil while it holds.
+func (l *Lease) Err() error { return context.Cause(l.k.ctx) }
+
+// Check is the local test before a commit: nil while the trust window is open.
+func (l *Lease) Check() error { return l.k.check() }
+
+// Degraded reports that the last renewal got no answer in time: the worker should
+// take no new work until a renewal succeeds again.
+func (l *Lease) Degraded() bool { return l.k.degraded() }
+
+// Release stops renewing and deletes the key (if still this lease's), so that the run
+// can be reassigned at once rather than after the TTL.
+func (l *Lease) Release(ctx context.Context) error { return l.k.release(ctx, ErrReleased) }
+
+// Acquire takes the lease of run for epoch. If a lease of an older epoch still exists
+// (its holder died and the key has not lapsed on the server yet), it retries with
+// backoff until ctx ends. A lease of the same epoch held by another owner, or of a
+// newer epoch, fails at once with ErrLeaseHeld: this task is obsolete.
+func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner string) (*Lease, error) {
+	val := LeaseValue{Run: run, Epoch: epoch, Owner: owner}
+	raw, _ := json.Marshal(val)
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		rev, err := ls.kv.Create(ctx, run, raw)
+		if err == nil {
+			return ls.start(ctx, val, raw, rev, sent), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isRevisionMismatch(err) {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("epoch: acquire lease of %s: %w", run, ctx.Err())
+			}
+			ls.cfg.Logger.Warn("lease acquire failed; retrying", "run", run, "err", err)
+		} else {
+			cur, err := readLatest(ctx, ls.js, LeaseBucket, run)
+			if err != nil {
+				return nil, err
+			}
+			if cur.found && !cur.deleted {
+				var held LeaseValue
+				if json.Unmarshal(cur.value, &held) == nil {
+					switch {
+					case held == val:
+						// Ours already (a retried acquire): adopt it.
+						return ls.start(ctx, val, raw, cur.rev, time.Now()), nil
+					case held.Epoch >= epoch:
+						return nil, fmt.Errorf("%w: run %s: %s holds epoch %d, this task is for epoch %d", ErrLeaseHeld, run, held.Owner, held.Epoch, epoch)
+					}
+				}
+			}
+		}
+		if err := ls.cfg.Backoff.Sleep(ctx, min(attempt, 8)); err != nil {
+			return nil, fmt.Errorf("%w: run %s: an older lease has not lapsed yet: %v", ErrLeaseHeld, run, err)
+		}
+	}
+}
+
+func (ls *Leases) start(ctx context.Context, val LeaseValue, raw []byte, rev uint64, sent time.Time) *Lease {
+	ls.cfg.Counters.LeasesAcquired.Add(1)
+	what := fmt.Sprintf("lease of run %s at epoch %d (%s)", val.Run, val.Epoch, val.Owner)
+	l := &Lease{value: val}
+	l.k = newKeeper(context.WithoutCancel(ctx), ls.js, ls.kv, val.Run, raw, rev, sent, &ls.cfg, what, false)
+	go func() { // count losses (not releases); ends with the keeper's context
+		<-l.k.ctx.Done()
+		if errors.Is(context.Cause(l.k.ctx), ErrLeaseLost) {
+			ls.cfg.Counters.LeasesLost.Add(1)
+		}
+	}()
+	return l
+}

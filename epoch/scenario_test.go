@@ -1,0 +1,210 @@
+package epoch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+)
+
+// The seeds' scenario C: a worker whose heartbeat was removed keeps working after its
+// lease lapsed; the leader reclaims the run with a new epoch and another worker takes
+// it. The first worker's next commit is rejected and it stops with the reason
+// lock-stolen-mid-run. With fencing disabled too, the same story ends in a double commit.
+
+const stolenReason = "lock-stolen-mid-run"
+
+var scenarioSteps = []string{"s1", "s2", "s3", "s4"}
+
+type scenarioWorker struct {
+	name   string
+	lg     *checkpoint.Log
+	lease  *Lease
+	epoch  int64
+	paused chan struct{} // a step blocks here until closed (a long step, a GC pause)
+}
+
+// work runs the steps from the first without a checkpoint; it returns why it stopped.
+func (w *scenarioWorker) work(ctx context.Context, t *testing.T, pauseBefore string) string {
+	steps, err := w.lg.Store().Steps("run-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if st.Status == checkpoint.StepSucceeded {
+			continue // resume from checkpoints
+		}
+		if st.Name == pauseBefore {
+			<-w.paused
+		}
+		if err := w.lease.Check(); err != nil {
+			return "lease-lost"
+		}
+		_, err := w.lg.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "run-c", Step: st.Name,
+			Item: checkpoint.ItemWhole, Epoch: w.epoch, Owner: w.name, Output: json.RawMessage(fmt.Sprintf(`{"by":%q}`, w.name))})
+		if errors.Is(err, checkpoint.ErrFenced) {
+			return stolenReason
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return "done"
+}
+
+func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombieStop string, accepted map[string]int, fenced int) {
+	srv := startNATS(t)
+	ctx := ctxT(t, 30*time.Second)
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	store, err := checkpoint.OpenStore(filepath.Join(t.TempDir(), "state"), checkpoint.StoreOptions{Unsafe: unsafe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	lg, err := checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: js, Store: store, Node: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer lg.Stop()
+	write := func(e checkpoint.Entry) uint64 {
+		seq, err := lg.Write(ctx, e)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Kind, err)
+		}
+		return seq
+	}
+	var specs []checkpoint.StepSpec
+	for _, s := range scenarioSteps {
+		specs = append(specs, checkpoint.StepSpec{Name: s})
+	}
+	write(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: "run-c", Submit: &checkpoint.Submit{Workflow: "wf", Trigger: checkpoint.TriggerManual, Steps: specs}})
+	e1 := int64(write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "run-c", Term: 1}))
+
+	zombieCfg := testConfig()
+	zombieCfg.Unsafe.NoHeartbeat = !heartbeat
+	zls, err := NewLeases(ctx, js, zombieCfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher, err := ls.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Stop()
+
+	zl, err := zls.Acquire(ctx, "run-c", e1, "zombie")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zl.Release(ctx)
+	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "run-c", Epoch: e1, Owner: "zombie"})
+	zombie := &scenarioWorker{name: "zombie", lg: lg, lease: zl, epoch: e1, paused: make(chan struct{})}
+	stopped := make(chan string, 1)
+	go func() { stopped <- zombie.work(ctx, t, "s2") }() // commits s1, then stalls before s2
+
+	// The leader: when the zombie's lease lapses, reclaim the run and hand it to "fresh".
+	select {
+	case ev := <-watcher.Events():
+		if !heartbeat && (ev.Kind != LeaseLapsed || ev.Lease.Owner != "zombie") {
+			t.Fatalf("event %+v", ev)
+		}
+		if heartbeat {
+			t.Fatalf("the lease lapsed although the holder renewed it: %+v", ev)
+		}
+	case <-time.After(3 * testTTL):
+		if !heartbeat {
+			t.Fatal("the zombie's lease never lapsed")
+		}
+		// With its heartbeat, the long step kept its lease for 3 TTLs: nothing to steal.
+		close(zombie.paused)
+		stop := <-stopped
+		return stop, countAccepted(t, store), 0
+	}
+	e2 := int64(write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "run-c", Epoch: e1, Term: 1, Reason: checkpoint.ReasonLeaseExpired}))
+	fl, err := ls.Acquire(ctx, "run-c", e2, "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Release(ctx)
+	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "run-c", Epoch: e2, Owner: "fresh"})
+	fresh := &scenarioWorker{name: "fresh", lg: lg, lease: fl, epoch: e2}
+	if got := fresh.work(ctx, t, ""); got != "done" {
+		t.Fatalf("the new owner stopped: %s", got)
+	}
+	// The zombie wakes up and carries on with s2.
+	close(zombie.paused)
+	stop := <-stopped
+	v, err := store.View("run-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stop, countAccepted(t, store), len(v.Fenced)
+}
+
+func countAccepted(t *testing.T, store *checkpoint.Store) map[string]int {
+	v, err := store.View("run-c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, ev := range v.Events {
+		if ev.Kind == checkpoint.KindCommit && ev.Outcome == "accepted" {
+			n[ev.Step]++
+		}
+	}
+	return n
+}
+
+func TestScenarioC(t *testing.T) {
+	t.Run("heartbeat keeps the lease through a long step", func(t *testing.T) {
+		stop, accepted, _ := runScenarioC(t, true, checkpoint.Unsafe{})
+		if stop != "done" {
+			t.Fatalf("worker stopped: %s", stop)
+		}
+		for _, s := range scenarioSteps {
+			if accepted[s] != 1 {
+				t.Fatalf("step %s committed %d times", s, accepted[s])
+			}
+		}
+	})
+	t.Run("no heartbeat: stolen mid-run, fenced", func(t *testing.T) {
+		stop, accepted, fenced := runScenarioC(t, false, checkpoint.Unsafe{})
+		if stop != stolenReason {
+			t.Fatalf("zombie stopped with %q, want %q", stop, stolenReason)
+		}
+		if fenced != 1 {
+			t.Fatalf("%d fenced commits recorded, want 1", fenced)
+		}
+		for _, s := range scenarioSteps {
+			if accepted[s] != 1 {
+				t.Fatalf("step %s committed %d times; want once", s, accepted[s])
+			}
+		}
+	})
+	t.Run("no heartbeat and no fencing: the double commit", func(t *testing.T) {
+		stop, accepted, _ := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
+		if accepted["s2"] != 2 {
+			t.Fatalf("without fencing, step s2 was committed %d times; the control expects the double commit (zombie stopped: %s)", accepted["s2"], stop)
+		}
+		t.Logf("without fencing the zombie's stale commit of s2 was accepted after the new owner's: %v", accepted)
+	})
+}
