@@ -386,3 +386,35 @@ func TestStartStopStress(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A takeover (the key now holds another owner's value) ends the holder's lease at its
+// next renewal, with ErrLeaseLost: it is not mistaken for a late renewal of its own.
+func TestTakeoverDetectedAtNextRenewal(t *testing.T) {
+	srv := startNATS(t)
+	ctx := ctxT(t, 30*time.Second)
+	_, js := connect(t, srv.ClientURL())
+	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ls.Acquire(ctx, "run-6", 60, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	taken := time.Now()
+	if _, err := ls.kv.Put(ctx, "run-6", []byte(`{"run":"run-6","epoch":61,"owner":"thief"}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(testTTL):
+		t.Fatal("the takeover went unnoticed")
+	}
+	if !errors.Is(l.Err(), ErrLeaseLost) || !strings.Contains(l.Err().Error(), "moved on") {
+		t.Fatalf("cause = %v", l.Err())
+	}
+	if d := time.Since(taken); d > ls.cfg.RenewInterval+100*time.Millisecond {
+		t.Fatalf("noticed after %s; want within one renew interval (%s)", d, ls.cfg.RenewInterval)
+	}
+}

@@ -31,6 +31,10 @@ import (
 const helperEnv = "FLOW_EPOCH_HELPER"
 
 func helperMain() {
+	if os.Getenv(helperEnv+"_MODE") == "lease" {
+		leaseHelperMain()
+		return
+	}
 	node := os.Getenv(helperEnv)
 	skipCheck := os.Getenv(helperEnv+"_SKIP_CHECK") == "1"
 	say := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }

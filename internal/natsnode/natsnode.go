@@ -204,11 +204,11 @@ func Connect(urls, name string, opts ...nats.Option) (*nats.Conn, error) {
 // Replicas is the replica count for flow's streams and buckets on the server nc is
 // connected to: the cluster's size, at most 3 (1 for a single server).
 func Replicas(nc *nats.Conn) int {
-	n := 1 + len(nc.DiscoveredServers())
 	if nc.ConnectedClusterName() == "" {
-		n = 1
+		return 1
 	}
-	return min(n, 3)
+	// Servers lists the URLs given and those the cluster announced: its members.
+	return max(1, min(len(nc.Servers()), 3))
 }
 
 type slogAdapter struct{ l *slog.Logger }

@@ -1,0 +1,183 @@
+package workflow
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+var builtins = func(k string) bool { return k == "exec" || k == "http" || k == "sleep" || k == "noop" }
+
+func TestContractExampleLoads(t *testing.T) {
+	data, err := os.ReadFile("testdata/contract.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Load("contract.yaml", data, builtins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "nightly-payout" || w.MaxEpochs != 5 || time.Duration(w.Timeout) != 2*time.Hour || len(w.Steps) != 3 {
+		t.Fatalf("workflow = %+v", w)
+	}
+	if w.Schedule.Timezone != "Asia/Jakarta" || w.Schedule.Overlap != "skip" || w.Schedule.Catchup != "latest" {
+		t.Fatalf("schedule = %+v", w.Schedule)
+	}
+	tr := w.Step("transfer")
+	if tr.Foreach == "" || tr.Parallelism != 8 || tr.Needs[0] != "collect" || tr.With["method"] != "POST" {
+		t.Fatalf("transfer = %+v", tr)
+	}
+	c := w.Step("collect")
+	if c.Retry.MaxAttempts != 5 || time.Duration(c.Retry.MaxInterval) != time.Minute || time.Duration(c.Timeout) != 10*time.Minute {
+		t.Fatalf("collect = %+v", c)
+	}
+	if w.Inputs[0].Name != "date" || !w.Inputs[0].HasDefault || w.Inputs[1].Default != false {
+		t.Fatalf("inputs = %+v", w.Inputs)
+	}
+	if len(w.Digest) != 64 {
+		t.Fatalf("digest %q", w.Digest)
+	}
+}
+
+const okSteps = "steps:\n  - name: a\n    uses: noop\n"
+
+// Each bad file must fail with its message at its line.
+func TestBadWorkflows(t *testing.T) {
+	cases := []struct {
+		name, yaml string
+		line       int
+		want       string
+	}{
+		{"empty", "", 1, "the file is empty"},
+		{"not yaml", "name: [x\n", 1, "not valid YAML"},
+		{"tab indentation", "name: x\nsteps:\n\t- name: a\n", 3, "not valid YAML"},
+		{"no name", okSteps, 1, "has no name"},
+		{"no steps", "name: x\n", 1, "has no steps"},
+		{"unknown top key", "name: x\nmax_epoch: 3\n" + okSteps, 2, `unknown key "max_epoch"`},
+		{"bad name", "name: Nightly_Payout!\n" + okSteps, 1, "workflow name"},
+		{"max_epochs text", "name: x\nmax_epochs: many\n" + okSteps, 2, "max_epochs must be a whole number"},
+		{"max_epochs zero", "name: x\nmax_epochs: 0\n" + okSteps, 2, "out of range"},
+		{"bad timeout", "name: x\ntimeout: 2 hours\n" + okSteps, 2, "is not a duration"},
+		{"negative timeout", "name: x\ntimeout: -5m\n" + okSteps, 2, "is not a duration"},
+		{"steps not list", "name: x\nsteps: {a: 1}\n", 2, "steps must be a non-empty list"},
+		{"empty steps", "name: x\nsteps: []\n", 2, "steps must be a non-empty list"},
+		{"step no name", "name: x\nsteps:\n  - uses: noop\n", 3, "a step has no name"},
+		{"step no uses", "name: x\nsteps:\n  - name: a\n", 3, "has no `uses`"},
+		{"unknown kind", "name: x\nsteps:\n  - name: a\n    uses: teleport\n", 4, `unknown kind "teleport"`},
+		{"unknown step key", "name: x\nsteps:\n  - name: a\n    uses: noop\n    retries: 3\n", 5, `unknown key "retries"`},
+		{"duplicate step", "name: x\nsteps:\n  - name: a\n    uses: noop\n  - name: a\n    uses: noop\n", 5, `step "a" is defined twice`},
+		{"unknown need", "name: x\nsteps:\n  - name: a\n    uses: noop\n    needs: [b]\n", 5, `needs unknown step "b"`},
+		{"self need", "name: x\nsteps:\n  - name: a\n    uses: noop\n    needs: [a]\n", 5, "needs itself"},
+		{"cycle", "name: x\nsteps:\n  - name: a\n    uses: noop\n    needs: [b]\n  - name: b\n    uses: noop\n    needs: [a]\n", 3, "cycle: a -> b -> a"},
+		{"bad cron", "name: x\nschedule:\n  cron: \"61 * * * *\"\n" + okSteps, 3, "bad cron"},
+		{"cron zone prefix", "name: x\nschedule:\n  cron: \"CRON_TZ=UTC\"\n" + okSteps, 3, "bad cron"},
+		{"never fires", "name: x\nschedule:\n  cron: \"0 0 30 2 *\"\n" + okSteps, 3, "never fires"},
+		{"no cron", "name: x\nschedule:\n  timezone: UTC\n" + okSteps, 3, "needs a cron expression"},
+		{"bad timezone", "name: x\nschedule:\n  cron: \"@daily\"\n  timezone: Mars/Olympus\n" + okSteps, 4, "unknown timezone"},
+		{"bad overlap", "name: x\nschedule:\n  cron: \"@daily\"\n  overlap: sometimes\n" + okSteps, 4, "unknown overlap policy"},
+		{"bad catchup", "name: x\nschedule:\n  cron: \"@daily\"\n  catchup: most\n" + okSteps, 4, "unknown catch-up policy"},
+		{"bad input type", "name: x\ninputs:\n  n: {type: integer}\n" + okSteps, 3, `unknown type "integer"`},
+		{"default wrong type", "name: x\ninputs:\n  n: {type: int, default: hello}\n" + okSteps, 3, "is not of type int"},
+		{"unknown input key", "name: x\ninputs:\n  n: {type: int, required: true}\n" + okSteps, 3, `unknown key "required"`},
+		{"bad step timeout", "name: x\nsteps:\n  - name: a\n    uses: noop\n    timeout: soon\n", 5, "is not a duration"},
+		{"bad retry", "name: x\nsteps:\n  - name: a\n    uses: noop\n    retry: {max_attempts: 0}\n", 5, "out of range"},
+		{"bad retry key", "name: x\nsteps:\n  - name: a\n    uses: noop\n    retry: {attempts: 3}\n", 5, `unknown key "attempts"`},
+		{"bad parallelism", "name: x\nsteps:\n  - name: a\n    uses: noop\n    parallelism: -1\n", 5, "out of range"},
+		{"unreachable step ref", "name: x\nsteps:\n  - name: a\n    uses: noop\n  - name: b\n    uses: noop\n    with: {x: \"{{ steps.a.output.v }}\"}\n", 7, `step "a" is not reachable through needs`},
+		{"unknown input ref", "name: x\nsteps:\n  - name: a\n    uses: noop\n    with: {x: \"{{ inputs.date }}\"}\n", 5, "no such input"},
+		{"item outside foreach", "name: x\nsteps:\n  - name: a\n    uses: noop\n    with: {x: \"{{ item.id }}\"}\n", 5, "item exists only"},
+		{"unclosed template", "name: x\nsteps:\n  - name: a\n    uses: noop\n    with: {x: \"{{ inputs.a\"}\n", 5, "never closed"},
+		{"bad template expr", "name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ 1 + 2 }}\"\n", 5, "is not a path"},
+		{"unknown template name", "name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ tomorrow }}\"\n", 5, "unknown name"},
+		{"with not mapping", "name: x\nsteps:\n  - name: a\n    uses: noop\n    with: [1, 2]\n", 5, "with must be a mapping"},
+		{"duplicate key", "name: x\nname: y\n" + okSteps, 2, `has "name" twice`},
+	}
+	if len(cases) < 25 {
+		t.Fatalf("only %d bad files", len(cases))
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Load("bad.yaml", []byte(c.yaml), builtins)
+			var es Errors
+			if !errors.As(err, &es) || len(es) == 0 {
+				t.Fatalf("err = %v; want Errors", err)
+			}
+			found := false
+			for _, e := range es {
+				if strings.Contains(e.Msg, c.want) && e.Line == c.line && e.File == "bad.yaml" && e.Col >= 1 {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("want %q at line %d, got:\n%v", c.want, c.line, err)
+			}
+			if !strings.HasPrefix(err.Error(), "bad.yaml:") {
+				t.Fatalf("error does not start with file:line:col: %v", err)
+			}
+		})
+	}
+}
+
+func TestTemplates(t *testing.T) {
+	scope := map[string]any{
+		"inputs": map[string]any{"date": "2026-11-28", "dry_run": false, "n": float64(3)},
+		"steps":  map[string]any{"collect": map[string]any{"output": map[string]any{"drivers": []any{map[string]any{"id": "d1"}}}}},
+		"item":   map[string]any{"id": "d1", "cents": float64(1250)},
+		"run":    map[string]any{"id": "r1", "epoch": float64(42)},
+	}
+	for src, want := range map[string]any{
+		"{{ inputs.date }}":                       "2026-11-28",
+		"day={{inputs.date}} n={{ inputs.n }}":    "day=2026-11-28 n=3",
+		"{{ item.cents }}":                        float64(1250),
+		"{{ steps.collect.output.drivers.0.id }}": "d1",
+		"{{ not inputs.dry_run }}":                true,
+		"{{ inputs.date == \"2026-11-28\" }}":     true,
+		"{{ run.epoch != 42 }}":                   false,
+		"plain":                                   "plain",
+	} {
+		tmpl, err := ParseTemplate(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		got, err := tmpl.Render(scope)
+		if err != nil || got != want {
+			t.Errorf("%s = %#v (%v), want %#v", src, got, err, want)
+		}
+	}
+	tmpl, _ := ParseTemplate("{{ steps.collect.output.drivers }}")
+	if got, _ := tmpl.Render(scope); len(got.([]any)) != 1 {
+		t.Fatalf("a whole-value template keeps the list: %#v", got)
+	}
+	tmpl, _ = ParseTemplate("{{ inputs.dtae }}")
+	_, err := tmpl.Render(scope)
+	var mk *MissingKeyError
+	if !errors.As(err, &mk) || !strings.Contains(err.Error(), `inputs has no "dtae" (it has: date, dry_run, n)`) {
+		t.Fatalf("missing key: %v", err)
+	}
+}
+
+// FuzzLoad: the loader never panics, and what it accepts it accepts again.
+func FuzzLoad(f *testing.F) {
+	if data, err := os.ReadFile("testdata/contract.yaml"); err == nil {
+		f.Add(data)
+	}
+	f.Add([]byte("name: x\n" + okSteps))
+	f.Add([]byte("name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ not inputs.x }}\"\n"))
+	f.Add([]byte("name: x\nschedule: {cron: \"*/5 * * * * *\"}\n" + okSteps))
+	f.Add([]byte("&a [*a]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		w, err := Load("fuzz.yaml", data, builtins)
+		if err != nil {
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			return
+		}
+		if _, err := Load("fuzz.yaml", []byte(w.Source), builtins); err != nil {
+			t.Fatalf("accepted once, rejected again: %v", err)
+		}
+	})
+}
