@@ -24,8 +24,9 @@ type applyTx struct {
 	seq   uint64
 	term  int64
 	order []*cachedRun // runs in first-touch order, so writes are deterministic
-	// ticks written by this message (the batch is not indexed).
-	ticks map[string]bool
+	// ticks and workflow versions written by this message (the batch is not indexed).
+	ticks     map[string]bool
+	workflows map[string]*WorkflowVersion
 	// assigned holds runs given an epoch by this message: a second assign of the same
 	// run in one message would get the same epoch, so it is rejected.
 	assigned map[string]bool
@@ -148,6 +149,8 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 		return tx.submit(idx, e, e.Submit)
 	case KindCronTick:
 		return tx.cronTick(idx, e)
+	case KindWorkflow:
+		return tx.workflow(e)
 	}
 	c, err := tx.load(e.Run)
 	if err != nil {
@@ -264,6 +267,29 @@ func (tx *applyTx) cronTick(idx int, e *Entry) error {
 		return tx.submit(idx, e, e.Submit)
 	}
 	return nil
+}
+
+// workflow stores a new version of a workflow unless its digest equals the latest's.
+func (tx *applyTx) workflow(e *Entry) error {
+	latest, err := latestWorkflow(tx.s.db, e.Workflow.Name)
+	if err != nil {
+		return err
+	}
+	if tx.workflows == nil {
+		tx.workflows = map[string]*WorkflowVersion{}
+	}
+	if w, ok := tx.workflows[e.Workflow.Name]; ok {
+		latest = w
+	}
+	if latest != nil && latest.Digest == e.Workflow.Digest {
+		return nil // unchanged: same version
+	}
+	v := &WorkflowVersion{Name: e.Workflow.Name, Version: 1, Digest: e.Workflow.Digest, Spec: e.Workflow.Spec, Seq: tx.seq, At: e.At}
+	if latest != nil {
+		v.Version = latest.Version + 1
+	}
+	tx.workflows[v.Name] = v
+	return tx.putJSON(keyWorkflow(v.Name, v.Version), v)
 }
 
 // reset returns every in-flight step to pending: a new epoch, a hand-back or a

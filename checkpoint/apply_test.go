@@ -336,3 +336,27 @@ func TestNamesAndIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkflowVersions(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	wf := func(digest string) Entry {
+		return Entry{Kind: KindWorkflow, At: t0, Workflow: &WorkflowDef{Name: "wf", Digest: digest, Spec: json.RawMessage(`{"d":"` + digest + `"}`)}}
+	}
+	mustApply(t, s, wf("aaa"))
+	mustApply(t, s, wf("aaa")) // unchanged: no new version
+	mustApply(t, s, wf("bbb"))
+	w, err := s.Workflow("wf", 0)
+	if err != nil || w.Version != 2 || w.Digest != "bbb" {
+		t.Fatalf("latest = %+v, %v", w, err)
+	}
+	if w1, err := s.Workflow("wf", 1); err != nil || w1.Digest != "aaa" {
+		t.Fatalf("v1 = %+v, %v", w1, err)
+	}
+	if _, err := s.Workflow("nope", 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown workflow: %v", err)
+	}
+	all, _ := s.Workflows()
+	if len(all) != 1 || all[0].Version != 2 {
+		t.Fatalf("workflows = %+v", all)
+	}
+}

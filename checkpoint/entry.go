@@ -25,6 +25,7 @@ const (
 	KindRequeue    Kind = "requeue"     // clean hand-back (drain): pending, not counted
 	KindRetry      Kind = "retry"       // operator retry of a failed/dead-lettered run
 	KindCronTick   Kind = "cron_tick"   // a cron fire time and its outcome (scheduler)
+	KindWorkflow   Kind = "workflow"    // apply a workflow: a new version if its source changed
 )
 
 // FormatVersion is the version of the message envelope written by this code. A message
@@ -55,6 +56,8 @@ type Entry struct {
 
 	Submit *Submit   `json:"submit,omitempty"` // submit, and cron_tick that fires
 	Tick   *CronTick `json:"tick,omitempty"`   // cron_tick
+	// Workflow is the definition applied by a workflow entry.
+	Workflow *WorkflowDef `json:"workflow,omitempty"`
 
 	// At is the writer's wall clock. It is recorded for people to read and never
 	// used to decide anything.
@@ -71,6 +74,13 @@ type Submit struct {
 	Inputs      json.RawMessage `json:"inputs,omitempty"`
 	Steps       []StepSpec      `json:"steps"`
 	Spec        json.RawMessage `json:"spec,omitempty"` // the workflow version, for people and the engine
+}
+
+// WorkflowDef is one applied workflow definition.
+type WorkflowDef struct {
+	Name   string          `json:"name"`
+	Digest string          `json:"digest"` // of the source: the same digest is the same version
+	Spec   json.RawMessage `json:"spec"`   // the parsed workflow, for the engine
 }
 
 // StepSpec is what the state machine needs to know of a step.
@@ -137,7 +147,7 @@ func (e *Entry) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
-	if e.Kind != KindCronTick && !ValidID(e.Run) {
+	if e.Kind != KindCronTick && e.Kind != KindWorkflow && !ValidID(e.Run) {
 		return bad("run ID %q must be 1-128 letters, digits, '.', '_' or '-'", e.Run)
 	}
 	if e.Owner != "" && !ValidID(e.Owner) {
@@ -199,6 +209,11 @@ func (e *Entry) Validate() error {
 			return bad("status %q: use succeeded or failed", e.Status)
 		}
 	case KindCancel, KindRetry:
+	case KindWorkflow:
+		if e.Workflow == nil || !ValidName(e.Workflow.Name) || e.Workflow.Digest == "" || !json.Valid(e.Workflow.Spec) {
+			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
+		}
+		return nil
 	case KindDeadLetter:
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
@@ -309,7 +324,7 @@ func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 func knownKind(k Kind) bool {
 	switch k {
 	case KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
-		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick:
+		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow:
 		return true
 	}
 	return false

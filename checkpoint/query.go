@@ -2,9 +2,12 @@ package checkpoint
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // RunView is everything the state knows about one run.
@@ -169,4 +172,55 @@ func (s *Store) Ticks(workflow string) ([]Tick, error) {
 // StaleTerms returns the scheduler entries rejected for their term, in log order.
 func (s *Store) StaleTerms() ([]StaleTerm, error) {
 	return scanJSON[StaleTerm](s.db, []byte("t/"))
+}
+
+// Workflow returns a version of a workflow; version 0 means the latest.
+func (s *Store) Workflow(name string, version int) (*WorkflowVersion, error) {
+	if version == 0 {
+		w, err := latestWorkflow(s.db, name)
+		if err == nil && w == nil {
+			err = fmt.Errorf("%w: workflow %q", ErrNotFound, name)
+		}
+		return w, err
+	}
+	var w WorkflowVersion
+	found, err := s.getJSON(keyWorkflow(name, version), &w)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: workflow %q version %d", ErrNotFound, name, version)
+	}
+	return &w, nil
+}
+
+// Workflows returns the latest version of every workflow, by name.
+func (s *Store) Workflows() ([]WorkflowVersion, error) {
+	all, err := scanJSON[WorkflowVersion](s.db, []byte("v/"))
+	if err != nil {
+		return nil, err
+	}
+	var out []WorkflowVersion
+	for i, w := range all {
+		if i+1 == len(all) || all[i+1].Name != w.Name {
+			out = append(out, w)
+		}
+	}
+	return out, nil
+}
+
+func latestWorkflow(r pebble.Reader, name string) (*WorkflowVersion, error) {
+	var latest *WorkflowVersion
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: prefixWorkflow(name), UpperBound: prefixEnd(prefixWorkflow(name))})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	if it.Last() {
+		latest = &WorkflowVersion{}
+		if err := json.Unmarshal(it.Value(), latest); err != nil {
+			return nil, fmt.Errorf("checkpoint: decode workflow %q: %w", name, err)
+		}
+	}
+	return latest, it.Error()
 }

@@ -174,6 +174,16 @@ type Tick struct {
 	Rec   time.Time `json:"recorded_at"`
 }
 
+// WorkflowVersion is one version of a workflow.
+type WorkflowVersion struct {
+	Name    string          `json:"name"`
+	Version int             `json:"version"`
+	Digest  string          `json:"digest"`
+	Spec    json.RawMessage `json:"spec"`
+	Seq     uint64          `json:"seq"`
+	At      time.Time       `json:"at"`
+}
+
 // Pebble key layout. Every key starts with a one-letter table and '/'; run IDs, step and
 // workflow names cannot contain '/', so prefixes never overlap.
 //
@@ -186,6 +196,7 @@ type Tick struct {
 //	e/<run>/<seq:8><idx:4>        Event
 //	t/<seq:8><idx:4>              StaleTerm
 //	c/<workflow>/<unixnano:8>     Tick
+//	v/<workflow>/<version:8>      WorkflowVersion
 //	x/<status>/<run>              index: runs by status
 //	w/<workflow>/<status>/<run>   index: runs by workflow and status
 var (
@@ -212,6 +223,11 @@ func keyTick(workflow string, at time.Time) []byte {
 	return binary.BigEndian.AppendUint64([]byte("c/"+workflow+"/"), uint64(at.UnixNano()))
 }
 func prefixTicks(workflow string) []byte { return []byte("c/" + workflow + "/") }
+func keyWorkflow(name string, version int) []byte {
+	return binary.BigEndian.AppendUint64([]byte("v/"+name+"/"), uint64(version))
+}
+func prefixWorkflow(name string) []byte { return []byte("v/" + name + "/") }
+
 func keyByStatus(status RunStatus, run string) []byte {
 	return []byte("x/" + string(status) + "/" + run)
 }

@@ -1,0 +1,153 @@
+package steps
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+)
+
+// Input is what a step runs with.
+type Input struct {
+	Run            string
+	Workflow       string
+	Step           string
+	Item           int // foreach index, or -1
+	Epoch          int64
+	Attempt        int // 1 for the first attempt
+	IdempotencyKey string
+	With           map[string]any // rendered
+	Logger         *slog.Logger
+}
+
+// Step is one kind of step. Run must return when ctx is cancelled.
+type Step interface {
+	Run(ctx context.Context, in Input) (json.RawMessage, error)
+}
+
+// Func adapts a function to Step.
+type Func func(ctx context.Context, in Input) (json.RawMessage, error)
+
+// Run calls f.
+func (f Func) Run(ctx context.Context, in Input) (json.RawMessage, error) { return f(ctx, in) }
+
+// ErrPermanent marks an error that retrying cannot fix. Test with errors.Is or
+// IsPermanent.
+var ErrPermanent = errors.New("permanent")
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() []error      { return []error{e.err, ErrPermanent} }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanent wraps err so that the step is not retried.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// Permanentf is fmt.Errorf, permanent.
+func Permanentf(format string, args ...any) error { return Permanent(fmt.Errorf(format, args...)) }
+
+// IsPermanent reports whether retrying err is pointless.
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// IdempotencyKey is the key of (run, step, item): the same in every epoch.
+func IdempotencyKey(run, step string, item int) string {
+	sum := sha256.Sum256([]byte(run + "\x00" + step + "\x00" + strconv.Itoa(item)))
+	return "flow-" + hex.EncodeToString(sum[:16])
+}
+
+// Registry maps step kinds to steps. Safe for concurrent use.
+type Registry struct {
+	mu    sync.RWMutex
+	kinds map[string]Step
+}
+
+// NewRegistry returns a registry holding the built-in kinds. maxOutput bounds what
+// exec and http read as output (0: 1 MiB).
+func NewRegistry(maxOutput int) *Registry {
+	if maxOutput <= 0 {
+		maxOutput = 1 << 20
+	}
+	r := &Registry{kinds: map[string]Step{}}
+	r.kinds["exec"] = Exec{MaxOutput: maxOutput}
+	r.kinds["http"] = HTTP{MaxOutput: maxOutput}
+	r.kinds["sleep"] = Func(sleep)
+	r.kinds["noop"] = Func(noop)
+	return r
+}
+
+// Register adds a kind. Names are 1-64 of a-z, 0-9, '_' and '-'; a kind cannot be
+// registered twice.
+func (r *Registry) Register(kind string, s Step) error {
+	if !validKind(kind) || s == nil {
+		return fmt.Errorf("steps: register %q: use 1-64 of a-z, 0-9, '_' and '-', and a non-nil step", kind)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.kinds[kind]; ok {
+		return fmt.Errorf("steps: kind %q is already registered", kind)
+	}
+	r.kinds[kind] = s
+	return nil
+}
+
+// Get returns the step of a kind.
+func (r *Registry) Get(kind string) (Step, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	s, ok := r.kinds[kind]
+	return s, ok
+}
+
+// Has reports whether a kind is registered (workflow.KindChecker).
+func (r *Registry) Has(kind string) bool {
+	_, ok := r.Get(kind)
+	return ok
+}
+
+// Kinds lists the registered kinds.
+func (r *Registry) Kinds() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []string
+	for k := range r.kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func validKind(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c == '-' || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
+			return false
+		}
+	}
+	return true
+}
+
+// noop returns its `with` as its output.
+func noop(_ context.Context, in Input) (json.RawMessage, error) {
+	if len(in.With) == 0 {
+		return json.RawMessage(`{}`), nil
+	}
+	b, err := json.Marshal(in.With)
+	if err != nil {
+		return nil, Permanentf("noop: %v", err)
+	}
+	return b, nil
+}
