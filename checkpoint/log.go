@@ -314,6 +314,14 @@ func (l *Log) WaitApplied(ctx context.Context, seq uint64) error {
 	}
 }
 
+// Changed returns a channel closed the next time this node applies a message: wait on
+// it, then read the store.
+func (l *Log) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.applied
+}
+
 // LastSeq is the stream's last sequence: the node has caught up when it has applied it.
 func (l *Log) LastSeq(ctx context.Context) (uint64, error) {
 	s, err := l.cfg.JS.Stream(ctx, l.cfg.Stream)

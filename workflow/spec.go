@@ -587,3 +587,16 @@ func CheckType(typ string, v any) error {
 	}
 	return nil
 }
+
+// Decode reads a workflow back from its JSON form (as stored with a run).
+func Decode(raw []byte) (*Workflow, error) {
+	var w Workflow
+	if err := json.Unmarshal(raw, &w); err != nil {
+		return nil, fmt.Errorf("workflow: decode: %w", err)
+	}
+	w.byName = map[string]*Step{}
+	for _, st := range w.Steps {
+		w.byName[st.Name] = st
+	}
+	return &w, nil
+}

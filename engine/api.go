@@ -1,0 +1,280 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Errors of the library API (wrapped with context).
+var (
+	// ErrBadInput: the request is wrong (unknown input, wrong type, ...); nothing changed.
+	ErrBadInput = errors.New("engine: bad input")
+)
+
+func (e *Engine) running() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.mu.started || e.mu.stopping || e.clog == nil {
+		return ErrNotStarted
+	}
+	return nil
+}
+
+// ValidateWorkflow parses a workflow file with this engine's step kinds.
+func (e *Engine) ValidateWorkflow(file string, data []byte) (*workflow.Workflow, error) {
+	return workflow.Load(file, data, e.cfg.Registry.Has)
+}
+
+// ApplyWorkflow validates a workflow and records it; a changed source makes a new
+// version (an unchanged one keeps its version). It returns the version.
+func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*workflow.Workflow, error) {
+	if err := e.running(); err != nil {
+		return nil, err
+	}
+	w, err := e.ValidateWorkflow(file, data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
+	}
+	spec, err := json.Marshal(w)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: e.cfg.NodeID,
+		Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}); err != nil {
+		return nil, err
+	}
+	v, err := e.store.Workflow(w.Name, 0)
+	if err != nil {
+		return nil, err
+	}
+	w.Version = v.Version
+	return w, nil
+}
+
+// Workflow returns a workflow version (0: the latest).
+func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) {
+	v, err := e.store.Workflow(name, version)
+	if err != nil {
+		return nil, err
+	}
+	w, err := workflow.Decode(v.Spec)
+	if err != nil {
+		return nil, err
+	}
+	w.Version = v.Version
+	return w, nil
+}
+
+// RunOptions adjust StartRun.
+type RunOptions struct {
+	ID          string    // default: generated
+	Trigger     string    // default manual
+	ScheduledAt time.Time // cron runs
+}
+
+// StartRun submits a run of the latest version of a workflow. inputs are checked
+// against the workflow's types (strings are converted: "3" for an int); missing
+// inputs take their defaults.
+func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]any, opts RunOptions) (string, error) {
+	if err := e.running(); err != nil {
+		return "", err
+	}
+	w, err := e.Workflow(name, 0)
+	if err != nil {
+		if errors.Is(err, checkpoint.ErrNotFound) {
+			return "", fmt.Errorf("%w: no workflow %q: apply it first (flowctl workflow apply -f FILE)", ErrBadInput, name)
+		}
+		return "", err
+	}
+	at := time.Now()
+	if !opts.ScheduledAt.IsZero() {
+		at = opts.ScheduledAt
+	}
+	resolved, err := ResolveInputs(w, inputs, at)
+	if err != nil {
+		return "", err
+	}
+	id := opts.ID
+	if id == "" {
+		id = NewRunID()
+	}
+	if !checkpoint.ValidID(id) {
+		return "", fmt.Errorf("%w: run ID %q: use 1-128 letters, digits, '.', '_' or '-'", ErrBadInput, id)
+	}
+	trigger := opts.Trigger
+	if trigger == "" {
+		trigger = checkpoint.TriggerManual
+	}
+	raw, _ := json.Marshal(resolved)
+	spec, _ := json.Marshal(w)
+	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
+		MaxEpochs: w.MaxEpochs, Inputs: raw, Spec: spec}
+	for _, st := range w.Steps {
+		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
+	}
+	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: e.cfg.NodeID, Submit: sub}); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// NewRunID is a time-ordered run ID: 20261129-101500.123-k3j9x2.
+func NewRunID() string {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var b strings.Builder
+	b.WriteString(time.Now().UTC().Format("20060102-150405.000"))
+	b.WriteByte('-')
+	for i := 0; i < 6; i++ {
+		n, _ := rand.Int(rand.Reader, big.NewInt(int64(len(digits))))
+		b.WriteByte(digits[n.Int64()])
+	}
+	return b.String()
+}
+
+// ResolveInputs checks inputs against the workflow, converts strings to the declared
+// types and fills defaults (rendering helpers such as {{ yesterday }} at `at`, in the
+// schedule's timezone).
+func ResolveInputs(w *workflow.Workflow, given map[string]any, at time.Time) (map[string]any, error) {
+	declared := map[string]workflow.Input{}
+	for _, in := range w.Inputs {
+		declared[in.Name] = in
+	}
+	var unknown []string
+	for k := range given {
+		if _, ok := declared[k]; !ok {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		var names []string
+		for _, in := range w.Inputs {
+			names = append(names, in.Name)
+		}
+		return nil, fmt.Errorf("%w: workflow %s has no input %s (inputs: %s)", ErrBadInput, w.Name, strings.Join(unknown, ", "), strings.Join(names, ", "))
+	}
+	loc := time.UTC
+	if w.Schedule != nil {
+		if l, err := time.LoadLocation(w.Schedule.Timezone); err == nil {
+			loc = l
+		}
+	}
+	helpers := map[string]any{
+		"now":       at.In(loc).Format(time.RFC3339),
+		"today":     at.In(loc).Format("2006-01-02"),
+		"yesterday": at.In(loc).AddDate(0, 0, -1).Format("2006-01-02"),
+	}
+	out := map[string]any{}
+	for _, in := range w.Inputs {
+		v, ok := given[in.Name]
+		if !ok {
+			if !in.HasDefault {
+				return nil, fmt.Errorf("%w: input %s is required (type %s)", ErrBadInput, in.Name, in.Type)
+			}
+			v = in.Default
+			if s, isStr := v.(string); isStr && strings.Contains(s, "{{") {
+				r, err := renderHelpers(s, helpers)
+				if err != nil {
+					return nil, fmt.Errorf("%w: input %s default: %v", ErrBadInput, in.Name, err)
+				}
+				v = r
+			}
+		}
+		cv, err := convertInput(in, v)
+		if err != nil {
+			return nil, err
+		}
+		out[in.Name] = cv
+	}
+	return out, nil
+}
+
+func renderHelpers(src string, helpers map[string]any) (any, error) {
+	t, err := workflow.ParseTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	return t.Render(helpers)
+}
+
+func convertInput(in workflow.Input, v any) (any, error) {
+	if s, ok := v.(string); ok && in.Type != "string" {
+		var conv any
+		var err error
+		switch in.Type {
+		case "int":
+			var n int64
+			n, err = strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			conv = float64(n)
+		case "number":
+			conv, err = strconv.ParseFloat(strings.TrimSpace(s), 64)
+		case "bool":
+			conv, err = strconv.ParseBool(strings.TrimSpace(s))
+		case "list", "object":
+			err = json.Unmarshal([]byte(s), &conv)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: input %s=%q is not a %s", ErrBadInput, in.Name, s, in.Type)
+		}
+		v = conv
+	}
+	if n, ok := v.(int); ok {
+		v = float64(n)
+	}
+	if err := workflow.CheckType(in.Type, v); err != nil {
+		return nil, fmt.Errorf("%w: input %s: %v", ErrBadInput, in.Name, err)
+	}
+	return v, nil
+}
+
+// Run returns everything the state knows about a run.
+func (e *Engine) Run(id string) (*checkpoint.RunView, error) { return e.store.View(id) }
+
+// ListRuns lists runs.
+func (e *Engine) ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string, error) {
+	return e.store.ListRuns(opts)
+}
+
+// WaitRun waits until a run ends (succeeded, failed, cancelled, dead-lettered).
+func (e *Engine) WaitRun(ctx context.Context, id string) (*checkpoint.Run, error) {
+	var r *checkpoint.Run
+	err := waitFor(ctx, e.clog, func() bool {
+		var err error
+		r, err = e.store.Run(id)
+		return err == nil && r.Status.Terminal()
+	})
+	return r, err
+}
+
+// Cancel cancels a pending or running run.
+func (e *Engine) Cancel(ctx context.Context, id, reason string) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCancel, Run: id, Owner: e.cfg.NodeID, Reason: reason})
+	return err
+}
+
+// Retry sends a failed, dead-lettered or cancelled run back to pending; it resumes from
+// its checkpoints with a new epoch and epoch_changes reset.
+func (e *Engine) Retry(ctx context.Context, id string) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Run: id, Owner: e.cfg.NodeID})
+	return err
+}

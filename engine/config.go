@@ -1,0 +1,85 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/steps"
+)
+
+// Config of an Engine. Zero values take the documented defaults.
+type Config struct {
+	// NodeID names this node in leases, epochs and logs (default: the host name).
+	NodeID string
+	// DataDir holds the state (and the embedded NATS store). Default ./flow-data.
+	DataDir string
+	// NATSURL joins an external NATS (JetStream) server or cluster; empty embeds one.
+	NATSURL string
+	// NATSListen is the embedded server's client address (default 127.0.0.1:4222);
+	// "-" means in process only (tests).
+	NATSListen string
+	// Workers is how many runs this node executes at once (default 8).
+	Workers int
+	// StepParallelism bounds the steps of one run running at once (default 8).
+	StepParallelism int
+	// Lease configures run leases and the election (TTL default 10s).
+	Lease epoch.Config
+	// Registry holds the step kinds (default: the built-ins).
+	Registry *steps.Registry
+	// MaxOutputBytes bounds one step output (default 1 MiB).
+	MaxOutputBytes int
+	// ReconcileInterval paces the leader's reconcile pass (default 2s).
+	ReconcileInterval time.Duration
+	// Logger receives the engine's logs (default: discard).
+	Logger *slog.Logger
+	// Unsafe switches guards off, for negative-control tests only.
+	Unsafe checkpoint.Unsafe
+}
+
+func (c *Config) validate() error {
+	if c.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil || !checkpoint.ValidID(h) {
+			h = "node"
+		}
+		c.NodeID = h
+	}
+	if !checkpoint.ValidID(c.NodeID) {
+		return fmt.Errorf("engine: node ID %q: use 1-128 letters, digits, '.', '_' or '-'", c.NodeID)
+	}
+	if c.DataDir == "" {
+		c.DataDir = "flow-data"
+	}
+	if c.NATSListen == "" {
+		c.NATSListen = "127.0.0.1:4222"
+	}
+	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
+		return fmt.Errorf("engine: workers, step parallelism and max output must not be negative")
+	}
+	if c.Workers == 0 {
+		c.Workers = 8
+	}
+	if c.StepParallelism == 0 {
+		c.StepParallelism = 8
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = checkpoint.DefaultMaxOutputBytes
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = 2 * time.Second
+	}
+	if c.Registry == nil {
+		c.Registry = steps.NewRegistry(c.MaxOutputBytes)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Lease.Logger == nil {
+		c.Lease.Logger = c.Logger
+	}
+	return c.Lease.Validate()
+}

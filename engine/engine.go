@@ -1,0 +1,255 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/natsnode"
+)
+
+// ErrNotStarted is returned by API calls before Start or after Stop.
+var ErrNotStarted = errors.New("engine: not running")
+
+// Engine is one flow node. New, then Start; Stop ends it.
+type Engine struct {
+	cfg Config
+	log *slog.Logger
+
+	srv      *natsnode.Server // nil with an external NATS
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	store    *checkpoint.Store
+	clog     *checkpoint.Log
+	elector  *epoch.Elector
+	leases   *epoch.Leases
+	tasks    jetstream.Consumer
+	replicas int
+
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	stopped chan struct{}
+
+	mu struct {
+		sync.Mutex
+		started, stopping bool
+		term              *epoch.Term
+		running           map[string]*runExec // by run ID
+	}
+}
+
+// New checks cfg and returns an engine ready to Start.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{})}
+	e.mu.running = map[string]*runExec{}
+	return e, nil
+}
+
+// Start connects (or embeds) NATS, opens the state, replays the log, and starts the
+// election, the workers and (while leading) the scheduler.
+func (e *Engine) Start(ctx context.Context) (err error) {
+	e.mu.Lock()
+	if e.mu.started {
+		e.mu.Unlock()
+		return errors.New("engine: already started")
+	}
+	e.mu.started = true
+	e.mu.Unlock()
+	defer func() {
+		if err != nil {
+			e.closeAll()
+		}
+	}()
+	if e.cfg.NATSURL == "" {
+		listen := e.cfg.NATSListen
+		if listen == "-" {
+			listen = ""
+		}
+		e.srv, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(e.cfg.DataDir, "nats"), Listen: listen,
+			ServerName: e.cfg.NodeID, Logger: e.log})
+		if err != nil {
+			return err
+		}
+		e.nc, err = e.srv.Connect(nats.Name(e.cfg.NodeID))
+	} else {
+		e.nc, err = natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID)
+	}
+	if err != nil {
+		return err
+	}
+	if e.js, err = jetstream.New(e.nc); err != nil {
+		return fmt.Errorf("engine: jetstream: %w", err)
+	}
+	e.replicas = natsnode.Replicas(e.nc)
+	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe}); err != nil {
+		return err
+	}
+	if e.clog, err = checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
+		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log}); err != nil {
+		return err
+	}
+	if err = e.clog.Start(ctx); err != nil {
+		return err
+	}
+	if e.elector, err = epoch.NewElector(ctx, e.js, e.cfg.NodeID, e.cfg.Lease, e.replicas); err != nil {
+		return err
+	}
+	if e.leases, err = epoch.NewLeases(ctx, e.js, e.cfg.Lease, e.replicas); err != nil {
+		return err
+	}
+	if e.tasks, err = openTasks(ctx, e.js, e.replicas, e.leases.Config().TTL); err != nil {
+		return err
+	}
+	// Catch up with the log before acting on the state.
+	if last, err := e.clog.LastSeq(ctx); err == nil {
+		if err := e.clog.WaitApplied(ctx, last); err != nil {
+			return err
+		}
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	e.cancel = cancel
+	e.wg.Add(2)
+	go e.runLeadership(runCtx)
+	go e.runWorkers(runCtx)
+	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
+	return nil
+}
+
+func (e *Engine) natsURL() string {
+	if e.srv != nil {
+		if u := e.srv.ClientURL(); u != "" {
+			return u
+		}
+		return "in-process"
+	}
+	return e.cfg.NATSURL
+}
+
+// ClientURL is the NATS URL that clients (flowctl) reach this node's NATS at.
+func (e *Engine) ClientURL() string { return e.natsURL() }
+
+// Stop drains: it stops taking tasks, hands every running run back (requeue entry,
+// lease released) so that another node resumes it at once, resigns the leadership, and
+// closes everything. ctx bounds the drain.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	if !e.mu.started || e.mu.stopping {
+		e.mu.Unlock()
+		<-e.stopped
+		return nil
+	}
+	e.mu.stopping = true
+	running := make([]*runExec, 0, len(e.mu.running))
+	for _, x := range e.mu.running {
+		running = append(running, x)
+	}
+	e.mu.Unlock()
+	for _, x := range running {
+		x.drain()
+	}
+	if e.cancel != nil {
+		e.cancel()
+	}
+	done := make(chan struct{})
+	go func() { e.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		e.log.Warn("drain did not finish in time; leases will lapse", "err", ctx.Err())
+		<-done
+	}
+	e.closeAll()
+	return nil
+}
+
+// Stopped is closed when Stop has finished.
+func (e *Engine) Stopped() <-chan struct{} { return e.stopped }
+
+func (e *Engine) closeAll() {
+	if e.clog != nil {
+		e.clog.Stop()
+	}
+	if e.store != nil {
+		e.store.Close()
+	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+	}
+	select {
+	case <-e.stopped:
+	default:
+		close(e.stopped)
+	}
+}
+
+// Store is this node's state (read-only use).
+func (e *Engine) Store() *checkpoint.Store { return e.store }
+
+// Log is this node's checkpoint log.
+func (e *Engine) Log() *checkpoint.Log { return e.clog }
+
+// JetStream is the engine's JetStream context.
+func (e *Engine) JetStream() jetstream.JetStream { return e.js }
+
+// Conn is the engine's NATS connection.
+func (e *Engine) Conn() *nats.Conn { return e.nc }
+
+// NodeID names this node.
+func (e *Engine) NodeID() string { return e.cfg.NodeID }
+
+// Elector is this node's elector.
+func (e *Engine) Elector() *epoch.Elector { return e.elector }
+
+// Counters are this node's lease and election counters.
+func (e *Engine) Counters() *epoch.Counters { return e.leases.Config().Counters }
+
+// Leading is the current term if this node leads, else nil.
+func (e *Engine) Leading() *epoch.Term {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mu.term
+}
+
+// runLeadership campaigns, runs the scheduler while leading, and campaigns again.
+func (e *Engine) runLeadership(ctx context.Context) {
+	defer e.wg.Done()
+	for ctx.Err() == nil {
+		term, err := e.elector.Campaign(ctx)
+		if err != nil {
+			return
+		}
+		if term.Term() <= e.store.HighestTerm() {
+			// The leader bucket was recreated: its revisions restarted below terms the
+			// log has applied, so every write of ours would be rejected as stale.
+			e.log.Error("won a term lower than one the log has applied; the FLOW_LEADER bucket was reset. Scheduling is impossible until it is fixed: see docs/operations.md",
+				"term", term.Term(), "highest_applied", e.store.HighestTerm())
+		}
+		e.mu.Lock()
+		e.mu.term = term
+		e.mu.Unlock()
+		e.log.Info("leading", "term", term.Term())
+		s := newScheduler(e, term)
+		s.run(ctx)
+		e.mu.Lock()
+		e.mu.term = nil
+		e.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = term.Resign(rctx)
+		cancel()
+	}
+}

@@ -1,0 +1,519 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
+)
+
+// ReasonStolen is logged (and returned) when a worker finds its run was taken over:
+// a commit fenced, or its lease lost.
+const ReasonStolen = "lock-stolen-mid-run"
+
+// errStolen stops everything a run's epoch is doing.
+var errStolen = errors.New(ReasonStolen)
+
+// errDrain is the cause when a draining node hands a run back.
+var errDrain = errors.New("engine: draining")
+
+// runExec runs one epoch of one run.
+type runExec struct {
+	e      *Engine
+	run    *checkpoint.Run
+	wf     *workflow.Workflow
+	epoch  int64
+	lease  *epoch.Lease
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	outputs map[string]any // decoded outputs of finished steps
+	done    map[string]bool
+	stolen  bool
+}
+
+func newRunExec(e *Engine, id string, ep int64, lease *epoch.Lease) (*runExec, error) {
+	r, err := e.store.Run(id)
+	if err != nil {
+		return nil, err
+	}
+	wf, err := decodeSpec(r.Spec)
+	if err != nil {
+		return nil, err
+	}
+	x := &runExec{e: e, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
+		log: e.log.With("run", id, "epoch", ep, "workflow", r.Workflow)}
+	// The epoch's work ends when the lease ends (kill switch) or the run is drained.
+	x.ctx, x.cancel = context.WithCancelCause(lease.Context())
+	return x, nil
+}
+
+// drain asks the run to stop and hand itself back.
+func (x *runExec) drain() { x.cancel(errDrain) }
+
+// handBack releases the run cleanly: a requeue entry, then the lease.
+func (x *runExec) handBack() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if x.lease.Check() == nil {
+		_, err := x.e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: x.e.cfg.NodeID})
+		if err != nil {
+			x.log.Warn("hand-back not recorded; the lease will lapse", "err", err)
+		}
+	}
+	_ = x.lease.Release(ctx)
+	x.log.Info("run handed back")
+}
+
+// stop marks the epoch stolen: nothing more is written, everything is cancelled.
+func (x *runExec) steal(cause error) error {
+	x.mu.Lock()
+	first := !x.stolen
+	x.stolen = true
+	x.mu.Unlock()
+	if first {
+		x.log.Warn(ReasonStolen, "cause", cause)
+	}
+	x.cancel(errStolen)
+	return errStolen
+}
+
+func (x *runExec) isStolen() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.stolen
+}
+
+// write appends an entry of this epoch, after the local lease check; a fenced outcome
+// or a lost lease steals the run.
+func (x *runExec) write(e checkpoint.Entry) error {
+	if x.isStolen() {
+		return errStolen
+	}
+	if err := x.lease.Check(); err != nil {
+		return x.steal(err)
+	}
+	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
+	// Writes outlive a cancelled step: use a context of their own, bounded.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
+	defer cancel()
+	_, err := x.e.clog.Write(ctx, e)
+	if errors.Is(err, checkpoint.ErrFenced) || errors.Is(err, checkpoint.ErrAppendUncertain) {
+		return x.steal(err)
+	}
+	return err
+}
+
+// note appends an entry without waiting for its outcome (step starts, retry notes).
+func (x *runExec) note(e checkpoint.Entry) {
+	if x.isStolen() || x.lease.Check() != nil {
+		return
+	}
+	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
+	_, _ = x.e.clog.Append(context.WithoutCancel(x.ctx), e)
+}
+
+type stepResult struct {
+	step string
+	err  error
+}
+
+// execute runs the DAG from the checkpoints to the end of the run or of the epoch.
+func (x *runExec) execute() {
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = x.lease.Release(ctx)
+	}()
+	if x.wf.Timeout > 0 {
+		deadline := x.run.CreatedAt.Add(time.Duration(x.wf.Timeout))
+		var cancel context.CancelFunc
+		x.ctx, cancel = context.WithDeadlineCause(x.ctx, deadline, fmt.Errorf("run timeout %s", time.Duration(x.wf.Timeout)))
+		defer cancel()
+	}
+	stored, err := x.e.store.Steps(x.run.ID)
+	if err != nil {
+		x.log.Error("read steps", "err", err)
+		return
+	}
+	for _, st := range stored {
+		if st.Status == checkpoint.StepSucceeded || st.Status == checkpoint.StepSkipped {
+			x.done[st.Name] = true
+			x.outputs[st.Name] = decodeOutput(st.Output)
+		}
+	}
+	results := make(chan stepResult)
+	running := map[string]bool{}
+	var failed *stepResult
+	for {
+		if failed == nil && x.ctx.Err() == nil {
+			for _, st := range x.wf.Steps {
+				if x.done[st.Name] || running[st.Name] || len(running) >= x.e.cfg.StepParallelism || !x.ready(st) {
+					continue
+				}
+				running[st.Name] = true
+				go func(st *workflow.Step) { results <- stepResult{st.Name, x.runStep(st)} }(st)
+			}
+		}
+		if len(running) == 0 {
+			break
+		}
+		res := <-results
+		delete(running, res.step)
+		if res.err != nil {
+			if failed == nil {
+				failed = &res
+			}
+			x.cancel(res.err) // siblings stop: the run fails (or was stolen)
+		}
+	}
+	switch {
+	case x.isStolen():
+		return
+	case errors.Is(context.Cause(x.ctx), errDrain):
+		x.handBack()
+		return
+	case failed != nil:
+		if errors.Is(failed.err, errDrain) {
+			x.handBack()
+			return
+		}
+		if errors.Is(context.Cause(x.lease.Context()), epoch.ErrLeaseLost) {
+			x.steal(context.Cause(x.lease.Context()))
+			return
+		}
+		x.complete(checkpoint.StatusFailed, failed.step, failed.err.Error())
+	case len(x.done) < len(x.wf.Steps):
+		cause := context.Cause(x.ctx)
+		if errors.Is(cause, epoch.ErrLeaseLost) {
+			x.steal(cause)
+			return
+		}
+		x.complete(checkpoint.StatusFailed, "", fmt.Sprint(cause))
+	default:
+		x.complete(checkpoint.StatusSucceeded, "", "")
+	}
+}
+
+func (x *runExec) complete(status checkpoint.RunStatus, step, msg string) {
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindComplete, Status: status, Step: step, Error: msg}); err != nil {
+		x.log.Warn("complete not recorded", "err", err)
+		return
+	}
+	x.log.Info("run finished", "status", status, "step", step, "error", msg)
+}
+
+func (x *runExec) ready(st *workflow.Step) bool {
+	for _, n := range st.Needs {
+		if !x.done[n] {
+			return false
+		}
+	}
+	return true
+}
+
+// scope is what st's templates see.
+func (x *runExec) scope(st *workflow.Step) map[string]any {
+	var inputs map[string]any
+	_ = json.Unmarshal(x.run.Inputs, &inputs)
+	if inputs == nil {
+		inputs = map[string]any{}
+	}
+	stepsScope := map[string]any{}
+	x.mu.Lock()
+	for _, n := range ancestors(x.wf, st) {
+		stepsScope[n] = map[string]any{"output": x.outputs[n]}
+	}
+	x.mu.Unlock()
+	return map[string]any{
+		"inputs": inputs,
+		"steps":  stepsScope,
+		"run":    map[string]any{"id": x.run.ID, "epoch": float64(x.epoch)},
+	}
+}
+
+func ancestors(w *workflow.Workflow, st *workflow.Step) []string {
+	seen := map[string]bool{}
+	var out []string
+	var walk func(s *workflow.Step)
+	walk = func(s *workflow.Step) {
+		for _, n := range s.Needs {
+			if !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+				walk(w.Step(n))
+			}
+		}
+	}
+	walk(st)
+	return out
+}
+
+// runStep runs one step (all its items) and checkpoints it.
+func (x *runExec) runStep(st *workflow.Step) error {
+	scope := x.scope(st)
+	if st.If != "" {
+		v, err := render(st.If, scope)
+		if err != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("if: %w", err))
+		}
+		if !workflow.Truthy(v) {
+			if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Skipped: true, Output: json.RawMessage(`{}`)}); err != nil {
+				return err
+			}
+			x.finish(st.Name, map[string]any{})
+			return nil
+		}
+	}
+	if st.Foreach != "" {
+		return x.runForeach(st, scope)
+	}
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole})
+	out, attempts, err := x.attempts(st, checkpoint.ItemWhole, scope)
+	if err != nil {
+		return x.failStep(st, checkpoint.ItemWhole, attempts, err)
+	}
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out}); err != nil {
+		return err
+	}
+	x.finish(st.Name, decodeOutput(out))
+	return nil
+}
+
+func (x *runExec) finish(step string, out any) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.done[step] = true
+	x.outputs[step] = out
+}
+
+// failStep records a step's final failure and returns it. When the epoch itself is
+// ending (stolen, drained, a sibling failed, the run timed out), the step did not fail
+// on its own: nothing is recorded and the epoch's cause is returned.
+func (x *runExec) failStep(st *workflow.Step, item, attempts int, cause error) error {
+	if x.isStolen() {
+		return errStolen
+	}
+	if c := context.Cause(x.ctx); c != nil {
+		return c
+	}
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: cause.Error(), Final: true, Attempt: attempts}); err != nil {
+		return err
+	}
+	return fmt.Errorf("step %s: %w", st.Name, cause)
+}
+
+type stepTimeout struct{ d time.Duration }
+
+func (e stepTimeout) Error() string { return fmt.Sprintf("step timeout %s", e.d) }
+
+// attempts runs a step (or one item) with its retry policy.
+func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (json.RawMessage, int, error) {
+	kind, ok := x.e.cfg.Registry.Get(st.Uses)
+	if !ok {
+		return nil, 0, steps.Permanentf("unknown step kind %q on this node", st.Uses)
+	}
+	with, err := renderWith(st.With, scope)
+	if err != nil {
+		return nil, 0, steps.Permanent(err)
+	}
+	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
+	for attempt := 1; ; attempt++ {
+		if err := x.lease.Check(); err != nil {
+			return nil, attempt, x.steal(err)
+		}
+		sctx, cancel := x.ctx, context.CancelFunc(func() {})
+		if st.Timeout > 0 {
+			sctx, cancel = context.WithTimeoutCause(x.ctx, time.Duration(st.Timeout), stepTimeout{time.Duration(st.Timeout)})
+		}
+		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
+			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log})
+		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
+		cancel()
+		if err == nil {
+			if len(out) == 0 {
+				out = json.RawMessage(`{}`)
+			}
+			if !json.Valid(out) {
+				return nil, attempt, steps.Permanentf("step %s returned output that is not JSON", st.Name)
+			}
+			return out, attempt, nil
+		}
+		if x.ctx.Err() != nil {
+			return nil, attempt, context.Cause(x.ctx)
+		}
+		if timedOut {
+			err = fmt.Errorf("%w: %v", stepTimeout{time.Duration(st.Timeout)}, err)
+		}
+		if steps.IsPermanent(err) || attempt >= st.Retry.MaxAttempts {
+			return nil, attempt, err
+		}
+		x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: err.Error(), Attempt: attempt})
+		x.log.Info("step failed; retrying", "step", st.Name, "item", item, "attempt", attempt, "err", err)
+		if serr := policy.Sleep(x.ctx, attempt-1); serr != nil {
+			return nil, attempt, context.Cause(x.ctx)
+		}
+	}
+}
+
+// runForeach runs the items that have no checkpoint yet, each checkpointed on its own,
+// then checkpoints the step with the list of item outputs.
+func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
+	v, err := render(st.Foreach, scope)
+	if err != nil {
+		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %w", err))
+	}
+	items, ok := v.([]any)
+	if !ok {
+		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %s is not a list", st.Foreach))
+	}
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
+	done, err := x.e.store.Items(x.run.ID, st.Name)
+	if err != nil {
+		return err
+	}
+	have := make(map[int]bool, len(done))
+	for _, it := range done {
+		have[it.Index] = true
+	}
+	sem := make(chan struct{}, max(st.Parallelism, 1))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i, item := range items {
+		if have[i] {
+			continue
+		}
+		if x.ctx.Err() != nil {
+			break
+		}
+		mu.Lock()
+		stop := firstErr != nil
+		mu.Unlock()
+		if stop {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-x.ctx.Done():
+		}
+		if x.ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func(i int, item any) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			itemScope := make(map[string]any, len(scope)+1)
+			for k, v := range scope {
+				itemScope[k] = v
+			}
+			itemScope["item"] = item
+			out, attempts, err := x.attempts(st, i, itemScope)
+			if err == nil {
+				err = x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: i, Output: out})
+			} else {
+				err = x.failStep(st, i, attempts, fmt.Errorf("item %d: %w", i, err))
+			}
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}(i, item)
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if x.ctx.Err() != nil {
+		return context.Cause(x.ctx)
+	}
+	all, err := x.e.store.Items(x.run.ID, st.Name)
+	if err != nil {
+		return err
+	}
+	outs := make([]json.RawMessage, len(all))
+	for i, it := range all {
+		outs[i] = it.Output
+	}
+	agg, _ := json.Marshal(outs)
+	if len(agg) > x.e.cfg.MaxOutputBytes {
+		agg, _ = json.Marshal(map[string]any{"items": len(all), "truncated": true})
+	}
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: agg}); err != nil {
+		return err
+	}
+	x.finish(st.Name, decodeOutput(agg))
+	return nil
+}
+
+func render(src string, scope map[string]any) (any, error) {
+	t, err := workflow.ParseTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	return t.Render(scope)
+}
+
+// renderWith renders every string of a step's `with`, recursively.
+func renderWith(with map[string]any, scope map[string]any) (map[string]any, error) {
+	out, err := renderValue(with, scope)
+	if err != nil {
+		return nil, err
+	}
+	m, _ := out.(map[string]any)
+	return m, nil
+}
+
+func renderValue(v any, scope map[string]any) (any, error) {
+	switch x := v.(type) {
+	case string:
+		return render(x, scope)
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			r, err := renderValue(e, scope)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", k, err)
+			}
+			out[k] = r
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			r, err := renderValue(e, scope)
+			if err != nil {
+				return nil, fmt.Errorf("[%d]: %w", i, err)
+			}
+			out[i] = r
+		}
+		return out, nil
+	}
+	return v, nil
+}
+
+func decodeOutput(raw json.RawMessage) any {
+	if len(raw) == 0 {
+		return map[string]any{}
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return map[string]any{}
+	}
+	return v
+}

@@ -1,0 +1,166 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/workflow"
+)
+
+// runWorkers pulls tasks while a slot is free and no lease of this node is degraded.
+func (e *Engine) runWorkers(ctx context.Context) {
+	defer e.wg.Done()
+	slots := make(chan struct{}, e.cfg.Workers)
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			e.waitRuns()
+			return
+		}
+		for e.degraded() && ctx.Err() == nil {
+			// A lease that cannot renew means trouble reaching NATS: take no new work.
+			t := time.NewTimer(50 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		batch, err := e.tasks.Fetch(1, jetstream.FetchContext(fctx))
+		got := false
+		if err != nil && ctx.Err() == nil {
+			e.log.Warn("task fetch failed", "err", err)
+		}
+		if err == nil {
+			for msg := range batch.Messages() {
+				got = true
+				e.wg.Add(1)
+				go func() {
+					defer e.wg.Done()
+					defer func() { <-slots }()
+					e.handleTask(ctx, msg)
+				}()
+			}
+		}
+		cancel()
+		if !got {
+			<-slots
+		}
+		if ctx.Err() != nil {
+			e.waitRuns()
+			return
+		}
+	}
+}
+
+func (e *Engine) waitRuns() {}
+
+func (e *Engine) degraded() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, x := range e.mu.running {
+		if x.lease.Degraded() {
+			return true
+		}
+	}
+	return false
+}
+
+// handleTask takes a task: checks it is current, takes the lease, claims the epoch,
+// acks the task and runs the epoch.
+func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
+	var t task
+	if err := json.Unmarshal(msg.Data(), &t); err != nil {
+		e.log.Error("dropping a malformed task", "err", err)
+		_ = msg.Term()
+		return
+	}
+	log := e.log.With("run", t.Run, "epoch", t.Epoch)
+	// The assign that made this task may not be applied here yet.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := waitFor(wctx, e.clog, func() bool {
+		r, err := e.store.Run(t.Run)
+		return err == nil && r.Epoch >= t.Epoch
+	})
+	cancel()
+	if err != nil {
+		_ = msg.Nak()
+		return
+	}
+	r, err := e.store.Run(t.Run)
+	if err != nil || r.Epoch != t.Epoch || r.Status != checkpoint.StatusPending || r.Owner != "" {
+		_ = msg.Ack() // a stale task: the run moved on
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*e.leases.Config().TTL)
+	lease, err := e.leases.Acquire(actx, t.Run, t.Epoch, e.cfg.NodeID)
+	cancel()
+	if err != nil {
+		if errors.Is(err, epoch.ErrLeaseHeld) {
+			_ = msg.Ack()
+		} else {
+			_ = msg.Nak()
+		}
+		log.Info("task not taken", "err", err)
+		return
+	}
+	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID}); err != nil {
+		log.Info("claim refused", "err", err)
+		_ = lease.Release(context.Background())
+		_ = msg.Ack()
+		return
+	}
+	_ = msg.Ack()
+	x, err := newRunExec(e, t.Run, t.Epoch, lease)
+	if err != nil {
+		log.Error("cannot run", "err", err)
+		_ = lease.Release(context.Background())
+		return
+	}
+	e.mu.Lock()
+	if e.mu.stopping {
+		e.mu.Unlock()
+		x.handBack()
+		return
+	}
+	e.mu.running[t.Run] = x
+	e.mu.Unlock()
+	x.execute()
+	e.mu.Lock()
+	delete(e.mu.running, t.Run)
+	e.mu.Unlock()
+}
+
+// waitFor waits until cond holds, re-checking whenever the log applies a message.
+func waitFor(ctx context.Context, l *checkpoint.Log, cond func() bool) error {
+	for {
+		changed := l.Changed()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.Failed():
+			return l.Err()
+		}
+	}
+}
+
+func decodeSpec(raw json.RawMessage) (*workflow.Workflow, error) {
+	w, err := workflow.Decode(raw)
+	if err != nil {
+		return nil, fmt.Errorf("engine: the run's workflow spec: %w", err)
+	}
+	return w, nil
+}
