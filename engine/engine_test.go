@@ -2,9 +2,9 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
-	"encoding/json"
 	"path/filepath"
 	"testing"
 	"time"

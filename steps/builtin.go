@@ -80,10 +80,10 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		t := time.NewTimer(KillGrace)
 		select {
-		case err = <-waited:
+		case <-waited:
 		case <-t.C:
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			err = <-waited
+			<-waited
 		}
 		t.Stop()
 		_ = syscall.Kill(-pgid, syscall.SIGKILL) // whatever the group left behind

@@ -154,7 +154,8 @@ func TestSleepNoopRegistry(t *testing.T) {
 	if err := r.Register("payout", Func(noop)); err != nil || !r.Has("payout") {
 		t.Fatalf("register: %v", err)
 	}
-	if IdempotencyKey("r", "s", 1) != IdempotencyKey("r", "s", 1) || IdempotencyKey("r", "s", 1) == IdempotencyKey("r", "s", 2) {
+	k1, k1again := IdempotencyKey("r", "s", 1), IdempotencyKey("r", "s", 1)
+	if k1 != k1again || k1 == IdempotencyKey("r", "s", 2) || k1 == IdempotencyKey("r2", "s", 1) {
 		t.Fatal("idempotency keys must be stable per (run, step, item) and differ between items")
 	}
 }
