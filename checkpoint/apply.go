@@ -483,6 +483,7 @@ func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
 		})
 	}
 	st.Status = StepSucceeded
+	st.Attempts = max(st.Attempts, e.Attempt)
 	if e.Skipped {
 		st.Status = StepSkipped
 	}

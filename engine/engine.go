@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,6 +39,7 @@ type Engine struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	stopped chan struct{}
+	stats   Stats
 
 	mu struct {
 		sync.Mutex
@@ -103,7 +105,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err = e.clog.Start(ctx); err != nil {
 		return err
 	}
-	if e.elector, err = epoch.NewElector(ctx, e.js, e.cfg.NodeID, e.cfg.Lease, e.replicas); err != nil {
+	electionCfg := e.cfg.Lease
+	electionCfg.Unsafe = epoch.Unsafe{} // the negative controls are for run leases
+	if e.elector, err = epoch.NewElector(ctx, e.js, e.cfg.NodeID, electionCfg, e.replicas); err != nil {
 		return err
 	}
 	if e.leases, err = epoch.NewLeases(ctx, e.js, e.cfg.Lease, e.replicas); err != nil {
@@ -173,6 +177,17 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.closeAll()
 	return nil
 }
+
+// Stats are counters of this node's work, for metrics and tests.
+type Stats struct {
+	Stolen       atomic.Int64 // epochs stopped with lock-stolen-mid-run
+	HandedBack   atomic.Int64 // runs handed back on drain
+	StepAttempts atomic.Int64
+	StepFailures atomic.Int64
+}
+
+// Stats returns this node's counters.
+func (e *Engine) Stats() *Stats { return &e.stats }
 
 // Stopped is closed when Stop has finished.
 func (e *Engine) Stopped() <-chan struct{} { return e.stopped }

@@ -73,6 +73,7 @@ func (x *runExec) handBack() {
 		}
 	}
 	_ = x.lease.Release(ctx)
+	x.e.stats.HandedBack.Add(1)
 	x.log.Info("run handed back")
 }
 
@@ -83,6 +84,7 @@ func (x *runExec) steal(cause error) error {
 	x.stolen = true
 	x.mu.Unlock()
 	if first {
+		x.e.stats.Stolen.Add(1)
 		x.log.Warn(ReasonStolen, "cause", cause)
 	}
 	x.cancel(errStolen)
@@ -159,7 +161,7 @@ func (x *runExec) execute() {
 	for {
 		if failed == nil && x.ctx.Err() == nil {
 			for _, st := range x.wf.Steps {
-				if x.done[st.Name] || running[st.Name] || len(running) >= x.e.cfg.StepParallelism || !x.ready(st) {
+				if x.isDone(st.Name) || running[st.Name] || len(running) >= x.e.cfg.StepParallelism || !x.ready(st) {
 					continue
 				}
 				running[st.Name] = true
@@ -194,7 +196,7 @@ func (x *runExec) execute() {
 			return
 		}
 		x.complete(checkpoint.StatusFailed, failed.step, failed.err.Error())
-	case len(x.done) < len(x.wf.Steps):
+	case x.doneCount() < len(x.wf.Steps):
 		cause := context.Cause(x.ctx)
 		if errors.Is(cause, epoch.ErrLeaseLost) {
 			x.steal(cause)
@@ -216,11 +218,23 @@ func (x *runExec) complete(status checkpoint.RunStatus, step, msg string) {
 
 func (x *runExec) ready(st *workflow.Step) bool {
 	for _, n := range st.Needs {
-		if !x.done[n] {
+		if !x.isDone(n) {
 			return false
 		}
 	}
 	return true
+}
+
+func (x *runExec) isDone(step string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.done[step]
+}
+
+func (x *runExec) doneCount() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.done)
 }
 
 // scope is what st's templates see.
@@ -284,7 +298,7 @@ func (x *runExec) runStep(st *workflow.Step) error {
 	if err != nil {
 		return x.failStep(st, checkpoint.ItemWhole, attempts, err)
 	}
-	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out}); err != nil {
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out, Attempt: attempts}); err != nil {
 		return err
 	}
 	x.finish(st.Name, decodeOutput(out))
@@ -337,6 +351,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		if st.Timeout > 0 {
 			sctx, cancel = context.WithTimeoutCause(x.ctx, time.Duration(st.Timeout), stepTimeout{time.Duration(st.Timeout)})
 		}
+		x.e.stats.StepAttempts.Add(1)
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log})
 		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
@@ -350,6 +365,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 			}
 			return out, attempt, nil
 		}
+		x.e.stats.StepFailures.Add(1)
 		if x.ctx.Err() != nil {
 			return nil, attempt, context.Cause(x.ctx)
 		}

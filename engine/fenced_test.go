@@ -1,0 +1,162 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/steps"
+)
+
+// gates are steps that block until the test opens them, once per (node, step).
+type gates struct {
+	mu      sync.Mutex
+	entered map[string]chan struct{}
+	open    map[string]chan struct{}
+}
+
+func newGates() *gates {
+	return &gates{entered: map[string]chan struct{}{}, open: map[string]chan struct{}{}}
+}
+
+func (g *gates) pair(key string) (entered, open chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.entered[key] == nil {
+		g.entered[key], g.open[key] = make(chan struct{}), make(chan struct{})
+	}
+	return g.entered[key], g.open[key]
+}
+
+// step blocks the first time node runs it (key node/step) until opened; it ignores its
+// context, like a step that does not notice its lease is gone.
+func (g *gates) step(node string, block map[string]bool) steps.Step {
+	var once sync.Map
+	return steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
+		key := node + "/" + in.Step
+		if _, seen := once.LoadOrStore(key, true); !seen && block[in.Step] {
+			entered, open := g.pair(key)
+			close(entered)
+			<-open
+		}
+		return json.RawMessage(`{"by":"` + node + `"}`), nil
+	})
+}
+
+const fencedWorkflow = `
+name: fenced
+steps:
+  - name: s1
+    uses: gate
+  - name: s2
+    needs: [s1]
+    uses: gate
+  - name: s3
+    needs: [s2]
+    uses: gate
+`
+
+// runStolen: node-a starts the run, stalls in s2 with its heartbeat removed (its lease
+// lapses but it does not notice); node-b takes over, commits s2 and stalls in s3; then
+// node-a wakes and commits s2 with its old epoch.
+func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint.RunView) {
+	g := newGates()
+	zombieLease := testLease
+	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
+	a = startEngine(t, func(c *Config) {
+		c.NATSListen = "127.0.0.1:0"
+		c.Workers = 1
+		c.Lease = zombieLease
+		c.Unsafe = unsafe
+		c.Registry = steps.NewRegistry(0)
+		_ = c.Registry.Register("gate", g.step("node-a", map[string]bool{"s2": true}))
+	})
+	apply(t, a, fencedWorkflow)
+	ctx := ctxT(t, 60*time.Second)
+	id, err := a.StartRun(ctx, "fenced", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aIn, aOpen := g.pair("node-a/s2")
+	<-aIn
+	b := startEngine(t, func(c *Config) {
+		c.NodeID = "node-b"
+		c.NATSURL = a.ClientURL()
+		c.Unsafe = unsafe
+		c.Registry = steps.NewRegistry(0)
+		_ = c.Registry.Register("gate", g.step("node-b", map[string]bool{"s3": true}))
+	})
+	bIn, bOpen := g.pair("node-b/s3")
+	select {
+	case <-bIn:
+	case <-ctx.Done():
+		t.Fatal("node-b never took the run over")
+	}
+	close(aOpen) // the zombie wakes and commits s2 with its old epoch
+	if err := waitFor(ctx, a.clog, func() bool {
+		v, _ := a.store.View(id)
+		return a.Stats().Stolen.Load() > 0 || countAccepted(v, "s2") > 1
+	}); err != nil {
+		t.Fatal("the zombie's commit never reached the log")
+	}
+	close(bOpen)
+	if _, err := b.WaitRun(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	v, err = b.Run(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, v
+}
+
+func countAccepted(v *checkpoint.RunView, step string) int {
+	if v == nil {
+		return 0
+	}
+	n := 0
+	for _, ev := range v.Events {
+		if ev.Kind == checkpoint.KindCommit && ev.Step == step && ev.Item == checkpoint.ItemWhole && ev.Outcome == "accepted" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestFencedStop(t *testing.T) {
+	a, v := runStolen(t, checkpoint.Unsafe{})
+	if a.Stats().Stolen.Load() != 1 {
+		t.Fatalf("node-a stopped %d epochs as %s, want 1", a.Stats().Stolen.Load(), ReasonStolen)
+	}
+	if v.Run.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("run %s: %s", v.Run.Status, v.Run.Error)
+	}
+	if len(v.Fenced) != 1 || v.Fenced[0].Owner != "node-a" || v.Fenced[0].Step != "s2" || v.Fenced[0].Epoch >= v.Fenced[0].CurrentEpoch {
+		t.Fatalf("fenced = %+v", v.Fenced)
+	}
+	for _, s := range []string{"s1", "s2", "s3"} {
+		if n := countAccepted(v, s); n != 1 {
+			t.Fatalf("step %s accepted %d times", s, n)
+		}
+	}
+	last := v.Run.Epochs[len(v.Run.Epochs)-1]
+	if last.Owner != "node-b" || last.Reason != checkpoint.ReasonLeaseExpired || v.Run.EpochChanges != 1 {
+		t.Fatalf("epochs %+v", v.Run.Epochs)
+	}
+	if out := v.Steps[1].Output; string(out) != `{"by":"node-b"}` {
+		t.Fatalf("s2's checkpoint is %s; want node-b's", out)
+	}
+}
+
+// Negative control: with fencing off, the zombie's stale commit of s2 is accepted
+// beside node-b's: the double commit fencing exists to prevent.
+func TestFencedStopNegativeControl(t *testing.T) {
+	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
+	if n := countAccepted(v, "s2"); n != 2 {
+		t.Fatalf("without fencing s2 was accepted %d times; the control expects the double commit", n)
+	}
+}
