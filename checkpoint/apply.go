@@ -84,6 +84,9 @@ func (tx *applyTx) commit() error {
 		return fmt.Errorf("checkpoint: commit state for sequence %d: %w", tx.seq, err)
 	}
 	for _, c := range tx.order {
+		if c.origStatus != c.run.Status && tx.s.onStatus != nil {
+			tx.s.onStatus(c.run.ID, c.run.Status)
+		}
 		c.origStatus, c.runDirty = c.run.Status, false
 		clear(c.dirtySteps)
 	}

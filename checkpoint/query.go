@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,6 +36,21 @@ func (s *Store) Run(id string) (*Run, error) {
 		return nil, fmt.Errorf("%w: run %q", ErrNotFound, id)
 	}
 	return &r, nil
+}
+
+// Status returns a run's status from the status index, without decoding the run.
+func (s *Store) Status(id string) (RunStatus, error) {
+	for _, st := range []RunStatus{StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered, StatusRunning, StatusPending} {
+		_, closer, err := s.db.Get(keyByStatus(st, id))
+		if err == nil {
+			closer.Close()
+			return st, nil
+		}
+		if !errors.Is(err, pebble.ErrNotFound) {
+			return "", fmt.Errorf("checkpoint: read status of %q: %w", id, err)
+		}
+	}
+	return "", fmt.Errorf("%w: run %q", ErrNotFound, id)
 }
 
 // View returns a run with its steps, item checkpoints, fenced commits and events.

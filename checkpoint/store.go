@@ -36,14 +36,18 @@ type StoreOptions struct {
 	FS vfs.FS
 	// Unsafe disables guards, for negative-control tests only.
 	Unsafe Unsafe
+	// OnStatus, if set, is called after each applied message for every run whose
+	// status it changed, from the applier's goroutine: it must not block.
+	OnStatus func(run string, status RunStatus)
 }
 
 // Store is one node's Pebble copy of the run state, built by applying the log.
 // ApplyMessage must be called from one goroutine at a time (the applier); queries may
 // run concurrently with it.
 type Store struct {
-	db     *pebble.DB
-	unsafe Unsafe
+	db       *pebble.DB
+	unsafe   Unsafe
+	onStatus func(run string, status RunStatus)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -75,7 +79,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open state in %s: %w", dir, err)
 	}
-	s := &Store{db: db, unsafe: opts.Unsafe, runs: map[string]*cachedRun{}}
+	s := &Store{db: db, unsafe: opts.Unsafe, onStatus: opts.OnStatus, runs: map[string]*cachedRun{}}
 	applied, err := s.getUint(keyApplied)
 	if err != nil {
 		db.Close()

@@ -62,8 +62,15 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	return w, nil
 }
 
-// Workflow returns a workflow version (0: the latest).
+// Workflow returns a workflow version (0: the latest). Versions never change, so
+// decoded ones are cached.
 func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) {
+	key := name + "@" + strconv.Itoa(version)
+	if version > 0 {
+		if w, ok := e.specs.Load(key); ok {
+			return w.(*workflow.Workflow), nil
+		}
+	}
 	v, err := e.store.Workflow(name, version)
 	if err != nil {
 		return nil, err
@@ -73,6 +80,7 @@ func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) 
 		return nil, err
 	}
 	w.Version = v.Version
+	e.specs.Store(name+"@"+strconv.Itoa(v.Version), w)
 	return w, nil
 }
 
@@ -117,9 +125,9 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		trigger = checkpoint.TriggerManual
 	}
 	raw, _ := json.Marshal(resolved)
-	spec, _ := json.Marshal(w)
+	// The run names its workflow version; the definition itself is in the log once.
 	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
-		MaxEpochs: w.MaxEpochs, Inputs: raw, Spec: spec}
+		MaxEpochs: w.MaxEpochs, Inputs: raw}
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
@@ -248,13 +256,37 @@ func (e *Engine) ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string
 
 // WaitRun waits until a run ends (succeeded, failed, cancelled, dead-lettered).
 func (e *Engine) WaitRun(ctx context.Context, id string) (*checkpoint.Run, error) {
-	var r *checkpoint.Run
-	err := waitFor(ctx, e.clog, func() bool {
-		var err error
-		r, err = e.store.Run(id)
-		return err == nil && r.Status.Terminal()
-	})
-	return r, err
+	ended := make(chan struct{})
+	e.mu.Lock()
+	e.mu.waiters[id] = append(e.mu.waiters[id], ended)
+	e.mu.Unlock()
+	defer func() { // unregister unless statusChanged already did
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		ws := e.mu.waiters[id]
+		for i, w := range ws {
+			if w == ended {
+				e.mu.waiters[id] = append(ws[:i], ws[i+1:]...)
+				break
+			}
+		}
+		if len(e.mu.waiters[id]) == 0 {
+			delete(e.mu.waiters, id)
+		}
+	}()
+	if st, err := e.store.Status(id); err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+		return nil, err
+	} else if err == nil && st.Terminal() {
+		return e.store.Run(id)
+	}
+	select {
+	case <-ended:
+		return e.store.Run(id)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("engine: wait for run %s: %w", id, ctx.Err())
+	case <-e.clog.Failed():
+		return nil, e.clog.Err()
+	}
 }
 
 // Cancel cancels a pending or running run.

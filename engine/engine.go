@@ -40,12 +40,14 @@ type Engine struct {
 	wg      sync.WaitGroup
 	stopped chan struct{}
 	stats   Stats
+	specs   sync.Map // "name@version" -> *workflow.Workflow
 
 	mu struct {
 		sync.Mutex
 		started, stopping bool
 		term              *epoch.Term
-		running           map[string]*runExec // by run ID
+		running           map[string]*runExec        // by run ID
+		waiters           map[string][]chan struct{} // WaitRun callers, by run ID
 	}
 }
 
@@ -56,6 +58,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{})}
 	e.mu.running = map[string]*runExec{}
+	e.mu.waiters = map[string][]chan struct{}{}
 	return e, nil
 }
 
@@ -95,7 +98,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("engine: jetstream: %w", err)
 	}
 	e.replicas = natsnode.Replicas(e.nc)
-	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe}); err != nil {
+	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe, OnStatus: e.statusChanged}); err != nil {
 		return err
 	}
 	if e.clog, err = checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
@@ -176,6 +179,20 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.closeAll()
 	return nil
+}
+
+// statusChanged wakes the WaitRun callers of a run that ended (applier goroutine).
+func (e *Engine) statusChanged(run string, status checkpoint.RunStatus) {
+	if !status.Terminal() {
+		return
+	}
+	e.mu.Lock()
+	ws := e.mu.waiters[run]
+	delete(e.mu.waiters, run)
+	e.mu.Unlock()
+	for _, w := range ws {
+		close(w)
+	}
 }
 
 // Stats are counters of this node's work, for metrics and tests.

@@ -48,7 +48,7 @@ func newRunExec(e *Engine, id string, ep int64, lease *epoch.Lease) (*runExec, e
 	if err != nil {
 		return nil, err
 	}
-	wf, err := decodeSpec(r.Spec)
+	wf, err := e.runWorkflow(r)
 	if err != nil {
 		return nil, err
 	}
@@ -134,9 +134,14 @@ type stepResult struct {
 // execute runs the DAG from the checkpoints to the end of the run or of the epoch.
 func (x *runExec) execute() {
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = x.lease.Release(ctx)
+		// Release in the background: the slot is free as soon as the run is.
+		x.e.wg.Add(1)
+		go func() {
+			defer x.e.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = x.lease.Release(ctx)
+		}()
 	}()
 	if x.wf.Timeout > 0 {
 		deadline := x.run.CreatedAt.Add(time.Duration(x.wf.Timeout))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 )
@@ -87,6 +89,7 @@ func (s *scheduler) assignPending(ctx context.Context) {
 			s.e.log.Error("list pending runs", "err", err)
 			return
 		}
+		var batch []*checkpoint.Run
 		for i := range runs {
 			r := &runs[i]
 			if !needsAssign(r) {
@@ -102,8 +105,9 @@ func (s *scheduler) assignPending(ctx context.Context) {
 				}
 				active[r.Workflow]++
 			}
-			s.assign(ctx, r.ID, r.Epoch, "")
+			batch = append(batch, r)
 		}
+		s.assignAll(ctx, batch)
 		if next == "" {
 			return
 		}
@@ -111,8 +115,61 @@ func (s *scheduler) assignPending(ctx context.Context) {
 	}
 }
 
+// assignAll assigns runs together: the entries share log messages (group commit) and
+// the tasks are published without waiting for each ack in turn.
+func (s *scheduler) assignAll(ctx context.Context, runs []*checkpoint.Run) {
+	if len(runs) == 0 || s.term.Check() != nil {
+		return
+	}
+	tickets := make([]*checkpoint.Ticket, len(runs))
+	for i, r := range runs {
+		t, err := s.e.clog.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch,
+			Term: s.term.Term(), Owner: s.e.cfg.NodeID})
+		if err != nil {
+			s.e.log.Warn("assign failed", "run", r.ID, "err", err)
+			continue
+		}
+		tickets[i] = t
+	}
+	var acks []jetstream.PubAckFuture
+	for i, t := range tickets {
+		if t == nil {
+			continue
+		}
+		if err := t.Await(ctx); err != nil {
+			s.assignFailed(runs[i].ID, err)
+			continue
+		}
+		if f, err := publishTaskAsync(s.e.js, task{Run: runs[i].ID, Epoch: int64(t.Seq())}); err == nil {
+			acks = append(acks, f)
+		} else {
+			s.e.log.Warn("task not queued; reconcile will retry", "run", runs[i].ID, "err", err)
+		}
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			s.e.log.Warn("task not queued; reconcile will retry", "err", err)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (s *scheduler) assignFailed(run string, err error) {
+	switch {
+	case errors.Is(err, checkpoint.ErrDeadLettered):
+		s.e.log.Warn("run dead-lettered: max_epochs exceeded", "run", run, "term", s.term.Term())
+	case errors.Is(err, checkpoint.ErrConflict):
+		// someone moved it on meanwhile
+	default:
+		s.e.log.Warn("assign failed", "run", run, "term", s.term.Term(), "err", err)
+	}
+}
+
 func (s *scheduler) concurrency(r *checkpoint.Run) int {
-	spec, err := decodeSpec(r.Spec)
+	spec, err := s.e.runWorkflow(r)
 	if err != nil {
 		return 0
 	}
@@ -145,15 +202,8 @@ func (s *scheduler) activeByWorkflow() map[string]int {
 // assign gives a run a new epoch (replacing expect) and queues its task.
 func (s *scheduler) assign(ctx context.Context, run string, expect int64, reason string) {
 	seq, err := s.write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: run, Epoch: expect, Reason: reason})
-	switch {
-	case err == nil:
-	case errors.Is(err, checkpoint.ErrDeadLettered):
-		s.e.log.Warn("run dead-lettered: max_epochs exceeded", "run", run, "term", s.term.Term())
-		return
-	case errors.Is(err, checkpoint.ErrConflict):
-		return // someone moved it on meanwhile
-	default:
-		s.e.log.Warn("assign failed", "run", run, "term", s.term.Term(), "err", err)
+	if err != nil {
+		s.assignFailed(run, err)
 		return
 	}
 	if err := publishTask(ctx, s.e.js, task{Run: run, Epoch: int64(seq)}); err != nil {

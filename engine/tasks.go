@@ -58,3 +58,13 @@ func publishTask(ctx context.Context, js jetstream.JetStream, t task) error {
 	}
 	return nil
 }
+
+// publishTaskAsync queues a task without waiting for its ack.
+func publishTaskAsync(js jetstream.JetStream, t task) (jetstream.PubAckFuture, error) {
+	data, _ := json.Marshal(t)
+	f, err := js.PublishAsync(tasksSubject, data, jetstream.WithMsgID(t.Run+"@"+strconv.FormatInt(t.Epoch, 10)))
+	if err != nil {
+		return nil, fmt.Errorf("engine: publish task for %s: %w", t.Run, err)
+	}
+	return f, nil
+}

@@ -157,10 +157,19 @@ func waitFor(ctx context.Context, l *checkpoint.Log, cond func() bool) error {
 	}
 }
 
-func decodeSpec(raw json.RawMessage) (*workflow.Workflow, error) {
-	w, err := workflow.Decode(raw)
+// runWorkflow is the workflow version a run started with: from the run itself when it
+// carries its definition, else from the workflow versions in the log.
+func (e *Engine) runWorkflow(r *checkpoint.Run) (*workflow.Workflow, error) {
+	if len(r.Spec) > 0 {
+		w, err := workflow.Decode(r.Spec)
+		if err != nil {
+			return nil, fmt.Errorf("engine: run %s: its workflow spec: %w", r.ID, err)
+		}
+		return w, nil
+	}
+	w, err := e.Workflow(r.Workflow, r.Version)
 	if err != nil {
-		return nil, fmt.Errorf("engine: the run's workflow spec: %w", err)
+		return nil, fmt.Errorf("engine: run %s: workflow %s version %d: %w", r.ID, r.Workflow, r.Version, err)
 	}
 	return w, nil
 }

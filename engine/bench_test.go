@@ -1,0 +1,168 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+)
+
+// The engine workloads of docs/perf.md, every step durably checkpointed (embedded
+// JetStream with SyncAlways, on disk):
+//
+//	W1: 1,000 runs x 5 no-op steps, at most 64 runs in flight: steps/s, runs/s.
+//	W2: 200 runs x 10 no-op steps, one run at a time: run latency p50/p99, step p50.
+//
+// Run: go test -run '^$' -bench 'W1|W2|Queued' -benchtime 1x ./engine
+
+func chainWorkflow(name string, n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: %s\nsteps:\n", name)
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "  - name: s%d\n    uses: noop\n", i)
+		if i > 1 {
+			fmt.Fprintf(&b, "    needs: [s%d]\n", i-1)
+		}
+	}
+	return b.String()
+}
+
+func benchEngine(b *testing.B, workers int) *Engine {
+	return startEngine(b, func(c *Config) {
+		c.Workers = workers
+		c.Lease.TTL = 10 * time.Second
+	})
+}
+
+func BenchmarkW1(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		e := benchEngine(b, 64)
+		apply(b, e, chainWorkflow("w1", 5))
+		ctx := ctxT(b, 10*time.Minute)
+		const runs, inflight = 1000, 64
+		sem := make(chan struct{}, inflight)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for r := 0; r < runs; r++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				id, err := e.StartRun(ctx, "w1", nil, RunOptions{})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
+					b.Errorf("run %s: %v %v", id, err, r)
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.ReportMetric(float64(runs*5)/elapsed.Seconds(), "steps/s")
+		b.ReportMetric(float64(runs)/elapsed.Seconds(), "runs/s")
+		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	}
+}
+
+func BenchmarkW2(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		e := benchEngine(b, 8)
+		apply(b, e, chainWorkflow("w2", 10))
+		ctx := ctxT(b, 10*time.Minute)
+		var runLat, stepLat []time.Duration
+		for r := 0; r < 200; r++ {
+			start := time.Now()
+			id, err := e.StartRun(ctx, "w2", nil, RunOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
+				b.Fatalf("run %s: %v %v", id, err, r)
+			}
+			runLat = append(runLat, time.Since(start))
+			v, _ := e.Run(id)
+			var prev time.Time
+			for _, ev := range v.Events {
+				if ev.Kind == checkpoint.KindCommit && ev.Outcome == "accepted" {
+					if !prev.IsZero() {
+						stepLat = append(stepLat, ev.At.Sub(prev))
+					}
+					prev = ev.At
+				}
+			}
+		}
+		slices.Sort(runLat)
+		slices.Sort(stepLat)
+		b.ReportMetric(ms(runLat[len(runLat)/2]), "run-p50-ms")
+		b.ReportMetric(ms(runLat[len(runLat)*99/100]), "run-p99-ms")
+		b.ReportMetric(ms(stepLat[len(stepLat)/2]), "step-p50-ms")
+	}
+}
+
+// BenchmarkQueued: the memory one waiting run holds, with 10,000 runs queued behind a
+// workflow concurrency limit of 1 (the first run sleeps).
+func BenchmarkQueued(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		e := benchEngine(b, 8)
+		apply(b, e, "name: q\nconcurrency: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
+		ctx := ctxT(b, 10*time.Minute)
+		before := heap()
+		const n = 10000
+		sem := make(chan struct{}, 64)
+		var wg sync.WaitGroup
+		for r := 0; r < n; r++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if _, err := e.StartRun(ctx, "q", nil, RunOptions{}); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		after := heap()
+		b.ReportMetric(float64(int64(after)-int64(before))/n/1024, "KiB/queued-run")
+		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// peakRSS is the process's high-water resident set (VmHWM), in bytes.
+func peakRSS() int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+var _ = context.Background
