@@ -129,15 +129,9 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 	t := &Term{term: int64(rev), node: e.node}
 	// The term's life is not the campaign's ctx: it ends by Resign or lost trust.
 	t.k = newKeeper(context.WithoutCancel(ctx), e.js, e.kv, leaderKey, val, rev, sent, &e.cfg,
-		fmt.Sprintf("term %d of %s", rev, e.node), true)
+		fmt.Sprintf("term %d of %s", rev, e.node), true, func() { e.cfg.Counters.TermsLost.Add(1) })
 	e.cfg.Counters.TermsWon.Add(1)
 	e.cfg.Logger.Info("won leadership", "node", e.node, "term", rev)
-	go func() { // count the loss; ends with the keeper
-		<-t.k.ctx.Done()
-		if !errors.Is(context.Cause(t.k.ctx), ErrResigned) {
-			e.cfg.Counters.TermsLost.Add(1)
-		}
-	}()
 	return t
 }
 

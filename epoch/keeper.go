@@ -25,6 +25,7 @@ type keeper struct {
 	cfg         *Config
 	what        string // for messages: "term 57", "lease of run r1 at epoch 9"
 	loseOnError bool   // any failed renewal ends it (terms); leases ride out timeouts as degraded
+	onLost      func() // counts the loss, once, before the context is cancelled
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -45,11 +46,12 @@ type keeper struct {
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
+	lostOnce sync.Once
 }
 
 func newKeeper(parent context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, value []byte,
-	rev uint64, sent time.Time, cfg *Config, what string, loseOnError bool) *keeper {
-	k := &keeper{js: js, kv: kv, key: key, value: value, cfg: cfg, what: what, loseOnError: loseOnError,
+	rev uint64, sent time.Time, cfg *Config, what string, loseOnError bool, onLost func()) *keeper {
+	k := &keeper{js: js, kv: kv, key: key, value: value, cfg: cfg, what: what, loseOnError: loseOnError, onLost: onLost,
 		base: sent, stop: make(chan struct{}), done: make(chan struct{})}
 	k.ctx, k.cancel = context.WithCancelCause(parent)
 	k.loopCtx, k.loopCancel = context.WithCancel(k.ctx)
@@ -78,10 +80,16 @@ func (k *keeper) check() error {
 }
 
 func (k *keeper) lose(cause error) {
-	if k.ctx.Err() == nil {
+	k.lostOnce.Do(func() {
+		if k.ctx.Err() != nil {
+			return // released or resigned first
+		}
 		k.cfg.Logger.Warn("ownership lost", "what", k.what, "cause", cause)
+		if k.onLost != nil {
+			k.onLost()
+		}
 		k.cancel(cause)
-	}
+	})
 }
 
 func (k *keeper) degraded() bool {

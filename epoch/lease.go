@@ -118,12 +118,7 @@ func (ls *Leases) start(ctx context.Context, val LeaseValue, raw []byte, rev uin
 	ls.cfg.Counters.LeasesAcquired.Add(1)
 	what := fmt.Sprintf("lease of run %s at epoch %d (%s)", val.Run, val.Epoch, val.Owner)
 	l := &Lease{value: val}
-	l.k = newKeeper(context.WithoutCancel(ctx), ls.js, ls.kv, val.Run, raw, rev, sent, &ls.cfg, what, false)
-	go func() { // count losses (not releases); ends with the keeper's context
-		<-l.k.ctx.Done()
-		if errors.Is(context.Cause(l.k.ctx), ErrLeaseLost) {
-			ls.cfg.Counters.LeasesLost.Add(1)
-		}
-	}()
+	l.k = newKeeper(context.WithoutCancel(ctx), ls.js, ls.kv, val.Run, raw, rev, sent, &ls.cfg, what, false,
+		func() { ls.cfg.Counters.LeasesLost.Add(1) })
 	return l
 }
