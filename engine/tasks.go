@@ -29,9 +29,11 @@ func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		Description: "flow tasks: runs assigned an epoch, for a worker to take",
 		Subjects:    []string{tasksSubject},
 		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-		Duplicates:  time.Minute,
+		// Memory storage: a task is soft state, rebuilt from the log (the reconciler
+		// queues again the task of a run assigned but not claimed), so it needs no fsync.
+		Storage:    jetstream.MemoryStorage,
+		Replicas:   replicas,
+		Duplicates: time.Minute,
 	}); err != nil {
 		return nil, fmt.Errorf("engine: task stream: %w", err)
 	}

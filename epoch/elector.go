@@ -35,7 +35,9 @@ func NewElector(ctx context.Context, js jetstream.JetStream, node string, cfg Co
 	if node == "" {
 		return nil, fmt.Errorf("%w: node ID is empty", ErrInvalidConfig)
 	}
-	kv, err := openBucket(ctx, js, LeaderBucket, cfg.TTL, replicas)
+	// File storage: terms are the bucket's revisions and must keep growing across a
+	// restart of every NATS server, or a new leader's writes would look stale.
+	kv, err := openBucket(ctx, js, LeaderBucket, cfg.TTL, replicas, jetstream.FileStorage)
 	if err != nil {
 		return nil, err
 	}

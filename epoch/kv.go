@@ -13,14 +13,14 @@ import (
 
 // openBucket creates or updates a bucket whose keys lapse TTL after their last write,
 // leaving a marker that watchers see as a purge.
-func openBucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int) (jetstream.KeyValue, error) {
+func openBucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int, storage jetstream.StorageType) (jetstream.KeyValue, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:         name,
 		Description:    "flow ownership: keys lapse when their holder stops renewing",
 		History:        1,
 		TTL:            ttl,
 		LimitMarkerTTL: max(defaultMarkerTTL, ttl),
-		Storage:        jetstream.FileStorage,
+		Storage:        storage,
 		Replicas:       max(replicas, 1),
 	})
 	if err != nil {

@@ -32,7 +32,11 @@ func NewLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kv, err := openBucket(ctx, js, LeaseBucket, cfg.TTL, replicas)
+	// Memory storage: leases are soft state. Epochs come from the log, not from this
+	// bucket; if every NATS server restarts, the leases vanish, their holders' next
+	// renewal fails, and the runs are reclaimed with new epochs (fencing makes that
+	// safe). A synced write per acquire and release is the cost this saves.
+	kv, err := openBucket(ctx, js, LeaseBucket, cfg.TTL, replicas, jetstream.MemoryStorage)
 	if err != nil {
 		return nil, err
 	}
