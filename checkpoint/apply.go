@@ -139,6 +139,7 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 	if e.Term > 0 {
 		if e.Term < tx.term && !tx.s.unsafe.NoTermCheck {
 			rej := &StaleTermError{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq}
+			tx.s.counters.StaleTerms.Add(1)
 			_ = tx.putJSON(keyStaleTerm(tx.seq, idx), StaleTerm{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq, At: e.At})
 			if c, _ := tx.load(e.Run); c != nil {
 				tx.event(c, idx, e, "rejected: stale term", fmt.Sprintf("term %d < %d", e.Term, tx.term))
@@ -185,6 +186,14 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 	var fe *FencedError
 	switch {
 	case err == nil:
+		switch e.Kind {
+		case KindCommit:
+			tx.s.counters.CommitsAccepted.Add(1)
+		case KindAssign:
+			tx.s.counters.EpochChanges.Add(1)
+		case KindDeadLetter:
+			tx.s.counters.DeadLettered.Add(1)
+		}
 		// An accepted item commit is its own history: the Item record carries its
 		// sequence, and View merges items into the events (one write less per item).
 		if e.Kind != KindCommit || e.Item == ItemWhole {
@@ -193,6 +202,7 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 	case errors.As(err, &fe):
 		tx.event(c, idx, e, "fenced: "+fe.Reason, "")
 		if e.Kind == KindCommit || e.Kind == KindFail || e.Kind == KindComplete {
+			tx.s.counters.CommitsFenced.Add(1)
 			c.run.Fenced++
 			c.runDirty = true
 			_ = tx.putJSON(keyFenced(c.run.ID, tx.seq, idx), Fenced{
@@ -201,6 +211,7 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 			})
 		}
 	case errors.Is(err, ErrDeadLettered):
+		tx.s.counters.DeadLettered.Add(1)
 		tx.event(c, idx, e, "dead-lettered", c.run.DeadLetter)
 	default:
 		tx.event(c, idx, e, "rejected", err.Error())

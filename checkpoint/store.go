@@ -52,6 +52,8 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	counters Counters
+
 	applyMu sync.Mutex            // serialises ApplyMessage; guards runs
 	runs    map[string]*cachedRun // decoded runs recently applied to
 	applied atomic.Uint64
@@ -100,6 +102,18 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.db.Close() })
 	return s.closeErr
 }
+
+// Counters count what this node's applier decided since it started.
+type Counters struct {
+	CommitsAccepted atomic.Int64
+	CommitsFenced   atomic.Int64 // commits (and fails, completes) rejected for their epoch or a checkpoint
+	EpochChanges    atomic.Int64 // new epochs given by assigns
+	StaleTerms      atomic.Int64 // scheduler entries rejected for their term
+	DeadLettered    atomic.Int64
+}
+
+// Counters returns the applier's counters.
+func (s *Store) Counters() *Counters { return &s.counters }
 
 // Applied is the last log sequence applied to this store.
 func (s *Store) Applied() uint64 { return s.applied.Load() }

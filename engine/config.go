@@ -36,6 +36,8 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// Logger receives the engine's logs (default: discard).
 	Logger *slog.Logger
+	// StepObserver, if set, is told of every finished step attempt (for metrics).
+	StepObserver func(kind string, d time.Duration, err error)
 	// Unsafe switches guards off, for negative-control tests only.
 	Unsafe checkpoint.Unsafe
 }

@@ -357,8 +357,12 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 			sctx, cancel = context.WithTimeoutCause(x.ctx, time.Duration(st.Timeout), stepTimeout{time.Duration(st.Timeout)})
 		}
 		x.e.stats.StepAttempts.Add(1)
+		began := time.Now()
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log})
+		if obs := x.e.cfg.StepObserver; obs != nil {
+			obs(st.Uses, time.Since(began), err)
+		}
 		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
 		cancel()
 		if err == nil {

@@ -213,9 +213,12 @@ func Replicas(nc *nats.Conn) int {
 
 type slogAdapter struct{ l *slog.Logger }
 
-func (a slogAdapter) Noticef(f string, v ...any) { a.l.Info(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Warnf(f string, v ...any)   { a.l.Warn(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Fatalf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Errorf(f string, v ...any)  { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Debugf(f string, v ...any)  { a.l.Debug(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Tracef(string, ...any)      {}
+// Notices are debug: the server narrates its start and stop at length.
+func (a slogAdapter) Noticef(f string, v ...any) {
+	a.l.Debug(fmt.Sprintf(f, v...), "component", "nats")
+}
+func (a slogAdapter) Warnf(f string, v ...any)  { a.l.Warn(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Fatalf(f string, v ...any) { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Errorf(f string, v ...any) { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Debugf(f string, v ...any) { a.l.Debug(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Tracef(string, ...any)     {}

@@ -1,0 +1,236 @@
+package flowd
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/flowrun/flow/checkpoint"
+)
+
+// ErrConfig is returned (wrapped) for any configuration that cannot work.
+var ErrConfig = errors.New("flowd: bad configuration")
+
+// Config is flowd's configuration. CONTRACT.md names the flags; more are welcome.
+type Config struct {
+	ConfigFile string
+	DataDir    string
+	NodeID     string
+	NATSURL    string
+	NATSListen string
+	HTTP       string
+	Workers    int
+	LeaseTTL   time.Duration
+	Workflows  string
+	LogFormat  string // auto | text | json
+	LogLevel   string // debug | info | warn | error
+	FastFail   bool
+	DrainTime  time.Duration
+}
+
+type option struct {
+	name, def, usage string
+}
+
+// The options, in --help order. Each is a flag, FLOWD_<NAME> (dashes as underscores)
+// and a key of the config file.
+var options = []option{
+	{"data-dir", "./flow-data", "directory for the state and the embedded NATS store"},
+	{"node-id", "", "this node's name in leases and epochs (default: the host name)"},
+	{"nats-url", "", "join this NATS (JetStream) server or cluster instead of embedding one"},
+	{"nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server"},
+	{"http", "127.0.0.1:8080", "address of /healthz, /readyz and /metrics"},
+	{"workers", "8", "runs this node executes at once"},
+	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
+	{"workflows", "", "directory of workflow YAML files to apply at start"},
+	{"log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json"},
+	{"log-level", "info", "debug, info, warn or error"},
+	{"fast-fail", "false", "exit the process when a lease cannot be renewed by 70% of its TTL"},
+	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
+}
+
+// Flags returns flowd's flag set (with --config).
+func Flags() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("flowd", pflag.ContinueOnError)
+	fs.String("config", "", "YAML config file (flags win over FLOWD_* variables, which win over the file)")
+	for _, o := range options {
+		fs.String(o.name, o.def, o.usage)
+	}
+	fs.SortFlags = false
+	return fs
+}
+
+// Load parses args, the environment (FLOWD_*) and the config file, in that order of
+// precedence, and validates every value. env is os.Environ-shaped (nil: os.Environ()).
+func Load(args []string, env []string) (*Config, error) {
+	fs := Flags()
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %w (see flowd --help)", ErrConfig, err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%w: unexpected argument %q: flowd takes only flags (see flowd --help)", ErrConfig, fs.Arg(0))
+	}
+	if env == nil {
+		env = os.Environ()
+	}
+	v := viper.New()
+	for _, o := range options {
+		v.SetDefault(o.name, o.def)
+		if f := fs.Lookup(o.name); f.Changed {
+			v.Set(o.name, f.Value.String()) // an explicit flag wins
+		}
+	}
+	envVals := map[string]string{}
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "FLOWD_") {
+			envVals[k] = val
+		}
+	}
+	var unknownEnv []string
+	for k := range envVals {
+		name := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, "FLOWD_"), "_", "-"))
+		if name != "config" && !slices.ContainsFunc(options, func(o option) bool { return o.name == name }) {
+			unknownEnv = append(unknownEnv, k)
+		}
+	}
+	if len(unknownEnv) > 0 {
+		sort.Strings(unknownEnv)
+		return nil, fmt.Errorf("%w: unknown environment variable %s (known: %s)", ErrConfig, strings.Join(unknownEnv, ", "), envNames())
+	}
+	cfgFile, _ := fs.GetString("config")
+	if !fs.Lookup("config").Changed {
+		if e, ok := envVals["FLOWD_CONFIG"]; ok {
+			cfgFile = e
+		}
+	}
+	fileVals := map[string]any{}
+	if cfgFile != "" {
+		fv := viper.New()
+		fv.SetConfigFile(cfgFile)
+		fv.SetConfigType("yaml")
+		if err := fv.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("%w: config file %s: %v", ErrConfig, cfgFile, err)
+		}
+		for _, k := range fv.AllKeys() {
+			if !slices.ContainsFunc(options, func(o option) bool { return o.name == k }) {
+				return nil, fmt.Errorf("%w: config file %s: unknown key %q (known: %s)", ErrConfig, cfgFile, k, flagNames())
+			}
+			fileVals[k] = fv.Get(k)
+		}
+	}
+	get := func(name string) string {
+		if f := fs.Lookup(name); f.Changed {
+			return f.Value.String()
+		}
+		if e, ok := envVals["FLOWD_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))]; ok {
+			return e
+		}
+		if fvv, ok := fileVals[name]; ok {
+			return fmt.Sprint(fvv)
+		}
+		return v.GetString(name)
+	}
+	c := &Config{ConfigFile: cfgFile}
+	var errs []string
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("%s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	c.DataDir = get("data-dir")
+	if c.DataDir == "" {
+		bad("data-dir", "must not be empty")
+	}
+	c.NodeID = get("node-id")
+	if c.NodeID != "" && !checkpoint.ValidID(c.NodeID) {
+		bad("node-id", "%q: use 1-128 letters, digits, '.', '_' or '-'", c.NodeID)
+	}
+	c.NATSURL = get("nats-url")
+	if c.NATSURL != "" && !strings.Contains(c.NATSURL, "://") {
+		bad("nats-url", "%q: use nats://HOST:PORT (several separated by commas)", c.NATSURL)
+	}
+	c.NATSListen = get("nats-listen")
+	if c.NATSURL != "" && fs.Lookup("nats-listen").Changed {
+		bad("nats-listen", "cannot be used with --nats-url: flowd either embeds NATS or joins one")
+	}
+	if c.NATSURL == "" {
+		checkAddr(bad, "nats-listen", c.NATSListen)
+	}
+	c.HTTP = get("http")
+	if c.HTTP != "" && c.HTTP != "off" {
+		checkAddr(bad, "http", c.HTTP)
+	}
+	if _, err := fmt.Sscan(get("workers"), &c.Workers); err != nil || c.Workers < 1 || c.Workers > 10000 {
+		bad("workers", "%q: use a whole number from 1 to 10000", get("workers"))
+	}
+	if d, err := time.ParseDuration(get("lease-ttl")); err != nil || d < time.Second {
+		bad("lease-ttl", "%q: use a duration of at least 1s, such as 10s (shorter leases expire on GC pauses)", get("lease-ttl"))
+	} else {
+		c.LeaseTTL = d
+	}
+	c.Workflows = get("workflows")
+	if c.Workflows != "" {
+		if st, err := os.Stat(c.Workflows); err != nil || !st.IsDir() {
+			bad("workflows", "%q is not a directory", c.Workflows)
+		}
+	}
+	c.LogFormat = get("log-format")
+	if !slices.Contains([]string{"auto", "text", "json"}, c.LogFormat) {
+		bad("log-format", "%q: use auto, text or json", c.LogFormat)
+	}
+	c.LogLevel = get("log-level")
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
+		bad("log-level", "%q: use debug, info, warn or error", c.LogLevel)
+	}
+	switch get("fast-fail") {
+	case "true", "1", "yes":
+		c.FastFail = true
+	case "false", "0", "no", "":
+	default:
+		bad("fast-fail", "%q: use true or false", get("fast-fail"))
+	}
+	if d, err := time.ParseDuration(get("drain-timeout")); err != nil || d < 0 {
+		bad("drain-timeout", "%q: use a duration such as 30s", get("drain-timeout"))
+	} else {
+		c.DrainTime = d
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrConfig, strings.Join(errs, "; "))
+	}
+	return c, nil
+}
+
+func checkAddr(bad func(string, string, ...any), name, addr string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		bad(name, "%q: use HOST:PORT such as 127.0.0.1:8080", addr)
+		return
+	}
+	_ = host
+	var p int
+	if _, err := fmt.Sscan(port, &p); err != nil || p < 0 || p > 65535 {
+		bad(name, "%q: the port must be a number from 0 to 65535", addr)
+	}
+}
+
+func flagNames() string {
+	var out []string
+	for _, o := range options {
+		out = append(out, o.name)
+	}
+	return strings.Join(out, ", ")
+}
+
+func envNames() string {
+	var out []string
+	for _, o := range options {
+		out = append(out, "FLOWD_"+strings.ToUpper(strings.ReplaceAll(o.name, "-", "_")))
+	}
+	return strings.Join(out, ", ")
+}

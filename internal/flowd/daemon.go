@@ -1,0 +1,173 @@
+package flowd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/epoch"
+)
+
+// Daemon is a running flowd.
+type Daemon struct {
+	cfg    *Config
+	log    *slog.Logger
+	engine *engine.Engine
+	http   *http.Server
+	ln     net.Listener
+	done   chan struct{}
+}
+
+// NewLogger is flowd's slog logger: text on a terminal, JSON otherwise (or as asked).
+func NewLogger(w io.Writer, format, level string) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "text" || (format == "auto" && isTerminal(w)) {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// Start starts the engine, applies the workflows directory and serves HTTP.
+func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
+	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
+	metrics := newMetrics()
+	ecfg := engine.Config{
+		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
+		Workers: cfg.Workers, Logger: logger, StepObserver: metrics.observeStep,
+		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}},
+	}
+	e, err := engine.New(ecfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return nil, err
+	}
+	d.engine = e
+	metrics.engine = e
+	if cfg.Workflows != "" {
+		if err := d.applyDir(ctx, cfg.Workflows); err != nil {
+			d.stopEngine()
+			return nil, err
+		}
+	}
+	if cfg.HTTP != "" && cfg.HTTP != "off" {
+		ln, err := net.Listen("tcp", cfg.HTTP)
+		if err != nil {
+			d.stopEngine()
+			return nil, fmt.Errorf("flowd: http: listen on %s: %w (is another flowd running? use --http HOST:PORT)", cfg.HTTP, err)
+		}
+		d.ln = ln
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(metrics, metrics.stepDuration)
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", d.readyz)
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = d.http.Serve(ln) }()
+	}
+	logger.Info("flowd ready", "node", e.NodeID(), "nats", e.ClientURL(), "http", d.HTTPAddr())
+	return d, nil
+}
+
+// HTTPAddr is where /healthz, /readyz and /metrics are served ("" if off).
+func (d *Daemon) HTTPAddr() string {
+	if d.ln == nil {
+		return ""
+	}
+	return d.ln.Addr().String()
+}
+
+// Engine is the daemon's engine.
+func (d *Daemon) Engine() *engine.Engine { return d.engine }
+
+func (d *Daemon) applyDir(ctx context.Context, dir string) error {
+	var files []string
+	for _, pat := range []string{"*.yaml", "*.yml"} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		files = append(files, m...)
+	}
+	sort.Strings(files)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("flowd: --workflows: %w", err)
+		}
+		w, err := d.engine.ApplyWorkflow(ctx, f, data)
+		if err != nil {
+			return fmt.Errorf("flowd: --workflows: %w", err)
+		}
+		d.log.Info("workflow applied", "workflow", w.Name, "version", w.Version, "file", f)
+	}
+	return nil
+}
+
+// readyz: NATS reachable, the applier healthy and caught up with the log.
+func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	var problems []string
+	if !d.engine.Conn().IsConnected() {
+		problems = append(problems, "NATS is not reachable")
+	}
+	if err := d.engine.Log().Err(); err != nil {
+		problems = append(problems, "the applier stopped: "+err.Error())
+	}
+	if last, err := d.engine.Log().LastSeq(ctx); err != nil {
+		problems = append(problems, "cannot read the log: "+err.Error())
+	} else if applied := d.engine.Store().Applied(); last > applied+readyLag {
+		problems = append(problems, fmt.Sprintf("applier behind: %d of %d", applied, last))
+	}
+	if len(problems) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, strings.Join(problems, "; "))
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// readyLag is how far behind the log a node may be and still call itself ready.
+const readyLag = 1000
+
+// Stop drains (hands running runs back, within the drain timeout) and shuts down.
+func (d *Daemon) Stop() {
+	if d.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = d.http.Shutdown(ctx)
+		cancel()
+	}
+	d.stopEngine()
+}
+
+func (d *Daemon) stopEngine() {
+	ctx, cancel := context.WithTimeout(context.Background(), max(d.cfg.DrainTime, time.Second))
+	defer cancel()
+	if err := d.engine.Stop(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		d.log.Warn("stop", "err", err)
+	}
+}

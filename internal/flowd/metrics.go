@@ -1,0 +1,131 @@
+package flowd
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine"
+)
+
+// metrics reads the engine's counters at scrape time (a prometheus.Collector), plus a
+// step duration histogram fed by the engine.
+type metrics struct {
+	engine       *engine.Engine
+	stepDuration *prometheus.HistogramVec
+	descs        map[string]*prometheus.Desc
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flow_step_duration_seconds", Help: "Duration of step attempts, by kind and result.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"kind", "result"}),
+		descs: map[string]*prometheus.Desc{},
+	}
+	for name, help := range map[string]string{
+		"flow_commits_total":                "Commits decided by this node's applier, by result (accepted, fenced).",
+		"flow_epoch_changes_total":          "New epochs given to runs (assigns applied).",
+		"flow_stale_term_rejections_total":  "Scheduler entries rejected for a stale leader term.",
+		"flow_leader_term":                  "Highest leader term applied.",
+		"flow_is_leader":                    "1 if this node leads the scheduler.",
+		"flow_lease_renewals_total":         "Lease and term renewals, by result (ok, failed).",
+		"flow_leases_lost_total":            "Run leases lost (not released).",
+		"flow_terms_won_total":              "Leader terms won by this node.",
+		"flow_lease_degraded_seconds_total": "Time run leases spent degraded.",
+		"flow_runs":                         "Runs by status, in this node's state.",
+		"flow_dlq_size":                     "Runs in the dead-letter queue.",
+		"flow_apply_lag_messages":           "Log messages not yet applied by this node.",
+		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
+		"flow_handed_back_total":            "Runs handed back on drain.",
+	} {
+		var labels []string
+		switch name {
+		case "flow_commits_total", "flow_lease_renewals_total":
+			labels = []string{"result"}
+		case "flow_runs":
+			labels = []string{"status"}
+		}
+		m.descs[name] = prometheus.NewDesc(name, help, labels, nil)
+	}
+	return m
+}
+
+func (m *metrics) observeStep(kind string, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.stepDuration.WithLabelValues(kind, result).Observe(d.Seconds())
+}
+
+// Describe sends the descriptors.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range m.descs {
+		ch <- d
+	}
+}
+
+// Collect reads the counters.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	e := m.engine
+	if e == nil {
+		return
+	}
+	c := e.Store().Counters()
+	counter := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.GaugeValue, v, labels...)
+	}
+	counter("flow_commits_total", float64(c.CommitsAccepted.Load()), "accepted")
+	counter("flow_commits_total", float64(c.CommitsFenced.Load()), "fenced")
+	counter("flow_epoch_changes_total", float64(c.EpochChanges.Load()))
+	counter("flow_stale_term_rejections_total", float64(c.StaleTerms.Load()))
+	term, leader := e.Store().HighestTerm(), 0.0
+	if t := e.Leading(); t != nil {
+		term, leader = max(term, t.Term()), 1
+	}
+	gauge("flow_leader_term", float64(term))
+	gauge("flow_is_leader", leader)
+	lc := e.Counters()
+	counter("flow_lease_renewals_total", float64(lc.RenewalsOK.Load()), "ok")
+	counter("flow_lease_renewals_total", float64(lc.RenewalsFailed.Load()), "failed")
+	counter("flow_leases_lost_total", float64(lc.LeasesLost.Load()))
+	counter("flow_terms_won_total", float64(lc.TermsWon.Load()))
+	counter("flow_lease_degraded_seconds_total", lc.Degraded().Seconds())
+	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
+		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
+		n := countRuns(e, st)
+		gauge("flow_runs", float64(n), string(st))
+		if st == checkpoint.StatusDeadLettered {
+			gauge("flow_dlq_size", float64(n))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if last, err := e.Log().LastSeq(ctx); err == nil {
+		gauge("flow_apply_lag_messages", float64(last-min(last, e.Store().Applied())))
+	}
+	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
+	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
+}
+
+func countRuns(e *engine.Engine, st checkpoint.RunStatus) int {
+	n, after := 0, ""
+	for {
+		runs, next, err := e.Store().ListRuns(checkpoint.ListOptions{Status: st, After: after, Limit: 1000})
+		if err != nil {
+			return n
+		}
+		n += len(runs)
+		if next == "" {
+			return n
+		}
+		after = next
+	}
+}
