@@ -19,6 +19,7 @@ import (
 
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/api"
 )
 
 // Daemon is a running flowd.
@@ -26,6 +27,7 @@ type Daemon struct {
 	cfg    *Config
 	log    *slog.Logger
 	engine *engine.Engine
+	api    *api.Server
 	http   *http.Server
 	ln     net.Listener
 	done   chan struct{}
@@ -69,6 +71,10 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 	}
 	d.engine = e
 	metrics.engine = e
+	if d.api, err = api.Serve(e); err != nil {
+		d.stopEngine()
+		return nil, err
+	}
 	if cfg.Workflows != "" {
 		if err := d.applyDir(ctx, cfg.Workflows); err != nil {
 			d.stopEngine()
@@ -156,6 +162,9 @@ const readyLag = 1000
 
 // Stop drains (hands running runs back, within the drain timeout) and shuts down.
 func (d *Daemon) Stop() {
+	if d.api != nil {
+		d.api.Stop()
+	}
 	if d.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = d.http.Shutdown(ctx)

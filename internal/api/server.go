@@ -1,0 +1,388 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Subject is the prefix of every operation: flow.v1.<op>.
+const Subject = "flow.v1"
+
+// nodeSubject is answered by every node (cluster status gathers the answers).
+const nodeSubject = "flow.v1.node"
+
+// Server serves the API for one engine.
+type Server struct {
+	e    *engine.Engine
+	svc  micro.Service
+	node *nats.Subscription
+}
+
+type handler func(ctx context.Context, r *Req) (any, error)
+
+// apiError is an error with a code for the client.
+type apiError struct {
+	code, msg string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{CodeBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// Serve registers the "flow" micro service on the engine's connection.
+func Serve(e *engine.Engine) (*Server, error) {
+	svc, err := micro.AddService(e.Conn(), micro.Config{Name: "flow", Version: "1.0.0",
+		Description: "flow workflow engine API"})
+	if err != nil {
+		return nil, fmt.Errorf("api: %w", err)
+	}
+	s := &Server{e: e, svc: svc}
+	ops := map[string]handler{
+		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
+		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
+		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
+		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel,
+		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
+		"cron.list": s.cronList, "cluster.status": s.clusterStatus,
+	}
+	for op, h := range ops {
+		name := strings.ReplaceAll(op, ".", "-")
+		if err := svc.AddEndpoint(name, s.wrap(h), micro.WithEndpointSubject(Subject+"."+op),
+			micro.WithEndpointQueueGroup("flow-api")); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("api: endpoint %s: %w", op, err)
+		}
+	}
+	s.node, err = e.Conn().Subscribe(nodeSubject, func(m *nats.Msg) {
+		b, _ := json.Marshal(s.nodeInfo())
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Stop stops serving.
+func (s *Server) Stop() {
+	_ = s.node.Unsubscribe()
+	_ = s.svc.Stop()
+}
+
+func (s *Server) wrap(h handler) micro.HandlerFunc {
+	return func(req micro.Request) {
+		var r Req
+		dec := json.NewDecoder(strings.NewReader(string(req.Data())))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			_ = req.Error(CodeBadRequest, "the request is not valid JSON for this operation: "+err.Error(), nil)
+			return
+		}
+		if r.V != Version {
+			_ = req.Error(CodeBadRequest, fmt.Sprintf("request version %d; this server speaks version %d (upgrade flowctl or flowd)", r.V, Version), nil)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := h(ctx, &r)
+		if err != nil {
+			code, msg := classify(err)
+			_ = req.Error(code, msg, nil)
+			return
+		}
+		_ = req.RespondJSON(out)
+	}
+}
+
+func classify(err error) (string, string) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae.code, ae.msg
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return CodeNotFound, err.Error()
+	case errors.Is(err, engine.ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
+		return CodeBadRequest, strings.TrimPrefix(err.Error(), "engine: bad input: ")
+	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, checkpoint.ErrRunExists):
+		return CodeConflict, err.Error()
+	}
+	return CodeInternal, err.Error()
+}
+
+func needID(r *Req) error {
+	if r.ID == "" {
+		return badRequest("a run ID is required")
+	}
+	if !checkpoint.ValidID(r.ID) {
+		return badRequest("%q is not a run ID", r.ID)
+	}
+	return nil
+}
+
+func (s *Server) workflowValidate(_ context.Context, r *Req) (any, error) {
+	w, err := s.e.ValidateWorkflow(r.File, []byte(r.YAML))
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	return toWorkflow(w, false), nil
+}
+
+func (s *Server) workflowApply(ctx context.Context, r *Req) (any, error) {
+	if r.YAML == "" {
+		return nil, badRequest("the workflow file is empty")
+	}
+	w, err := s.e.ApplyWorkflow(ctx, r.File, []byte(r.YAML))
+	if err != nil {
+		return nil, err
+	}
+	return toWorkflow(w, false), nil
+}
+
+func toWorkflow(w *workflow.Workflow, source bool) Workflow {
+	out := Workflow{Name: w.Name, Version: w.Version, Description: w.Description, Steps: len(w.Steps)}
+	if w.Schedule != nil {
+		out.Schedule = w.Schedule.Cron + " " + w.Schedule.Timezone
+	}
+	if source {
+		out.Source = w.Source
+	}
+	return out
+}
+
+func (s *Server) workflowList(context.Context, *Req) (any, error) {
+	vs, err := s.e.Store().Workflows()
+	if err != nil {
+		return nil, err
+	}
+	out := []Workflow{}
+	for _, v := range vs {
+		w, err := s.e.Workflow(v.Name, v.Version)
+		if err != nil {
+			return nil, err
+		}
+		ww := toWorkflow(w, false)
+		ww.AppliedAt = ts(v.At)
+		out = append(out, ww)
+	}
+	return out, nil
+}
+
+func (s *Server) workflowShow(_ context.Context, r *Req) (any, error) {
+	if r.Name == "" {
+		return nil, badRequest("a workflow name is required")
+	}
+	w, err := s.e.Workflow(r.Name, 0)
+	if err != nil {
+		return nil, err
+	}
+	return toWorkflow(w, true), nil
+}
+
+func (s *Server) runStart(ctx context.Context, r *Req) (any, error) {
+	if r.Workflow == "" {
+		return nil, badRequest("a workflow name is required")
+	}
+	inputs := map[string]any{}
+	for k, v := range r.Inputs {
+		inputs[k] = v
+	}
+	id, err := s.e.StartRun(ctx, r.Workflow, inputs, engine.RunOptions{ID: r.ID})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": id}, nil
+}
+
+func (s *Server) view(r *Req) (*checkpoint.RunView, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	return s.e.Run(r.ID)
+}
+
+func (s *Server) runGet(_ context.Context, r *Req) (any, error) {
+	v, err := s.view(r)
+	if err != nil {
+		return nil, err
+	}
+	return FromRun(&v.Run, v), nil
+}
+
+func (s *Server) runList(_ context.Context, r *Req) (any, error) {
+	st := checkpoint.RunStatus(r.Status)
+	if st != "" && !checkpoint.ValidRunStatus(st) {
+		return nil, badRequest("status %q: use pending, running, succeeded, failed, cancelled or dead_lettered", r.Status)
+	}
+	if r.Limit < 0 || r.Limit > 10000 {
+		return nil, badRequest("limit %d: use 1 to 10000", r.Limit)
+	}
+	runs, _, err := s.e.ListRuns(checkpoint.ListOptions{Workflow: r.Workflow, Status: st, After: r.After, Limit: r.Limit})
+	if err != nil {
+		return nil, err
+	}
+	out := []Run{}
+	for i := range runs {
+		out = append(out, FromRun(&runs[i], nil))
+	}
+	return out, nil
+}
+
+func (s *Server) runHistory(_ context.Context, r *Req) (any, error) {
+	v, err := s.view(r)
+	if err != nil {
+		return nil, err
+	}
+	out := []Event{}
+	for _, e := range v.Events {
+		out = append(out, Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
+			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: ts(e.At)})
+	}
+	return out, nil
+}
+
+func (s *Server) runVerify(_ context.Context, r *Req) (any, error) {
+	v, err := s.view(r)
+	if err != nil {
+		return nil, err
+	}
+	return Verify(v), nil
+}
+
+func (s *Server) runRetry(ctx context.Context, r *Req) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	if err := s.e.Retry(ctx, r.ID); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "pending"}, nil
+}
+
+func (s *Server) runCancel(ctx context.Context, r *Req) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	if err := s.e.Cancel(ctx, r.ID, ""); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
+}
+
+func (s *Server) dlqList(ctx context.Context, r *Req) (any, error) {
+	r.Status = string(checkpoint.StatusDeadLettered)
+	return s.runList(ctx, r)
+}
+
+func (s *Server) dlqRun(r *Req) (*checkpoint.RunView, error) {
+	v, err := s.view(r)
+	if err != nil {
+		return nil, err
+	}
+	if v.Run.Status != checkpoint.StatusDeadLettered {
+		return nil, &apiError{CodeNotFound, fmt.Sprintf("run %s is not in the dead-letter queue (it is %s)", r.ID, v.Run.Status)}
+	}
+	return v, nil
+}
+
+func (s *Server) dlqShow(_ context.Context, r *Req) (any, error) {
+	v, err := s.dlqRun(r)
+	if err != nil {
+		return nil, err
+	}
+	return FromRun(&v.Run, v), nil
+}
+
+func (s *Server) dlqRetry(ctx context.Context, r *Req) (any, error) {
+	if _, err := s.dlqRun(r); err != nil {
+		return nil, err
+	}
+	return s.runRetry(ctx, r)
+}
+
+// dlqPurge removes a run from the queue for good: it is cancelled and stays in history.
+func (s *Server) dlqPurge(ctx context.Context, r *Req) (any, error) {
+	if _, err := s.dlqRun(r); err != nil {
+		return nil, err
+	}
+	return nil, &apiError{CodeConflict, "purge is not built yet (the scheduler issue adds the DLQ stream); retry the run or leave it"}
+}
+
+func (s *Server) cronList(context.Context, *Req) (any, error) {
+	vs, err := s.e.Store().Workflows()
+	if err != nil {
+		return nil, err
+	}
+	out := []CronEntry{}
+	for _, v := range vs {
+		w, err := s.e.Workflow(v.Name, v.Version)
+		if err != nil || w.Schedule == nil {
+			continue
+		}
+		c := CronEntry{Workflow: w.Name, Cron: w.Schedule.Cron, Timezone: w.Schedule.Timezone, Overlap: w.Schedule.Overlap,
+			Catchup: w.Schedule.Catchup, Next: []string{}, Last: []Tick{}}
+		if sched, err := workflow.CronParser.Parse(w.Schedule.Cron); err == nil {
+			loc, _ := time.LoadLocation(w.Schedule.Timezone)
+			t := time.Now().In(loc)
+			for i := 0; i < 3; i++ {
+				t = sched.Next(t)
+				c.Next = append(c.Next, t.Format(time.RFC3339))
+			}
+		}
+		ticks, _ := s.e.Store().Ticks(w.Name)
+		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
+			c.Last = append(c.Last, Tick{At: ts(ticks[i].At), Outcome: ticks[i].Outcome, RunID: ticks[i].RunID})
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (s *Server) nodeInfo() Node {
+	return Node{ID: s.e.NodeID(), Applied: s.e.Store().Applied(), Leader: s.e.Leading() != nil}
+}
+
+// clusterStatus asks every node (a scatter of node requests) and the leader key.
+func (s *Server) clusterStatus(ctx context.Context, _ *Req) (any, error) {
+	st := ClusterStatus{Nodes: []Node{}}
+	if l, err := s.e.Elector().Leader(ctx); err == nil {
+		st.Leader, st.Term = l.Node, l.Term
+	}
+	nc := s.e.Conn()
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(nodeSubject, inbox, nil); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(300 * time.Millisecond) // gather the nodes' answers
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break
+		}
+		var n Node
+		if json.Unmarshal(m.Data, &n) == nil {
+			st.Nodes = append(st.Nodes, n)
+		}
+	}
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
+	return st, nil
+}

@@ -1,0 +1,534 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Exit codes.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1
+	ExitUsage       = 2
+	ExitUnreachable = 3
+)
+
+// exitError carries an exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+func failed(format string, args ...any) error {
+	return &exitError{ExitFailed, fmt.Errorf(format, args...)}
+}
+
+func usage(format string, args ...any) error {
+	return &exitError{ExitUsage, fmt.Errorf(format, args...)}
+}
+
+type app struct {
+	out, errOut io.Writer
+	server      string
+	output      string
+	client      *api.Client
+}
+
+// Run runs flowctl with args and returns its exit code.
+func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{out: stdout, errOut: stderr}
+	root := a.commands(getenv)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if a.client != nil {
+		a.client.Close()
+	}
+	if err == nil {
+		return ExitOK
+	}
+	code := ExitUsage // cobra's own errors: unknown commands and flags
+	var ee *exitError
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ee):
+		code = ee.code
+	case errors.Is(err, api.ErrUnreachable):
+		code = ExitUnreachable
+	case errors.As(err, &ae):
+		code = ExitFailed
+		if ae.Code == api.CodeBadRequest || ae.Code == api.CodeNotFound {
+			code = ExitUsage
+		}
+	}
+	fmt.Fprintln(stderr, "flowctl: "+oneLine(err.Error()))
+	return code
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
+
+func (a *app) call(op string, req api.Req, out any) error {
+	if a.client == nil {
+		c, err := api.Dial(a.server)
+		if err != nil {
+			return err
+		}
+		a.client = c
+	}
+	return a.client.Call(context.Background(), op, req, out)
+}
+
+func (a *app) commands(getenv func(string) string) *cobra.Command {
+	server := getenv("FLOW_SERVER")
+	if server == "" {
+		server = "nats://127.0.0.1:4222"
+	}
+	root := &cobra.Command{
+		Use:           "flowctl",
+		Short:         "Control flow: workflows, runs, the dead-letter queue, the cluster",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			switch a.output {
+			case "table", "json", "yaml":
+				return nil
+			}
+			return usage("-o %q: use table, json or yaml", a.output)
+		},
+	}
+	root.PersistentFlags().StringVar(&a.server, "server", server, "NATS URL of a flowd (env FLOW_SERVER)")
+	root.PersistentFlags().StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+
+	wf := group("workflow", "Validate, apply and show workflows")
+	var file string
+	validate := &cobra.Command{Use: "validate -f FILE", Short: "Check a workflow file (offline, no server needed)", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return a.validate(file) }}
+	validate.Flags().StringVarP(&file, "file", "f", "", "workflow YAML file")
+	apply := &cobra.Command{Use: "apply -f FILE|DIR", Short: "Apply workflow files (a changed file makes a new version)", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return a.apply(file) }}
+	apply.Flags().StringVarP(&file, "file", "f", "", "workflow YAML file or directory")
+	wf.AddCommand(validate, apply,
+		&cobra.Command{Use: "list", Short: "List workflows", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
+			var ws []api.Workflow
+			if err := a.call("workflow.list", api.Req{}, &ws); err != nil {
+				return err
+			}
+			return a.print(ws, func(w io.Writer) {
+				fmt.Fprintln(w, "NAME\tVERSION\tSTEPS\tSCHEDULE\tAPPLIED")
+				for _, x := range ws {
+					fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\n", x.Name, x.Version, x.Steps, dash(x.Schedule), x.AppliedAt)
+				}
+			})
+		}},
+		&cobra.Command{Use: "show NAME", Short: "Show a workflow's latest version", Args: exactArgs(1, "NAME"), RunE: func(_ *cobra.Command, args []string) error {
+			var w api.Workflow
+			if err := a.call("workflow.show", api.Req{Name: args[0]}, &w); err != nil {
+				return err
+			}
+			return a.print(w, func(out io.Writer) {
+				fmt.Fprintf(out, "# %s version %d\n%s", w.Name, w.Version, w.Source)
+			})
+		}},
+	)
+
+	run := group("run", "Start, inspect, retry and cancel runs")
+	var inputs []string
+	var wait bool
+	var runID string
+	start := &cobra.Command{Use: "start WORKFLOW", Short: "Start a run; prints its ID", Args: exactArgs(1, "WORKFLOW"),
+		RunE: func(_ *cobra.Command, args []string) error { return a.start(args[0], runID, inputs, wait) }}
+	start.Flags().StringArrayVar(&inputs, "input", nil, "an input as KEY=VALUE (repeat for several)")
+	start.Flags().BoolVar(&wait, "wait", false, "wait for the run to end; exit 1 unless it succeeded")
+	start.Flags().StringVar(&runID, "id", "", "the run's ID (default: generated)")
+	var lw, ls string
+	var limit int
+	list := &cobra.Command{Use: "list", Short: "List runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
+		return a.listRuns("run.list", api.Req{Workflow: lw, Status: ls, Limit: limit})
+	}}
+	list.Flags().StringVar(&lw, "workflow", "", "only this workflow")
+	list.Flags().StringVar(&ls, "status", "", "only this status (pending running succeeded failed cancelled dead_lettered)")
+	list.Flags().IntVar(&limit, "limit", 50, "at most this many runs")
+	run.AddCommand(start, list,
+		&cobra.Command{Use: "get RUN", Short: "Show a run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get("run.get", args[0]) }},
+		&cobra.Command{Use: "watch RUN", Short: "Follow a run until it ends; exit 1 unless it succeeded", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.watch(args[0]) }},
+		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
+		&cobra.Command{Use: "verify RUN", Short: "Re-check a run's invariants from the state; exit 1 on a violation", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.verify(args[0]) }},
+		&cobra.Command{Use: "retry RUN", Short: "Retry a failed, dead-lettered or cancelled run from its checkpoints", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("run.retry", args[0]) }},
+		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("run.cancel", args[0]) }},
+	)
+
+	dlq := group("dlq", "The dead-letter queue")
+	dlq.AddCommand(
+		&cobra.Command{Use: "list", Short: "List dead-lettered runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.listRuns("dlq.list", api.Req{Limit: 1000}) }},
+		&cobra.Command{Use: "show RUN", Short: "Show a dead-lettered run with its epoch history", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get("dlq.show", args[0]) }},
+		&cobra.Command{Use: "retry RUN", Short: "Retry a dead-lettered run (new epoch, epoch changes reset)", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("dlq.retry", args[0]) }},
+		&cobra.Command{Use: "purge RUN", Short: "Remove a run from the dead-letter queue", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("dlq.purge", args[0]) }},
+	)
+	cronCmd := group("cron", "Scheduled workflows")
+	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
+	cluster := group("cluster", "The flowd nodes")
+	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term and nodes", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }})
+	root.AddCommand(wf, run, dlq, cronCmd, cluster)
+	return root
+}
+
+// group is a command that only holds subcommands: anything else is bad usage.
+func group(name, short string) *cobra.Command {
+	return &cobra.Command{Use: name, Short: short, Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usage("unknown command %q for flowctl %s (see flowctl %s --help)", args[0], name, name)
+			}
+			return usage("flowctl %s needs a command (see flowctl %s --help)", name, name)
+		}}
+}
+
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usage("%s needs %s (see flowctl %s --help)", cmd.CommandPath(), names, cmd.CommandPath()[len("flowctl "):])
+		}
+		return nil
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// print writes v as JSON or YAML, or calls table with a tab writer.
+func (a *app) print(v any, table func(io.Writer)) error {
+	switch a.output {
+	case "json":
+		enc := json.NewEncoder(a.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "yaml":
+		raw, _ := json.Marshal(v)
+		var generic any
+		_ = json.Unmarshal(raw, &generic)
+		b, err := yaml.Marshal(generic)
+		if err != nil {
+			return err
+		}
+		_, err = a.out.Write(b)
+		return err
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 2, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+func (a *app) validate(file string) error {
+	if file == "" {
+		return usage("workflow validate needs -f FILE")
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return usage("%v", err)
+	}
+	reg := steps.NewRegistry(0)
+	w, err := workflow.Load(file, data, reg.Has)
+	if err != nil {
+		return usage("%v", err)
+	}
+	return a.print(map[string]any{"name": w.Name, "valid": true, "steps": len(w.Steps)}, func(out io.Writer) {
+		fmt.Fprintf(out, "%s: workflow %s is valid (%d steps)\n", file, w.Name, len(w.Steps))
+	})
+}
+
+func (a *app) apply(path string) error {
+	if path == "" {
+		return usage("workflow apply needs -f FILE|DIR")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return usage("%v", err)
+	}
+	files := []string{path}
+	if st.IsDir() {
+		files = nil
+		for _, pat := range []string{"*.yaml", "*.yml"} {
+			m, _ := filepath.Glob(filepath.Join(path, pat))
+			files = append(files, m...)
+		}
+		sort.Strings(files)
+		if len(files) == 0 {
+			return usage("%s holds no .yaml or .yml file", path)
+		}
+	}
+	// Validate everything before applying anything: bad input changes nothing. (Step
+	// kinds are the server's to judge: it may have Go steps registered.)
+	datas := map[string][]byte{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return usage("%v", err)
+		}
+		if _, err := workflow.Load(f, data, func(string) bool { return true }); err != nil {
+			return usage("%v", err)
+		}
+		datas[f] = data
+	}
+	var applied []api.Workflow
+	for _, f := range files {
+		var w api.Workflow
+		if err := a.call("workflow.apply", api.Req{File: f, YAML: string(datas[f])}, &w); err != nil {
+			return err
+		}
+		applied = append(applied, w)
+	}
+	return a.print(applied, func(out io.Writer) {
+		for _, w := range applied {
+			fmt.Fprintf(out, "workflow %s applied: version %d\n", w.Name, w.Version)
+		}
+	})
+}
+
+func (a *app) start(wf, id string, inputs []string, wait bool) error {
+	in := map[string]string{}
+	for _, kv := range inputs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return usage("--input %q: use KEY=VALUE", kv)
+		}
+		in[k] = v
+	}
+	var res map[string]string
+	if err := a.call("run.start", api.Req{Workflow: wf, ID: id, Inputs: in}, &res); err != nil {
+		return err
+	}
+	if !wait {
+		return a.print(res, func(out io.Writer) { fmt.Fprintln(out, res["id"]) })
+	}
+	r, err := a.waitRun(res["id"], nil)
+	if err != nil {
+		return err
+	}
+	if err := a.print(map[string]string{"id": r.ID, "status": r.Status}, func(out io.Writer) {
+		fmt.Fprintf(out, "%s\t%s\n", r.ID, r.Status)
+	}); err != nil {
+		return err
+	}
+	if r.Status != "succeeded" {
+		return failed("run %s %s: %s", r.ID, r.Status, r.Error)
+	}
+	return nil
+}
+
+func (a *app) waitRun(id string, progress func(api.Run)) (api.Run, error) {
+	last := ""
+	for {
+		var r api.Run
+		if err := a.call("run.get", api.Req{ID: id}, &r); err != nil {
+			return r, err
+		}
+		if progress != nil {
+			if line := progressLine(r); line != last {
+				progress(r)
+				last = line
+			}
+		}
+		switch r.Status {
+		case "succeeded", "failed", "cancelled", "dead_lettered":
+			return r, nil
+		}
+		time.Sleep(200 * time.Millisecond) // polling the server for the run's progress
+	}
+}
+
+func progressLine(r api.Run) string {
+	var parts []string
+	for _, s := range r.Steps {
+		p := s.Name + ":" + s.Status
+		if s.Items > 0 {
+			p += fmt.Sprintf("(%d/%d)", s.ItemsDone, s.Items)
+		}
+		parts = append(parts, p)
+	}
+	return fmt.Sprintf("%s epoch %d (changes %d) %s", r.Status, r.Epoch, r.EpochChanges, strings.Join(parts, " "))
+}
+
+func (a *app) watch(id string) error {
+	r, err := a.waitRun(id, func(r api.Run) {
+		if a.output == "table" {
+			fmt.Fprintf(a.out, "%s  %s\n", time.Now().Format("15:04:05"), progressLine(r))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if a.output != "table" {
+		if err := a.print(r, nil); err != nil {
+			return err
+		}
+	}
+	if r.Status != "succeeded" {
+		return failed("run %s %s%s", r.ID, r.Status, suffix(r.Error))
+	}
+	return nil
+}
+
+func suffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func (a *app) get(op, id string) error {
+	var r api.Run
+	if err := a.call(op, api.Req{ID: id}, &r); err != nil {
+		return err
+	}
+	return a.print(r, func(out io.Writer) { runTable(out, r) })
+}
+
+func runTable(w io.Writer, r api.Run) {
+	fmt.Fprintf(w, "RUN\t%s\n", r.ID)
+	fmt.Fprintf(w, "WORKFLOW\t%s v%d (%s)\n", r.Workflow, r.Version, r.Trigger)
+	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
+	fmt.Fprintf(w, "EPOCH\t%d (changes %d of max %d)\n", r.Epoch, r.EpochChanges, r.MaxEpochs)
+	if r.ScheduledAt != "" {
+		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "STEP\tSTATUS\tATTEMPTS\tITEMS\tEPOCH")
+	for _, s := range r.Steps {
+		items := "-"
+		if s.Items > 0 {
+			items = fmt.Sprintf("%d/%d", s.ItemsDone, s.Items)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", s.Name, s.Status, s.Attempts, items, s.Epoch)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "EPOCH\tOWNER\tREASON\tAT")
+	for _, e := range r.Epochs {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", e.Epoch, dash(e.Owner), e.Reason, e.At)
+	}
+	if len(r.Fenced) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "FENCED STEP\tITEM\tEPOCH\tCURRENT\tOWNER")
+		for _, f := range r.Fenced {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\n", f.Step, f.Item, f.Epoch, f.CurrentEpoch, f.Owner)
+		}
+	}
+}
+
+func (a *app) listRuns(op string, req api.Req) error {
+	var runs []api.Run
+	if err := a.call(op, req, &runs); err != nil {
+		return err
+	}
+	return a.print(runs, func(w io.Writer) {
+		fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHANGES\tCREATED")
+		for _, r := range runs {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Workflow, r.Status, r.Epoch, r.EpochChanges, r.CreatedAt)
+		}
+	})
+}
+
+func (a *app) history(id string) error {
+	var evs []api.Event
+	if err := a.call("run.history", api.Req{ID: id}, &evs); err != nil {
+		return err
+	}
+	return a.print(evs, func(w io.Writer) {
+		fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME")
+		for _, e := range evs {
+			item := "-"
+			if e.Kind == "commit" || e.Kind == "fail" {
+				item = fmt.Sprint(e.Item)
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome)
+		}
+	})
+}
+
+func (a *app) verify(id string) error {
+	var v api.Verification
+	if err := a.call("run.verify", api.Req{ID: id}, &v); err != nil {
+		return err
+	}
+	if err := a.print(v, func(w io.Writer) {
+		for _, c := range v.Checked {
+			fmt.Fprintf(w, "checked: %s\n", c)
+		}
+		for _, x := range v.Violations {
+			fmt.Fprintf(w, "VIOLATION: %s\n", x)
+		}
+		if v.OK {
+			fmt.Fprintf(w, "run %s: ok\n", v.ID)
+		}
+	}); err != nil {
+		return err
+	}
+	if !v.OK {
+		return failed("run %s violates %d invariant(s)", id, len(v.Violations))
+	}
+	return nil
+}
+
+func (a *app) simple(op, id string) error {
+	var res map[string]string
+	if err := a.call(op, api.Req{ID: id}, &res); err != nil {
+		return err
+	}
+	return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", res["id"], res["status"]) })
+}
+
+func (a *app) cronList() error {
+	var cs []api.CronEntry
+	if err := a.call("cron.list", api.Req{}, &cs); err != nil {
+		return err
+	}
+	return a.print(cs, func(w io.Writer) {
+		fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT\tLAST TICK")
+		for _, c := range cs {
+			next, last := "-", "-"
+			if len(c.Next) > 0 {
+				next = c.Next[0]
+			}
+			if len(c.Last) > 0 {
+				last = c.Last[len(c.Last)-1].At + " " + c.Last[len(c.Last)-1].Outcome
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Workflow, c.Cron, c.Timezone, next, last)
+		}
+	})
+}
+
+func (a *app) clusterStatus() error {
+	var st api.ClusterStatus
+	if err := a.call("cluster.status", api.Req{}, &st); err != nil {
+		return err
+	}
+	return a.print(st, func(w io.Writer) {
+		fmt.Fprintf(w, "LEADER\t%s (term %d)\n\n", dash(st.Leader), st.Term)
+		fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
+		for _, n := range st.Nodes {
+			fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
+		}
+	})
+}
