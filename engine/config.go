@@ -77,6 +77,9 @@ func (c *Config) validate() error {
 	if c.Registry == nil {
 		c.Registry = steps.NewRegistry(c.MaxOutputBytes)
 	}
+	if c.Registry.Has(DrillStepKind) {
+		return fmt.Errorf("engine: step kind %s is reserved for flowctl drill zombie", DrillStepKind)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/steps"
 )
 
 // ErrNotStarted is returned by API calls before Start or after Stop.
@@ -57,6 +58,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{})}
+	if err := cfg.Registry.Register(DrillStepKind, steps.Func(e.drillPause)); err != nil {
+		return nil, err
+	}
 	e.mu.running = map[string]*runExec{}
 	e.mu.waiters = map[string][]chan struct{}{}
 	return e, nil

@@ -160,3 +160,32 @@ func TestFencedStopNegativeControl(t *testing.T) {
 		t.Fatalf("without fencing s2 was accepted %d times; the control expects the double commit", n)
 	}
 }
+
+// The drill behind `flowctl drill zombie`: a worker paused past its lease wakes and
+// commits without its local check; the log fences it and the run ends on the new epoch.
+func TestDrillZombie(t *testing.T) {
+	e := startEngine(t, nil)
+	v, err := e.DrillZombie(ctxT(t, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) < 2 || v.Run.Epochs[1].Reason != checkpoint.ReasonLeaseExpired {
+		t.Fatalf("run %s epochs %+v", v.Run.Status, v.Run.Epochs)
+	}
+	if len(v.Fenced) != 1 || v.Fenced[0].Step != "pause" || v.Fenced[0].Epoch != v.Run.Epochs[0].Epoch || v.Fenced[0].Reason == "" {
+		t.Fatalf("fenced %+v", v.Fenced)
+	}
+	// The paused worker stops right after its fenced commit's outcome reaches it.
+	deadline := time.Now().Add(5 * time.Second)
+	for e.Stats().Stolen.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stolen %d, want 1", e.Stats().Stolen.Load())
+		}
+		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
+	}
+	for _, s := range []string{"before", "pause", "after"} {
+		if countAccepted(v, s) != 1 {
+			t.Fatalf("step %s accepted %d times", s, countAccepted(v, s))
+		}
+	}
+}

@@ -47,12 +47,13 @@ type keeper struct {
 	done     chan struct{}
 	stopOnce sync.Once
 	lostOnce sync.Once
+	freeze   chan time.Duration // drills: stop everything for a while, as a paused process
 }
 
 func newKeeper(parent context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, value []byte,
 	rev uint64, sent time.Time, cfg *Config, what string, loseOnError bool, onLost func()) *keeper {
 	k := &keeper{js: js, kv: kv, key: key, value: value, cfg: cfg, what: what, loseOnError: loseOnError, onLost: onLost,
-		base: sent, stop: make(chan struct{}), done: make(chan struct{})}
+		base: sent, stop: make(chan struct{}), done: make(chan struct{}), freeze: make(chan time.Duration, 1)}
 	k.ctx, k.cancel = context.WithCancelCause(parent)
 	k.loopCtx, k.loopCancel = context.WithCancel(k.ctx)
 	k.rev.Store(rev)
@@ -126,6 +127,15 @@ func (k *keeper) run() {
 	defer watchdog.Stop()
 	for {
 		select {
+		case d := <-k.freeze:
+			t := time.NewTimer(d) // a paused process: no renewal, no watchdog
+			select {
+			case <-t.C:
+			case <-k.stop:
+				t.Stop()
+				return
+			}
+			watchdog.Reset(0) // on waking, the first thing is to notice the time
 		case <-k.stop:
 			return
 		case <-k.ctx.Done():

@@ -72,6 +72,16 @@ func (l *Lease) Check() error { return l.k.check() }
 // take no new work until a renewal succeeds again.
 func (l *Lease) Degraded() bool { return l.k.degraded() }
 
+// Freeze stops the lease's renewals and watchdog for d, as if the process were paused
+// (a GC pause, SIGSTOP): for drills (flowctl drill zombie). Afterwards it notices at
+// once that its trust window has passed.
+func (l *Lease) Freeze(d time.Duration) {
+	select {
+	case l.k.freeze <- d:
+	default:
+	}
+}
+
 // Release stops renewing and deletes the key (if still this lease's), so that the run
 // can be reassigned at once rather than after the TTL.
 func (l *Lease) Release(ctx context.Context) error { return l.k.release(ctx, ErrReleased) }

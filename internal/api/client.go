@@ -34,11 +34,11 @@ func Dial(url string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (is flowd running? set --server or FLOW_SERVER)", ErrUnreachable, url, err)
 	}
-	return &Client{nc: nc, Timeout: 30 * time.Second}, nil
+	return &Client{nc: nc, Timeout: 2 * time.Minute}, nil
 }
 
 // NewClient uses an existing connection.
-func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc, Timeout: 30 * time.Second} }
+func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc, Timeout: 2 * time.Minute} }
 
 // Close closes the connection.
 func (c *Client) Close() { c.nc.Close() }

@@ -57,7 +57,7 @@ func Serve(e *engine.Engine) (*Server, error) {
 		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
 		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel,
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
-		"cron.list": s.cronList, "cluster.status": s.clusterStatus,
+		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "drill.zombie": s.drillZombie,
 	}
 	for op, h := range ops {
 		name := strings.ReplaceAll(op, ".", "-")
@@ -97,7 +97,7 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 			_ = req.Error(CodeBadRequest, fmt.Sprintf("request version %d; this server speaks version %d (upgrade flowctl or flowd)", r.V, Version), nil)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		out, err := h(ctx, &r)
 		if err != nil {
@@ -350,6 +350,20 @@ func (s *Server) cronList(context.Context, *Req) (any, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// Drill is the evidence of a zombie drill.
+type Drill struct {
+	Run    Run          `json:"run"`
+	Verify Verification `json:"verify"`
+}
+
+func (s *Server) drillZombie(ctx context.Context, _ *Req) (any, error) {
+	v, err := s.e.DrillZombie(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return Drill{Run: FromRun(&v.Run, v), Verify: Verify(v)}, nil
 }
 
 func (s *Server) nodeInfo() Node {

@@ -187,7 +187,10 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
 	cluster := group("cluster", "The flowd nodes")
 	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term and nodes", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }})
-	root.AddCommand(wf, run, dlq, cronCmd, cluster)
+	drill := group("drill", "Fault drills on a live cluster")
+	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
+		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
+	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill)
 	return root
 }
 
@@ -517,6 +520,36 @@ func (a *app) cronList() error {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Workflow, c.Cron, c.Timezone, next, last)
 		}
 	})
+}
+
+func (a *app) drillZombie() error {
+	if a.output == "table" {
+		fmt.Fprintln(a.out, "drill: starting a run whose worker will pause past its lease (about 1.5 lease TTLs)...")
+	}
+	var d api.Drill
+	if err := a.call("drill.zombie", api.Req{}, &d); err != nil {
+		return err
+	}
+	if err := a.print(d, func(w io.Writer) {
+		fmt.Fprintf(w, "run %s: %s\n\n", d.Run.ID, d.Run.Status)
+		fmt.Fprintln(w, "EPOCH\tOWNER\tREASON")
+		for _, e := range d.Run.Epochs {
+			fmt.Fprintf(w, "%d\t%s\t%s\n", e.Epoch, dash(e.Owner), e.Reason)
+		}
+		fmt.Fprintln(w)
+		for _, f := range d.Run.Fenced {
+			fmt.Fprintf(w, "FENCED: %s's commit of step %s carried epoch %d; the run's epoch was %d (%s)\n", f.Owner, f.Step, f.Epoch, f.CurrentEpoch, f.Reason)
+		}
+		if d.Verify.OK {
+			fmt.Fprintln(w, "verify: ok: one accepted commit per step, every one at its epoch")
+		}
+	}); err != nil {
+		return err
+	}
+	if len(d.Run.Fenced) == 0 || !d.Verify.OK {
+		return failed("the drill found no fenced commit, or the run violates its invariants")
+	}
+	return nil
 }
 
 func (a *app) clusterStatus() error {
