@@ -182,6 +182,8 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 		err = tx.requeue(c, e)
 	case KindRetry:
 		err = tx.retry(c, e)
+	case KindPurge:
+		err = tx.purge(c, e)
 	}
 	var fe *FencedError
 	switch {
@@ -608,6 +610,17 @@ func (tx *applyTx) requeue(c *cachedRun, e *Entry) error {
 	c.run.Status = StatusPending
 	c.run.Owner = ""
 	c.run.HandedBack = true
+	return nil
+}
+
+// purge takes a dead-lettered run out of the DLQ: it ends cancelled, history kept.
+func (tx *applyTx) purge(c *cachedRun, e *Entry) error {
+	if c.run.Status != StatusDeadLettered {
+		return tx.conflict(c, e, "only a dead-lettered run can be purged")
+	}
+	c.touch(e)
+	c.run.Status = StatusCancelled
+	c.run.Error = "purged from the dead-letter queue: " + c.run.DeadLetter
 	return nil
 }
 

@@ -124,6 +124,15 @@ func TestMaxEpochsDeadLettersInsteadOfChanging(t *testing.T) {
 	if len(dl) != 1 {
 		t.Fatalf("dead-lettered list = %d runs, want 1", len(dl))
 	}
+	if _, err := applyOne(t, s, Entry{Kind: KindPurge, Run: "r1", At: t0}); err != nil {
+		t.Fatalf("purge: %v", err)
+	}
+	if r, _ := s.Run("r1"); r.Status != StatusCancelled || !strings.Contains(r.Error, "purged") {
+		t.Fatalf("after purge: %s %q", r.Status, r.Error)
+	}
+	if _, err := applyOne(t, s, Entry{Kind: KindPurge, Run: "r1", At: t0}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("purge of a run not in the DLQ: %v", err)
+	}
 	// An operator's retry resets the count and gives a new, uncounted epoch.
 	mustApply(t, s, Entry{Kind: KindRetry, Run: "r1", At: t0})
 	e2 := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, At: t0}))

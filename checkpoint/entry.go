@@ -26,6 +26,7 @@ const (
 	KindRetry      Kind = "retry"       // operator retry of a failed/dead-lettered run
 	KindCronTick   Kind = "cron_tick"   // a cron fire time and its outcome (scheduler)
 	KindWorkflow   Kind = "workflow"    // apply a workflow: a new version if its source changed
+	KindPurge      Kind = "purge"       // take a dead-lettered run out of the DLQ for good (cancelled)
 )
 
 // FormatVersion is the version of the message envelope written by this code. A message
@@ -208,7 +209,7 @@ func (e *Entry) Validate() error {
 		if e.Status != StatusSucceeded && e.Status != StatusFailed {
 			return bad("status %q: use succeeded or failed", e.Status)
 		}
-	case KindCancel, KindRetry:
+	case KindCancel, KindRetry, KindPurge:
 	case KindWorkflow:
 		if e.Workflow == nil || !ValidName(e.Workflow.Name) || e.Workflow.Digest == "" || !json.Valid(e.Workflow.Spec) {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
@@ -324,7 +325,7 @@ func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 func knownKind(k Kind) bool {
 	switch k {
 	case KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
-		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow:
+		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow, KindPurge:
 		return true
 	}
 	return false

@@ -310,3 +310,13 @@ func (e *Engine) Retry(ctx context.Context, id string) error {
 	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Run: id, Owner: e.cfg.NodeID})
 	return err
 }
+
+// Purge takes a dead-lettered run out of the dead-letter queue for good (it ends
+// cancelled; its history stays).
+func (e *Engine) Purge(ctx context.Context, id string) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Run: id, Owner: e.cfg.NodeID})
+	return err
+}

@@ -314,12 +314,15 @@ func (s *Server) dlqRetry(ctx context.Context, r *Req) (any, error) {
 	return s.runRetry(ctx, r)
 }
 
-// dlqPurge removes a run from the queue for good: it is cancelled and stays in history.
+// dlqPurge removes a run from the queue for good: it ends cancelled, history kept.
 func (s *Server) dlqPurge(ctx context.Context, r *Req) (any, error) {
 	if _, err := s.dlqRun(r); err != nil {
 		return nil, err
 	}
-	return nil, &apiError{CodeConflict, "purge is not built yet (the scheduler issue adds the DLQ stream); retry the run or leave it"}
+	if err := s.e.Purge(ctx, r.ID); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
 }
 
 func (s *Server) cronList(context.Context, *Req) (any, error) {

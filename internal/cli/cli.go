@@ -445,12 +445,19 @@ func (a *app) listRuns(op string, req api.Req) error {
 	if err := a.call(op, req, &runs); err != nil {
 		return err
 	}
-	return a.print(runs, func(w io.Writer) {
-		fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHANGES\tCREATED")
-		for _, r := range runs {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Workflow, r.Status, r.Epoch, r.EpochChanges, r.CreatedAt)
+	return a.print(runs, func(w io.Writer) { listTable(w, runs) })
+}
+
+// listTable fits 80 columns: CHG is epoch_changes, CREATED is UTC month-day time.
+func listTable(w io.Writer, runs []api.Run) {
+	fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHG\tCREATED")
+	for _, r := range runs {
+		created := "-"
+		if t, err := time.Parse(time.RFC3339, r.CreatedAt); err == nil {
+			created = t.UTC().Format("01-02 15:04")
 		}
-	})
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Workflow, r.Status, r.Epoch, r.EpochChanges, created)
+	}
 }
 
 func (a *app) history(id string) error {

@@ -235,3 +235,69 @@ func TestDrillZombie(t *testing.T) {
 		t.Fatalf("drill: %d\n%s%s", code, out, errOut)
 	}
 }
+
+// A run that loses its owner more than max_epochs times ends in the DLQ; flowctl lists,
+// shows, and purges it.
+func TestDeadLetterQueue(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("slow.yaml", "name: slow\nmax_epochs: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatal(errOut)
+	}
+	if code, _, errOut := e.flowctl("run", "start", "slow", "--id", "dl-1"); code != 0 {
+		t.Fatal(errOut)
+	}
+	eng := e.d.Engine()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(20 * time.Second)
+	var r *checkpoint.Run
+	for {
+		r, _ = eng.Store().Run("dl-1")
+		if r != nil && r.Status == checkpoint.StatusRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run never started")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the state, with a deadline
+	}
+	// Its owner is lost once (a reclaim), and the next owner claims and vanishes: the
+	// reconciler's reclaim is the second counted change, more than max_epochs 1.
+	term := eng.Leading().Term()
+	e2, err := eng.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "dl-1", Epoch: r.Epoch, Term: term, Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "dl-1", Epoch: int64(e2), Owner: "ghost"}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if st, _ := eng.Store().Status("dl-1"); st == checkpoint.StatusDeadLettered {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run never reached the DLQ")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the state, with a deadline
+	}
+	code, out, _ := e.flowctl("dlq", "list", "-o", "json")
+	var runs []api.Run
+	if code != 0 || json.Unmarshal([]byte(out), &runs) != nil || len(runs) != 1 || runs[0].ID != "dl-1" {
+		t.Fatalf("dlq list: %d %s", code, out)
+	}
+	code, out, _ = e.flowctl("dlq", "show", "dl-1", "-o", "json")
+	var shown api.Run
+	if code != 0 || json.Unmarshal([]byte(out), &shown) != nil || shown.DeadLetter == "" || len(shown.Epochs) < 2 {
+		t.Fatalf("dlq show: %d %s", code, out)
+	}
+	if code, _, _ := e.flowctl("dlq", "purge", "dl-1"); code != 0 {
+		t.Fatal("purge")
+	}
+	if code, _, errOut := e.flowctl("dlq", "show", "dl-1"); code != 2 || !strings.Contains(errOut, "not in the dead-letter queue") {
+		t.Fatalf("dlq show after purge: %d %q", code, errOut)
+	}
+	if st, _ := eng.Store().Status("dl-1"); st != checkpoint.StatusCancelled {
+		t.Fatalf("purged run is %s", st)
+	}
+}

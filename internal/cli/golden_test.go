@@ -1,0 +1,64 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/flowrun/flow/internal/api"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// The table forms, rendered from fixed data, against golden files (go test -update).
+func TestTableGolden(t *testing.T) {
+	run := api.Run{ID: "20261129-020000.000-abc123", Workflow: "nightly-payout", Version: 3, Status: "running",
+		Trigger: "cron", ScheduledAt: "2026-11-29T02:00:00Z", Epoch: 1234, EpochChanges: 1, MaxEpochs: 5,
+		Steps: []api.Step{
+			{Name: "collect", Status: "succeeded", Attempts: 1, Epoch: 1200},
+			{Name: "transfer", Status: "running", Attempts: 1, Epoch: 1234, Items: 1000, ItemsDone: 617},
+			{Name: "report", Status: "pending"},
+		},
+		Epochs: []api.Epoch{{Epoch: 1200, Owner: "node-a", Reason: "assigned", At: "2026-11-29T02:00:01Z"},
+			{Epoch: 1234, Owner: "node-b", Reason: "lease-expired", At: "2026-11-29T02:00:41Z"}},
+		Fenced: []api.Fenced{{Step: "transfer", Item: 17, Epoch: 1200, CurrentEpoch: 1234, Owner: "node-a", Reason: "stale-epoch"}},
+	}
+	cases := map[string]func(io.Writer){
+		"run-get": func(w io.Writer) { runTable(w, run) },
+		"run-list": func(w io.Writer) {
+			a := &app{out: w, output: "table"}
+			_ = a.print([]api.Run{run}, func(w io.Writer) {
+				listTable(w, []api.Run{run, {ID: "20261128-020000.000-zz9x8y", Workflow: "nightly-payout", Status: "succeeded", Epoch: 1100, CreatedAt: "2026-11-28T02:00:00Z"}})
+			})
+		},
+	}
+	for name, render := range cases {
+		var b bytes.Buffer
+		a := &app{out: &b, output: "table"}
+		if err := a.print(nil, render); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join("testdata", name+".golden")
+		if *update {
+			if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test -update once)", err)
+		}
+		if !bytes.Equal(b.Bytes(), want) {
+			t.Errorf("%s differs from %s:\n%s", name, path, b.String())
+		}
+		for _, l := range strings.Split(b.String(), "\n") {
+			if len(l) > 80 {
+				t.Errorf("%s: over 80 columns: %q", name, l)
+			}
+		}
+	}
+}
