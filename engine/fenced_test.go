@@ -17,10 +17,35 @@ type gates struct {
 	mu      sync.Mutex
 	entered map[string]chan struct{}
 	open    map[string]chan struct{}
+	opened  map[string]bool
 }
 
-func newGates() *gates {
-	return &gates{entered: map[string]chan struct{}{}, open: map[string]chan struct{}{}}
+// newGates returns gates that are all opened when the test ends, so that engines
+// whose steps wait on them can stop even if the test failed half way.
+func newGates(t *testing.T) *gates {
+	g := &gates{entered: map[string]chan struct{}{}, open: map[string]chan struct{}{}, opened: map[string]bool{}}
+	t.Cleanup(func() {
+		g.mu.Lock()
+		keys := make([]string, 0, len(g.open))
+		for k := range g.open {
+			keys = append(keys, k)
+		}
+		g.mu.Unlock()
+		for _, k := range keys {
+			g.release(k)
+		}
+	})
+	return g
+}
+
+// release opens a gate (once).
+func (g *gates) release(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.opened[key] {
+		g.opened[key] = true
+		close(g.open[key])
+	}
 }
 
 func (g *gates) pair(key string) (entered, open chan struct{}) {
@@ -64,7 +89,7 @@ steps:
 // lapses but it does not notice); node-b takes over, commits s2 and stalls in s3; then
 // node-a wakes and commits s2 with its old epoch.
 func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint.RunView) {
-	g := newGates()
+	g := newGates(t)
 	zombieLease := testLease
 	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
 	a = startEngine(t, func(c *Config) {
@@ -81,7 +106,7 @@ func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint
 	if err != nil {
 		t.Fatal(err)
 	}
-	aIn, aOpen := g.pair("node-a/s2")
+	aIn, _ := g.pair("node-a/s2")
 	<-aIn
 	b := startEngine(t, func(c *Config) {
 		c.NodeID = "node-b"
@@ -90,20 +115,22 @@ func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint
 		c.Registry = steps.NewRegistry(0)
 		_ = c.Registry.Register("gate", g.step("node-b", map[string]bool{"s3": true}))
 	})
-	bIn, bOpen := g.pair("node-b/s3")
+	bIn, _ := g.pair("node-b/s3")
 	select {
 	case <-bIn:
 	case <-ctx.Done():
 		t.Fatal("node-b never took the run over")
 	}
-	close(aOpen) // the zombie wakes and commits s2 with its old epoch
+	g.release("node-a/s2") // the zombie wakes and commits s2 with its old epoch
+	// Wait on what the log decided (fenced, or with fencing off a second acceptance):
+	// the state is what the log's notifications tell about.
 	if err := waitFor(ctx, a.clog, func() bool {
 		v, _ := a.store.View(id)
-		return a.Stats().Stolen.Load() > 0 || countAccepted(v, "s2") > 1
+		return v != nil && (len(v.Fenced) > 0 || countAccepted(v, "s2") > 1)
 	}); err != nil {
 		t.Fatal("the zombie's commit never reached the log")
 	}
-	close(bOpen)
+	g.release("node-b/s3")
 	if _, err := b.WaitRun(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +156,13 @@ func countAccepted(v *checkpoint.RunView, step string) int {
 
 func TestFencedStop(t *testing.T) {
 	a, v := runStolen(t, checkpoint.Unsafe{})
-	if a.Stats().Stolen.Load() != 1 {
-		t.Fatalf("node-a stopped %d epochs as %s, want 1", a.Stats().Stolen.Load(), ReasonStolen)
+	// node-a stops right after its fenced commit's outcome reaches it.
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Stats().Stolen.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-a stopped %d epochs as %s, want 1", a.Stats().Stolen.Load(), ReasonStolen)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
 	}
 	if v.Run.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("run %s: %s", v.Run.Status, v.Run.Error)

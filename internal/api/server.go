@@ -75,6 +75,11 @@ func Serve(e *engine.Engine) (*Server, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
+	// A round trip: the server has every subscription before a client can ask.
+	if err := e.Conn().Flush(); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("api: %w", err)
+	}
 	return s, nil
 }
 
