@@ -34,6 +34,9 @@ type Config struct {
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
 	ReconcileInterval time.Duration
+	// CronGrace is how late a cron tick may be and still fire as on time; later ticks
+	// were missed (no leader ran) and follow the schedule's catch-up policy (default 30s).
+	CronGrace time.Duration
 	// Logger receives the engine's logs (default: discard).
 	Logger *slog.Logger
 	// StepObserver, if set, is told of every finished step attempt (for metrics).
@@ -70,6 +73,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxOutputBytes == 0 {
 		c.MaxOutputBytes = checkpoint.DefaultMaxOutputBytes
+	}
+	if c.CronGrace <= 0 {
+		c.CronGrace = 30 * time.Second
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = 2 * time.Second

@@ -45,6 +45,9 @@ func (s *scheduler) run(parent context.Context) {
 		return
 	}
 	s.reconcile(ctx)
+	cronDone := make(chan struct{})
+	go func() { defer close(cronDone); s.runCron(ctx) }()
+	defer func() { cancel(); <-cronDone }()
 	reconcile := time.NewTicker(s.e.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {
