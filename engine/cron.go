@@ -20,7 +20,6 @@ import (
 // fires. The log, not the timer, is the memory: a new leader carries on from the last
 // recorded tick.
 
-
 // cronWindow bounds the missed ticks looked at after an outage (per workflow).
 const cronWindow = 1000
 
