@@ -34,6 +34,9 @@ type Config struct {
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
 	ReconcileInterval time.Duration
+	// LockDelay, if set, makes the leader wait this long after a lease lapsed before it
+	// reclaims the run (for downstream systems that cannot check the epoch).
+	LockDelay time.Duration
 	// CronGrace is how late a cron tick may be and still fire as on time; later ticks
 	// were missed (no leader ran) and follow the schedule's catch-up policy (default 30s).
 	CronGrace time.Duration

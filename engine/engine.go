@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
 	"github.com/flowrun/flow/steps"
@@ -121,6 +122,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if e.tasks, err = openTasks(ctx, e.js, e.replicas, e.leases.Config().TTL); err != nil {
+		return err
+	}
+	if err = dlq.Open(ctx, e.js, e.replicas); err != nil {
 		return err
 	}
 	// Catch up with the log before acting on the state.

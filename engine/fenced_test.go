@@ -221,3 +221,34 @@ func TestDrillZombie(t *testing.T) {
 		}
 	}
 }
+
+// Lock delay: the leader waits after a lease lapsed before it gives the run a new epoch.
+func TestLockDelay(t *testing.T) {
+	g := newGates(t)
+	zombieLease := testLease
+	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
+	const delay = 1500 * time.Millisecond
+	a := startEngine(t, func(c *Config) {
+		c.Workers = 1
+		c.Lease = zombieLease
+		c.LockDelay = delay
+		c.ReconcileInterval = 100 * time.Millisecond
+		c.Registry = steps.NewRegistry(0)
+		_ = c.Registry.Register("gate", g.step("node-a", map[string]bool{"s2": true}))
+	})
+	apply(t, a, fencedWorkflow)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := a.StartRun(ctx, "fenced", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, a.clog, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := a.store.Run(id)
+	gap := r.Epochs[1].At.Sub(r.Epochs[0].At)
+	if gap < testLease.TTL+delay {
+		t.Fatalf("new epoch %s after the first; want at least TTL + lock delay (%s)", gap, testLease.TTL+delay)
+	}
+	g.release("node-a/s2")
+}

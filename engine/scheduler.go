@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/epoch"
 )
 
@@ -18,6 +19,7 @@ type scheduler struct {
 	e       *Engine
 	term    *epoch.Term
 	watcher *epoch.LeaseWatcher
+	delayed map[string]time.Time // runs waiting out the lock delay, by when they may be reclaimed
 }
 
 func newScheduler(e *Engine, term *epoch.Term) *scheduler { return &scheduler{e: e, term: term} }
@@ -164,6 +166,7 @@ func (s *scheduler) assignFailed(run string, err error) {
 	switch {
 	case errors.Is(err, checkpoint.ErrDeadLettered):
 		s.e.log.Warn("run dead-lettered: max_epochs exceeded", "run", run, "term", s.term.Term())
+		s.announceDeadLetter(run)
 	case errors.Is(err, checkpoint.ErrConflict):
 		// someone moved it on meanwhile
 	default:
@@ -214,19 +217,60 @@ func (s *scheduler) assign(ctx context.Context, run string, expect int64, reason
 	}
 }
 
-// reclaim gives a new epoch to a running run whose lease for epoch ended.
+// announceDeadLetter publishes a dead-lettered run on the DLQ stream (idempotent).
+func (s *scheduler) announceDeadLetter(run string) {
+	r, err := s.e.store.Run(run)
+	if err != nil || r.Status != checkpoint.StatusDeadLettered {
+		return
+	}
+	owner := ""
+	for i := len(r.Epochs) - 1; i >= 0 && owner == ""; i-- {
+		owner = r.Epochs[i].Owner
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := dlq.Publish(ctx, s.e.js, dlq.Message{Run: r.ID, Workflow: r.Workflow, Epoch: r.Epoch, EpochChanges: r.EpochChanges,
+		MaxEpochs: r.MaxEpochs, Reason: r.DeadLetter, LastOwner: owner, At: r.UpdatedAt.UTC().Format(time.RFC3339)}); err != nil {
+		s.e.log.Warn("DLQ notice not published; the next reconcile retries", "run", run, "err", err)
+	}
+}
+
+// reclaim gives a new epoch to a running run whose lease for epoch ended, after the
+// configured lock delay (Chubby's remedy for downstream systems that cannot check
+// fencing tokens: the old holder's in-flight writes land before anyone starts again).
 func (s *scheduler) reclaim(ctx context.Context, run string, ep int64, reason string) {
 	r, err := s.e.store.Run(run)
 	if err != nil || r.Status != checkpoint.StatusRunning || r.Epoch != ep {
 		return // finished, handed back, or already moved on
+	}
+	if d := s.e.cfg.LockDelay; d > 0 {
+		if s.delayed == nil {
+			s.delayed = map[string]time.Time{}
+		}
+		due, waiting := s.delayed[run]
+		if !waiting {
+			s.delayed[run] = time.Now().Add(d)
+			s.e.log.Info("lease ended; reclaim after the lock delay", "run", run, "epoch", ep, "delay", d)
+			return
+		}
+		if time.Now().Before(due) {
+			return
+		}
+		delete(s.delayed, run)
 	}
 	s.e.log.Info("reclaiming run", "run", run, "epoch", ep, "owner", r.Owner, "reason", reason, "term", s.term.Term())
 	s.assign(ctx, run, ep, reason)
 }
 
 // reconcile: every run the state calls running must have a live lease; a run assigned
-// but not claimed within a TTL gets its task queued again.
+// but not claimed within a TTL gets its task queued again; every dead-lettered run has
+// its DLQ notice (deduplicated by the stream).
 func (s *scheduler) reconcile(ctx context.Context) {
+	if dead, _, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusDeadLettered, Limit: 1000}); err == nil {
+		for _, r := range dead {
+			s.announceDeadLetter(r.ID)
+		}
+	}
 	after := ""
 	for ctx.Err() == nil {
 		runs, next, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusRunning, After: after, Limit: 256})

@@ -291,6 +291,21 @@ func TestDeadLetterQueue(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &shown) != nil || shown.DeadLetter == "" || len(shown.Epochs) < 2 {
 		t.Fatalf("dlq show: %d %s", code, out)
 	}
+	// The DLQ stream carries a notice for it.
+	st, err := eng.JetStream().Stream(ctx, "FLOW_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := st.GetLastMsgForSubject(ctx, "flow.dlq.dl-1")
+		if err == nil && strings.Contains(string(m.Data), `"run":"dl-1"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no DLQ notice for dl-1: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the stream, with a deadline
+	}
 	if code, _, _ := e.flowctl("dlq", "purge", "dl-1"); code != 0 {
 		t.Fatal("purge")
 	}
