@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/internal/natsnode"
+
 	"github.com/flowrun/flow/internal/backoff"
 )
 
@@ -157,7 +159,7 @@ func OpenLog(ctx context.Context, cfg LogConfig) (*Log, error) {
 		return nil, fmt.Errorf("%w: MaxOutputBytes %d does not fit the server's max_payload %d: lower the output limit or raise max_payload on the NATS server",
 			ErrInvalidEntry, cfg.MaxOutputBytes, maxPayload)
 	}
-	_, err := cfg.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err := natsnode.EnsureStream(ctx, cfg.JS, jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "flow checkpoint log: every change to run state, in order",
 		Subjects:    []string{cfg.Subject},

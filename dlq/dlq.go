@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/natsnode"
 )
 
 // Stream and subjects.
@@ -31,7 +33,7 @@ type Message struct {
 
 // Open creates the stream if needed.
 func Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err := natsnode.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "flow dead-letter notices: runs past max_epochs",
 		Subjects:    []string{SubjectPrefix + ">"},

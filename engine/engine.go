@@ -16,6 +16,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/natsnode"
 	"github.com/flowrun/flow/steps"
 )
@@ -106,25 +107,15 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe, OnStatus: e.statusChanged}); err != nil {
 		return err
 	}
-	if e.clog, err = checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
-		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log}); err != nil {
+	// Streams and buckets are created by whichever node comes first; on a cluster two
+	// nodes creating one replicated stream at once can time out: retry for a while.
+	err = retrySetup(ctx, e.log, func(ctx context.Context) error {
+		return e.setupJetStream(ctx)
+	})
+	if err != nil {
 		return err
 	}
 	if err = e.clog.Start(ctx); err != nil {
-		return err
-	}
-	electionCfg := e.cfg.Lease
-	electionCfg.Unsafe = epoch.Unsafe{} // the negative controls are for run leases
-	if e.elector, err = epoch.NewElector(ctx, e.js, e.cfg.NodeID, electionCfg, e.replicas); err != nil {
-		return err
-	}
-	if e.leases, err = epoch.NewLeases(ctx, e.js, e.cfg.Lease, e.replicas); err != nil {
-		return err
-	}
-	if e.tasks, err = openTasks(ctx, e.js, e.replicas, e.leases.Config().TTL); err != nil {
-		return err
-	}
-	if err = dlq.Open(ctx, e.js, e.replicas); err != nil {
 		return err
 	}
 	// Catch up with the log before acting on the state.
@@ -150,6 +141,48 @@ func (e *Engine) natsURL() string {
 		return "in-process"
 	}
 	return e.cfg.NATSURL
+}
+
+func (e *Engine) setupJetStream(ctx context.Context) (err error) {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if e.clog, err = checkpoint.OpenLog(sctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
+		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log}); err != nil {
+		return err
+	}
+	electionCfg := e.cfg.Lease
+	electionCfg.Unsafe = epoch.Unsafe{} // the negative controls are for run leases
+	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, electionCfg, e.replicas); err != nil {
+		return err
+	}
+	if e.leases, err = epoch.NewLeases(sctx, e.js, e.cfg.Lease, e.replicas); err != nil {
+		return err
+	}
+	if e.tasks, err = openTasks(sctx, e.js, e.replicas, e.leases.Config().TTL); err != nil {
+		return err
+	}
+	return dlq.Open(sctx, e.js, e.replicas)
+}
+
+// retrySetup retries fn on timeouts for up to a minute, with backoff.
+func retrySetup(ctx context.Context, log *slog.Logger, fn func(context.Context) error) error {
+	policy := backoff.Policy{Base: 200 * time.Millisecond, Cap: 3 * time.Second}
+	deadline := time.Now().Add(time.Minute)
+	for attempt := 0; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || !isTimeout(err) {
+			return err
+		}
+		log.Warn("JetStream set-up timed out; retrying", "err", err, "attempt", attempt)
+		if serr := policy.Sleep(ctx, attempt); serr != nil {
+			return err
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 // ClientURL is the NATS URL that clients (flowctl) reach this node's NATS at.

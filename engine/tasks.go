@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/natsnode"
 )
 
 // The task queue: one JetStream work-queue stream; every node's workers pull from one
@@ -24,7 +26,7 @@ type task struct {
 }
 
 func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.Consumer, error) {
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := natsnode.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        tasksStream,
 		Description: "flow tasks: runs assigned an epoch, for a worker to take",
 		Subjects:    []string{tasksSubject},

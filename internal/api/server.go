@@ -104,6 +104,12 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
+		// Answer from a state that has caught up with the log as it is now, so that
+		// whichever node answers, a client reads what it (or anyone) wrote before.
+		if err := s.catchUp(ctx); err != nil {
+			_ = req.Error(CodeInternal, "this node cannot catch up with the log: "+err.Error(), nil)
+			return
+		}
 		out, err := h(ctx, &r)
 		if err != nil {
 			code, msg := classify(err)
@@ -112,6 +118,16 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 		}
 		_ = req.RespondJSON(out)
 	}
+}
+
+func (s *Server) catchUp(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	last, err := s.e.Log().LastSeq(cctx)
+	if err != nil {
+		return err
+	}
+	return s.e.Log().WaitApplied(cctx, last)
 }
 
 func classify(err error) (string, string) {

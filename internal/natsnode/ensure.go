@@ -1,0 +1,54 @@
+package natsnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// EnsureStream returns the stream, creating it if it does not exist. It never updates
+// an existing stream: on a cluster, two nodes updating and creating one replicated
+// stream at the same moment were measured to time out together (both, every time).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	if err == nil {
+		return s, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("natsnode: stream %s: %w", cfg.Name, err)
+	}
+	s, err = js.CreateStream(ctx, cfg)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.Stream(ctx, cfg.Name) // another node created it first
+	}
+	if err != nil {
+		return nil, fmt.Errorf("natsnode: create stream %s: %w", cfg.Name, err)
+	}
+	return s, nil
+}
+
+// EnsureKV returns the bucket, creating it if it does not exist. An existing bucket is
+// updated only when its TTL differs from cfg's (a changed --lease-ttl).
+func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		st, err := kv.Status(ctx)
+		if err == nil && st.TTL() != cfg.TTL {
+			return js.UpdateKeyValue(ctx, cfg)
+		}
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("natsnode: bucket %s: %w", cfg.Bucket, err)
+	}
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("natsnode: create bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
