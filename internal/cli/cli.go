@@ -465,16 +465,18 @@ func (a *app) history(id string) error {
 	if err := a.call("run.history", api.Req{ID: id}, &evs); err != nil {
 		return err
 	}
-	return a.print(evs, func(w io.Writer) {
-		fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME")
-		for _, e := range evs {
-			item := "-"
-			if e.Kind == "commit" || e.Kind == "fail" {
-				item = fmt.Sprint(e.Item)
-			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome)
+	return a.print(evs, func(w io.Writer) { historyTable(w, evs) })
+}
+
+func historyTable(w io.Writer, evs []api.Event) {
+	fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME")
+	for _, e := range evs {
+		item := "-"
+		if e.Kind == "commit" || e.Kind == "fail" {
+			item = fmt.Sprint(e.Item)
 		}
-	})
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome)
+	}
 }
 
 func (a *app) verify(id string) error {
@@ -514,19 +516,7 @@ func (a *app) cronList() error {
 	if err := a.call("cron.list", api.Req{}, &cs); err != nil {
 		return err
 	}
-	return a.print(cs, func(w io.Writer) {
-		fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT\tLAST TICK")
-		for _, c := range cs {
-			next, last := "-", "-"
-			if len(c.Next) > 0 {
-				next = c.Next[0]
-			}
-			if len(c.Last) > 0 {
-				last = c.Last[len(c.Last)-1].At + " " + c.Last[len(c.Last)-1].Outcome
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Workflow, c.Cron, c.Timezone, next, last)
-		}
-	})
+	return a.print(cs, func(w io.Writer) { cronTable(w, cs) })
 }
 
 func (a *app) drillZombie() error {
@@ -559,16 +549,39 @@ func (a *app) drillZombie() error {
 	return nil
 }
 
+// cronTable fits 80 columns: NEXT in the schedule's timezone, LAST TICK in UTC.
+func cronTable(w io.Writer, cs []api.CronEntry) {
+	fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT\tLAST TICK")
+	short := func(s string) string {
+		if t, err := time.Parse(time.RFC3339, s); err == nil {
+			return t.Format("01-02 15:04")
+		}
+		return s
+	}
+	for _, c := range cs {
+		next, last := "-", "-"
+		if len(c.Next) > 0 {
+			next = short(c.Next[0])
+		}
+		if len(c.Last) > 0 {
+			last = short(c.Last[len(c.Last)-1].At) + " " + c.Last[len(c.Last)-1].Outcome
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Workflow, c.Cron, c.Timezone, next, last)
+	}
+}
+
+func clusterTable(w io.Writer, st api.ClusterStatus) {
+	fmt.Fprintf(w, "LEADER\t%s (term %d)\n\n", dash(st.Leader), st.Term)
+	fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
+	for _, n := range st.Nodes {
+		fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
+	}
+}
+
 func (a *app) clusterStatus() error {
 	var st api.ClusterStatus
 	if err := a.call("cluster.status", api.Req{}, &st); err != nil {
 		return err
 	}
-	return a.print(st, func(w io.Writer) {
-		fmt.Fprintf(w, "LEADER\t%s (term %d)\n\n", dash(st.Leader), st.Term)
-		fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
-		for _, n := range st.Nodes {
-			fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
-		}
-	})
+	return a.print(st, func(w io.Writer) { clusterTable(w, st) })
 }

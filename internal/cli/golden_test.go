@@ -36,6 +36,21 @@ func TestTableGolden(t *testing.T) {
 			})
 		},
 	}
+	cases["run-history"] = func(w io.Writer) {
+		historyTable(w, []api.Event{
+			{Seq: 2, Kind: "submit", Owner: "node-a", Outcome: "accepted"},
+			{Seq: 3, Kind: "assign", Term: 57, Owner: "node-a", Outcome: "accepted"},
+			{Seq: 4, Kind: "claim", Epoch: 3, Owner: "node-a", Outcome: "accepted"},
+			{Seq: 9, Kind: "commit", Epoch: 3, Step: "transfer", Item: 17, Owner: "node-a", Outcome: "fenced: stale-epoch"},
+		})
+	}
+	cases["cron-list"] = func(w io.Writer) {
+		cronTable(w, []api.CronEntry{{Workflow: "nightly-payout", Cron: "0 2 * * *", Timezone: "Asia/Jakarta",
+			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []api.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "fired"}}}})
+	}
+	cases["cluster-status"] = func(w io.Writer) {
+		clusterTable(w, api.ClusterStatus{Leader: "node-b", Term: 57, Nodes: []api.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
+	}
 	for name, render := range cases {
 		var b bytes.Buffer
 		a := &app{out: &b, output: "table"}
