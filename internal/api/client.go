@@ -43,13 +43,35 @@ func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc, Timeout: 2 * time
 // Close closes the connection.
 func (c *Client) Close() { c.nc.Close() }
 
+// readOnly operations may be retried: any node answers them alike.
+var readOnly = map[string]bool{
+	"workflow.list": true, "workflow.show": true, "workflow.validate": true, "run.get": true, "run.list": true,
+	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cluster.status": true,
+}
+
+// attemptTimeout bounds one try of a read-only call. Any node of the queue group may get
+// a request, including a paused one that will not answer: a retry reaches another.
+const attemptTimeout = 3 * time.Second
+
 // Call sends req (its V is set) to op and decodes the answer into out.
 func (c *Client) Call(ctx context.Context, op string, req Req, out any) error {
 	req.V = Version
 	data, _ := json.Marshal(req)
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	msg, err := c.nc.RequestWithContext(ctx, Subject+"."+op, data)
+	var msg *nats.Msg
+	var err error
+	for {
+		actx, acancel := ctx, context.CancelFunc(func() {})
+		if readOnly[op] {
+			actx, acancel = context.WithTimeout(ctx, attemptTimeout)
+		}
+		msg, err = c.nc.RequestWithContext(actx, Subject+"."+op, data)
+		acancel()
+		if err == nil || !readOnly[op] || ctx.Err() != nil || errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+	}
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			return fmt.Errorf("%w: no flowd answered %s: %v", ErrUnreachable, op, err)
