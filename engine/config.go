@@ -34,6 +34,9 @@ type Config struct {
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
 	ReconcileInterval time.Duration
+	// DisableScheduler keeps this node out of leader elections: it only runs steps
+	// (a worker-only node; tests that write scheduler entries themselves).
+	DisableScheduler bool
 	// LockDelay, if set, makes the leader wait this long after a lease lapsed before it
 	// reclaims the run (for downstream systems that cannot check the epoch).
 	LockDelay time.Duration

@@ -126,8 +126,11 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancel = cancel
-	e.wg.Add(2)
-	go e.runLeadership(runCtx)
+	if !e.cfg.DisableScheduler {
+		e.wg.Add(1)
+		go e.runLeadership(runCtx)
+	}
+	e.wg.Add(1)
 	go e.runWorkers(runCtx)
 	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
 	return nil

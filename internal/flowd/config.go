@@ -33,6 +33,7 @@ type Config struct {
 	LogFormat  string // auto | text | json
 	LogLevel   string // debug | info | warn | error
 	FastFail   bool
+	Scheduler  bool
 	DrainTime  time.Duration
 }
 
@@ -54,6 +55,7 @@ var options = []option{
 	{"log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json"},
 	{"log-level", "info", "debug, info, warn or error"},
 	{"fast-fail", "false", "exit the process when a lease cannot be renewed by 70% of its TTL"},
+	{"scheduler", "true", "take part in leader elections (false: this node only runs steps)"},
 	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
 }
 
@@ -194,6 +196,13 @@ func Load(args []string, env []string) (*Config, error) {
 	case "false", "0", "no", "":
 	default:
 		bad("fast-fail", "%q: use true or false", get("fast-fail"))
+	}
+	switch get("scheduler") {
+	case "true", "1", "yes", "":
+		c.Scheduler = true
+	case "false", "0", "no":
+	default:
+		bad("scheduler", "%q: use true or false", get("scheduler"))
 	}
 	if d, err := time.ParseDuration(get("drain-timeout")); err != nil || d < 0 {
 		bad("drain-timeout", "%q: use a duration such as 30s", get("drain-timeout"))
