@@ -50,7 +50,7 @@ type Wallet struct {
 
 // Open opens (or creates) the wallet's database in dir.
 func Open(dir string) (*Wallet, error) {
-	db, err := pebble.Open(dir, &pebble.Options{FormatMajorVersion: pebble.FormatValueSeparation})
+	db, err := pebble.Open(dir, &pebble.Options{FormatMajorVersion: pebble.FormatValueSeparation, Logger: quiet{}})
 	if err != nil {
 		return nil, fmt.Errorf("wallet: open %s: %w", dir, err)
 	}
@@ -184,4 +184,12 @@ func (w *Wallet) Handler() http.Handler {
 		_ = json.NewEncoder(rw).Encode(l)
 	})
 	return mux
+}
+
+type quiet struct{}
+
+func (quiet) Infof(string, ...any)  {}
+func (quiet) Errorf(string, ...any) {}
+func (quiet) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("wallet: pebble: "+format, args...))
 }
