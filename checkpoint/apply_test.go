@@ -369,3 +369,26 @@ func TestWorkflowVersions(t *testing.T) {
 		t.Fatalf("workflows = %+v", all)
 	}
 }
+
+func TestEachRunAndCountRuns(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	for i := 0; i < 7; i++ {
+		mustApply(t, s, submitEntry(fmt.Sprintf("p%d", i), StepSpec{Name: "one"}))
+	}
+	var seen []string
+	if err := s.EachRun(ListOptions{Status: StatusPending, Limit: 3}, func(r *Run) bool {
+		seen = append(seen, r.ID)
+		return len(seen) < 5
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(seen, ",") != "p0,p1,p2,p3,p4" {
+		t.Fatalf("EachRun across pages, stopping at 5: %v", seen)
+	}
+	if n, err := s.CountRuns(StatusPending); err != nil || n != 7 {
+		t.Fatalf("CountRuns = %d, %v", n, err)
+	}
+	if n, _ := s.CountRuns(StatusRunning); n != 0 {
+		t.Fatalf("running = %d", n)
+	}
+}

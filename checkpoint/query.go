@@ -180,6 +180,40 @@ func (s *Store) ListRuns(opts ListOptions) ([]Run, string, error) {
 	return runs, next, nil
 }
 
+// EachRun calls fn for every run matching opts (Limit is the page size; After where to
+// start), page by page, until fn returns false or ctx's work is done. The runs are read
+// page by page, so fn may write to the log meanwhile.
+func (s *Store) EachRun(opts ListOptions, fn func(*Run) bool) error {
+	if opts.Limit <= 0 {
+		opts.Limit = 256
+	}
+	for {
+		runs, next, err := s.ListRuns(opts)
+		if err != nil {
+			return err
+		}
+		for i := range runs {
+			if !fn(&runs[i]) {
+				return nil
+			}
+		}
+		if next == "" {
+			return nil
+		}
+		opts.After = next
+	}
+}
+
+// CountRuns counts the runs in a status from the status index, without reading them.
+func (s *Store) CountRuns(status RunStatus) (int, error) {
+	n := 0
+	err := scan(s.db, keyByStatus(status, ""), nil, func(_, _ []byte) (bool, error) {
+		n++
+		return true, nil
+	})
+	return n, err
+}
+
 // Ticks returns the recorded cron ticks of a workflow, oldest first.
 func (s *Store) Ticks(workflow string) ([]Tick, error) {
 	return scanJSON[Tick](s.db, prefixTicks(workflow))

@@ -255,7 +255,7 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 	}
 	stepsScope := map[string]any{}
 	x.mu.Lock()
-	for _, n := range ancestors(x.wf, st) {
+	for _, n := range x.wf.Ancestors(st.Name) {
 		stepsScope[n] = map[string]any{"output": x.outputs[n]}
 	}
 	x.mu.Unlock()
@@ -264,23 +264,6 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 		"steps":  stepsScope,
 		"run":    map[string]any{"id": x.run.ID, "epoch": float64(x.epoch)},
 	}
-}
-
-func ancestors(w *workflow.Workflow, st *workflow.Step) []string {
-	seen := map[string]bool{}
-	var out []string
-	var walk func(s *workflow.Step)
-	walk = func(s *workflow.Step) {
-		for _, n := range s.Needs {
-			if !seen[n] {
-				seen[n] = true
-				out = append(out, n)
-				walk(w.Step(n))
-			}
-		}
-	}
-	walk(st)
-	return out
 }
 
 // runStep runs one step (all its items) and checkpoints it.

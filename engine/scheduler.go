@@ -85,39 +85,31 @@ func needsAssign(r *checkpoint.Run) bool {
 }
 
 func (s *scheduler) assignPending(ctx context.Context) {
-	after := ""
-	active := map[string]int{} // runs per workflow holding an epoch, for concurrency limits
-	counted := false
-	for ctx.Err() == nil {
-		runs, next, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusPending, After: after, Limit: 256})
-		if err != nil {
-			s.e.log.Error("list pending runs", "err", err)
-			return
+	var active map[string]int // runs per workflow holding an epoch, for concurrency limits
+	var batch []*checkpoint.Run
+	err := s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
+		if !needsAssign(r) {
+			return true
 		}
-		var batch []*checkpoint.Run
-		for i := range runs {
-			r := &runs[i]
-			if !needsAssign(r) {
-				continue
+		if limit := s.concurrency(r); limit > 0 {
+			if active == nil {
+				active = s.activeByWorkflow()
 			}
-			if limit := s.concurrency(r); limit > 0 {
-				if !counted {
-					active = s.activeByWorkflow()
-					counted = true
-				}
-				if active[r.Workflow] >= limit {
-					continue
-				}
-				active[r.Workflow]++
+			if active[r.Workflow] >= limit {
+				return true
 			}
-			batch = append(batch, r)
+			active[r.Workflow]++
 		}
-		s.assignAll(ctx, batch)
-		if next == "" {
-			return
+		if batch = append(batch, r); len(batch) == 256 {
+			s.assignAll(ctx, batch)
+			batch = nil
 		}
-		after = next
+		return ctx.Err() == nil
+	})
+	if err != nil {
+		s.e.log.Error("list pending runs", "err", err)
 	}
+	s.assignAll(ctx, batch)
 }
 
 // assignAll assigns runs together: the entries share log messages (group commit) and
@@ -185,22 +177,12 @@ func (s *scheduler) concurrency(r *checkpoint.Run) int {
 func (s *scheduler) activeByWorkflow() map[string]int {
 	n := map[string]int{}
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusRunning, checkpoint.StatusPending} {
-		after := ""
-		for {
-			runs, next, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: st, After: after, Limit: 1000})
-			if err != nil {
-				return n
+		_ = s.e.store.EachRun(checkpoint.ListOptions{Status: st, Limit: 1000}, func(r *checkpoint.Run) bool {
+			if r.Status == checkpoint.StatusRunning || !needsAssign(r) {
+				n[r.Workflow]++
 			}
-			for _, r := range runs {
-				if r.Status == checkpoint.StatusRunning || !needsAssign(&r) {
-					n[r.Workflow]++
-				}
-			}
-			if next == "" {
-				break
-			}
-			after = next
-		}
+			return true
+		})
 	}
 	return n
 }
@@ -266,44 +248,23 @@ func (s *scheduler) reclaim(ctx context.Context, run string, ep int64, reason st
 // but not claimed within a TTL gets its task queued again; every dead-lettered run has
 // its DLQ notice (deduplicated by the stream).
 func (s *scheduler) reconcile(ctx context.Context) {
-	if dead, _, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusDeadLettered, Limit: 1000}); err == nil {
-		for _, r := range dead {
-			s.announceDeadLetter(r.ID)
+	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusDeadLettered}, func(r *checkpoint.Run) bool {
+		s.announceDeadLetter(r.ID)
+		return ctx.Err() == nil
+	})
+	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusRunning}, func(r *checkpoint.Run) bool {
+		if l, ok := s.watcher.Live(r.ID); !ok || l.Epoch != r.Epoch {
+			s.reclaim(ctx, r.ID, r.Epoch, checkpoint.ReasonReconciled)
 		}
-	}
-	after := ""
-	for ctx.Err() == nil {
-		runs, next, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusRunning, After: after, Limit: 256})
-		if err != nil {
-			return
-		}
-		for _, r := range runs {
-			if l, ok := s.watcher.Live(r.ID); !ok || l.Epoch != r.Epoch {
-				s.reclaim(ctx, r.ID, r.Epoch, checkpoint.ReasonReconciled)
-			}
-		}
-		if next == "" {
-			break
-		}
-		after = next
-	}
+		return ctx.Err() == nil
+	})
 	ttl := s.e.leases.Config().TTL
-	after = ""
-	for ctx.Err() == nil {
-		runs, next, err := s.e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusPending, After: after, Limit: 256})
-		if err != nil {
-			return
+	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
+		if !needsAssign(r) && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
+			// Assigned, never claimed: the task may be lost. Re-queueing the same
+			// epoch is safe: a task is only ever claimed once per epoch.
+			_ = publishTask(ctx, s.e.js, task{Run: r.ID, Epoch: r.Epoch})
 		}
-		for _, r := range runs {
-			if !needsAssign(&r) && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
-				// Assigned, never claimed: the task may be lost. Re-queueing the same
-				// epoch is safe: a task is only ever claimed once per epoch.
-				_ = publishTask(ctx, s.e.js, task{Run: r.ID, Epoch: r.Epoch})
-			}
-		}
-		if next == "" {
-			return
-		}
-		after = next
-	}
+		return ctx.Err() == nil
+	})
 }

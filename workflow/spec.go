@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/flowrun/flow/checkpoint"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -109,7 +111,8 @@ var inputTypes = []string{"string", "int", "number", "bool", "list", "object"}
 // KindChecker reports whether a step kind exists (steps.Registry.Has).
 type KindChecker func(kind string) bool
 
-var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+// validName is the one rule for workflow, step and input names (the log's).
+var validName = checkpoint.ValidName
 
 // CronParser is the one cron dialect of flow: 5 fields (minute first), 6 fields
 // (seconds first), and descriptors such as @daily.
@@ -293,7 +296,7 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 		case "name":
 			nameNode = v
 			w.Name = l.str(v, "name")
-			if w.Name != "" && !nameRe.MatchString(w.Name) {
+			if w.Name != "" && !validName(w.Name) {
 				l.fail(v, "use 1-64 of a-z, 0-9, '-' and '_', starting with a letter or digit", "workflow name %q is not allowed", w.Name)
 			}
 		case "description":
@@ -331,7 +334,7 @@ func (l *loader) inputs(n *yaml.Node, w *Workflow) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		in := Input{Name: k.Value, Type: "string"}
-		if !nameRe.MatchString(in.Name) {
+		if !validName(in.Name) {
 			l.fail(k, "use a-z, 0-9, '-' and '_'", "input name %q is not allowed", in.Name)
 		}
 		for _, prev := range w.Inputs {
@@ -490,7 +493,7 @@ func (l *loader) steps(n *yaml.Node, w *Workflow) {
 		switch {
 		case nameNode == nil:
 			l.fail(sn, "add `name: ...` to the step", "a step has no name")
-		case !nameRe.MatchString(st.Name):
+		case !validName(st.Name):
 			l.fail(nameNode, "use 1-64 of a-z, 0-9, '-' and '_'", "step name %q is not allowed", st.Name)
 		case w.byName[st.Name] != nil:
 			l.fail(nameNode, "step names must be unique", "step %q is defined twice (first on line %d)", st.Name, w.byName[st.Name].Line)

@@ -181,3 +181,16 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+func TestAncestors(t *testing.T) {
+	w, err := Load("a.yaml", []byte("name: x\nsteps:\n  - name: a\n    uses: noop\n  - name: b\n    needs: [a]\n    uses: noop\n  - name: c\n    needs: [b]\n    uses: noop\n  - name: d\n    uses: noop\n"), builtins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(w.Ancestors("c"), ","); got != "b,a" {
+		t.Fatalf("ancestors of c = %q", got)
+	}
+	if len(w.Ancestors("d")) != 0 || len(w.Ancestors("nope")) != 0 {
+		t.Fatal("d and unknown steps have no ancestors")
+	}
+}

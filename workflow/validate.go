@@ -37,7 +37,10 @@ func (l *loader) validate(w *Workflow, kinds KindChecker) {
 		inputs[in.Name] = true
 	}
 	for _, st := range w.Steps {
-		ancestors := ancestorsOf(w, st)
+		ancestors := map[string]bool{}
+		for _, a := range w.Ancestors(st.Name) {
+			ancestors[a] = true
+		}
 		for _, t := range st.templates {
 			tmpl, err := ParseTemplate(t.src)
 			if err != nil {
@@ -91,20 +94,27 @@ func stepNames(w *Workflow) []string {
 	return out
 }
 
-// ancestorsOf is every step reachable from st through needs.
-func ancestorsOf(w *Workflow, st *Step) map[string]bool {
+// Ancestors is every step reachable from step through needs, nearest first: the steps
+// whose outputs its templates may read.
+func (w *Workflow) Ancestors(step string) []string {
 	seen := map[string]bool{}
+	var out []string
 	var walk func(s *Step)
 	walk = func(s *Step) {
 		for _, n := range s.Needs {
 			if !seen[n] {
 				seen[n] = true
-				walk(w.byName[n])
+				out = append(out, n)
+				if ns := w.byName[n]; ns != nil {
+					walk(ns)
+				}
 			}
 		}
 	}
-	walk(st)
-	return seen
+	if st := w.byName[step]; st != nil {
+		walk(st)
+	}
+	return out
 }
 
 func findCycle(w *Workflow) []string {

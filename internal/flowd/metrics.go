@@ -100,7 +100,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_lease_degraded_seconds_total", lc.Degraded().Seconds())
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
 		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
-		n := countRuns(e, st)
+		n, _ := e.Store().CountRuns(st)
 		gauge("flow_runs", float64(n), string(st))
 		if st == checkpoint.StatusDeadLettered {
 			gauge("flow_dlq_size", float64(n))
@@ -113,19 +113,4 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
 	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
-}
-
-func countRuns(e *engine.Engine, st checkpoint.RunStatus) int {
-	n, after := 0, ""
-	for {
-		runs, next, err := e.Store().ListRuns(checkpoint.ListOptions{Status: st, After: after, Limit: 1000})
-		if err != nil {
-			return n
-		}
-		n += len(runs)
-		if next == "" {
-			return n
-		}
-		after = next
-	}
 }
