@@ -1,12 +1,21 @@
 // Command payout is the demo of flow: it starts a flow node on the embedded defaults and
 // the wallet service, applies examples/payout/payout.yaml, runs a payout for one date,
 // shows its progress, and prints the summary: drivers paid, total, epoch changes and
-// fenced attempts. `go run ./examples/payout --help`.
+// fenced attempts. With --chaos it runs three nodes instead (child processes of this
+// program on one NATS server) and, during the transfer, pauses the run's owner past its
+// lease TTL and kills another node, then prints the same summary with the evidence.
+//
+//	go run ./examples/payout [--date 2026-11-28] [--drivers 1000]
+//	go run ./examples/payout --chaos [--rounds 3]
+//
+// `payout node <flowd flags>` is one node of the chaos mode: flowd with the payout's step
+// kinds registered.
 package main
 
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,13 +23,20 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
-	"github.com/flowrun/flow/checkpoint"
+	"github.com/spf13/pflag"
+
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/examples/payout/wallet"
+	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/internal/flowd"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -31,131 +47,372 @@ type options struct {
 	date, dataDir, walletAddr string
 	drivers                   int
 	out                       io.Writer
+	chaos                     bool
+	rounds                    int
+	leaseTTL                  time.Duration
+	walletLatency             time.Duration
+	// nodeBin is the program the chaos nodes run, with "node" as its first argument
+	// (default: this program). Tests set it to a binary they built.
+	nodeBin string
+	// walletOptions are extra wallet options (tests: wallet.WithoutGuards).
+	walletOptions []wallet.Option
 }
 
 func main() {
-	var o options
-	flag.StringVar(&o.date, "date", time.Now().AddDate(0, 0, -1).Format("2006-01-02"), "the day to pay")
-	flag.StringVar(&o.dataDir, "data-dir", "", "where flow and the wallet keep their data (default: a new temporary directory)")
+	if len(os.Args) > 1 && os.Args[1] == "node" {
+		os.Exit(runNode(os.Args[2:]))
+	}
+	o := options{out: os.Stdout}
+	flag.StringVar(&o.date, "date", "", "the day to pay, YYYY-MM-DD (default: the workflow's, yesterday in the schedule's timezone, Asia/Jakarta)")
+	flag.StringVar(&o.dataDir, "data-dir", "", "where flow and the wallet keep their data (default: a new temporary directory, removed at the end)")
 	flag.StringVar(&o.walletAddr, "wallet", "127.0.0.1:9090", "the wallet's listen address")
 	flag.IntVar(&o.drivers, "drivers", 1000, "drivers in the generated data set")
+	flag.BoolVar(&o.chaos, "chaos", false, "run three nodes and, during the transfer, pause the run's owner past its lease TTL and kill another node")
+	flag.IntVar(&o.rounds, "rounds", 1, "payouts to run, one date each (going back a day per round); with --chaos each is disrupted")
+	flag.DurationVar(&o.leaseTTL, "lease-ttl", 2*time.Second, "run lease and leader term TTL")
+	flag.DurationVar(&o.walletLatency, "wallet-latency", -1, "how long each credit takes at the wallet, as a bank's API would (default: 0, or 40ms with --chaos so that the transfer lasts long enough to be disrupted)")
 	flag.Parse()
-	o.out = os.Stdout
-	if err := run(context.Background(), o); err != nil {
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "payout: unexpected argument %q (flags only; see --help)\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "payout:", err)
 		os.Exit(1)
 	}
 }
 
-// summary is what the demo prints.
-type summary struct {
-	Run           string
-	Status        string
-	Drivers       int
-	TotalCents    int64
-	EpochChanges  int
-	FencedCommits int
-	WalletStale   int
-	Duplicates    int
+// runNode is one chaos node: flowd, configured by its own flags, with the payout's step
+// kinds. It drains on SIGTERM like flowd.
+func runNode(args []string) int {
+	cfg, err := flowd.Load(args, nil)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg.Registry = steps.NewRegistry(0)
+	if err := registerSteps(cfg.Registry); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	logger := flowd.NewLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := flowd.Start(ctx, cfg, logger)
+	if err != nil {
+		logger.Error("payout node could not start", "err", err)
+		return 1
+	}
+	<-ctx.Done()
+	d.Stop()
+	return 0
 }
 
-func run(ctx context.Context, o options) error {
-	if o.dataDir == "" {
-		d, err := os.MkdirTemp("", "flow-payout-demo")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(d)
-		o.dataDir = d
-	}
-	w, err := wallet.Open(filepath.Join(o.dataDir, "wallet"))
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	ln, err := net.Listen("tcp", o.walletAddr)
-	if err != nil {
-		return fmt.Errorf("wallet: listen on %s: %w (use --wallet HOST:PORT)", o.walletAddr, err)
-	}
-	hs := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	defer hs.Close()
-
-	reg := steps.NewRegistry(0)
-	if err := registerSteps(reg, o.drivers); err != nil {
-		return err
-	}
-	e, err := engine.New(engine.Config{NodeID: "payout-demo", DataDir: filepath.Join(o.dataDir, "flow"), NATSListen: "-",
-		Workers: 4, Registry: reg, Lease: epoch.Config{TTL: 2 * time.Second}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return err
-	}
-	if err := e.Start(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(sctx)
-	}()
-	wf, err := e.ApplyWorkflow(ctx, "examples/payout/payout.yaml", workflowYAML)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(o.out, "flow node up (embedded NATS), wallet on http://%s; workflow %s v%d applied\n", ln.Addr(), wf.Name, wf.Version)
-	id, err := e.StartRun(ctx, wf.Name, map[string]any{"date": o.date, "wallet": "http://" + ln.Addr().String()}, engine.RunOptions{})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(o.out, "payout for %s: run %s\n", o.date, id)
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = e.WaitRun(wctx, id)
-	}()
-	tick := time.NewTicker(500 * time.Millisecond) // progress display
-	defer tick.Stop()
-	for waiting := true; waiting; {
-		select {
-		case <-done:
-			waiting = false
-		case <-tick.C:
-			if v, err := e.Run(id); err == nil {
-				fmt.Fprintln(o.out, "  "+progress(v))
-			}
+func (o *options) validate() error {
+	if o.date != "" {
+		if _, err := time.Parse("2006-01-02", o.date); err != nil {
+			return fmt.Errorf("--date %q: use YYYY-MM-DD", o.date)
 		}
 	}
-	v, err := e.Run(id)
-	if err != nil {
-		return err
+	if o.drivers < 1 || o.drivers > 100000 {
+		return fmt.Errorf("--drivers %d: use 1 to 100000", o.drivers)
 	}
-	l, err := w.Totals(o.date)
-	if err != nil {
-		return err
+	if o.rounds < 1 || o.rounds > 100 {
+		return fmt.Errorf("--rounds %d: use 1 to 100", o.rounds)
 	}
-	s := summary{Run: id, Status: string(v.Run.Status), Drivers: l.Drivers, TotalCents: l.TotalCents,
-		EpochChanges: v.Run.EpochChanges, FencedCommits: len(v.Fenced), WalletStale: l.Rejected, Duplicates: l.Duplicates}
-	fmt.Fprintf(o.out, "\nrun %s: %s\n", s.Run, s.Status)
-	fmt.Fprintf(o.out, "drivers paid:      %d\n", s.Drivers)
-	fmt.Fprintf(o.out, "total paid:        %d.%02d\n", s.TotalCents/100, s.TotalCents%100)
-	fmt.Fprintf(o.out, "epoch changes:     %d\n", s.EpochChanges)
-	fmt.Fprintf(o.out, "fenced commits:    %d\n", s.FencedCommits)
-	fmt.Fprintf(o.out, "wallet: stale credits refused %d, repeated credits applied once %d\n", s.WalletStale, s.Duplicates)
-	if v.Run.Status != checkpoint.StatusSucceeded {
-		return fmt.Errorf("the payout run %s: %s", v.Run.Status, v.Run.Error)
+	if o.leaseTTL < 500*time.Millisecond || o.leaseTTL > time.Minute {
+		return fmt.Errorf("--lease-ttl %s: use 500ms to 1m", o.leaseTTL)
+	}
+	if o.walletLatency < 0 {
+		o.walletLatency = 0
+		if o.chaos {
+			o.walletLatency = 40 * time.Millisecond
+		}
+	}
+	if o.out == nil {
+		o.out = io.Discard
 	}
 	return nil
 }
 
-func progress(v *checkpoint.RunView) string {
-	s := fmt.Sprintf("%s epoch %d", v.Run.Status, v.Run.Epoch)
-	for _, st := range v.Steps {
-		s += " " + st.Name + ":" + string(st.Status)
-		if st.Items > 0 {
-			s += fmt.Sprintf("(%d/%d)", st.ItemsDone, st.Items)
+// round is one payout and what was seen of it.
+type round struct {
+	Run        api.Run
+	Date       string
+	Ledger     wallet.Ledger
+	Expected   wallet.Ledger // from the data set itself, independent of the run
+	Disruption string        // with --chaos: what was done to the nodes
+	LockStolen int           // with --chaos: lock-stolen-mid-run lines in the nodes' logs
+}
+
+// ok reports whether the round paid every driver exactly once.
+func (r round) ok() bool {
+	return r.Run.Status == "succeeded" && r.Ledger.Drivers == r.Expected.Drivers && r.Ledger.TotalCents == r.Expected.TotalCents
+}
+
+func run(ctx context.Context, o options) ([]round, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.dataDir == "" {
+		d, err := os.MkdirTemp("", "flow-payout-demo")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		o.dataDir = d
+	}
+	w, err := wallet.Open(filepath.Join(o.dataDir, "wallet"), append([]wallet.Option{wallet.WithLatency(o.walletLatency)}, o.walletOptions...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	ln, err := net.Listen("tcp", o.walletAddr)
+	if err != nil {
+		return nil, fmt.Errorf("wallet: listen on %s: %w (use --wallet HOST:PORT)", o.walletAddr, err)
+	}
+	hs := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+	walletURL := "http://" + ln.Addr().String()
+
+	var cl *api.Client
+	var c *chaosCluster
+	if o.chaos {
+		if c, err = startChaosCluster(ctx, o); err != nil {
+			return nil, err
+		}
+		defer c.stop()
+		cl = c.client
+		fmt.Fprintf(o.out, "3 flow nodes up (NATS on %s, logs in %s), wallet on %s (each credit takes %s)\n", c.natsURL, c.dir, walletURL, o.walletLatency)
+	} else {
+		stopNode, client, err := startSingleNode(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		defer stopNode()
+		cl = client
+		fmt.Fprintf(o.out, "flow node up (embedded NATS), wallet on %s\n", walletURL)
+	}
+	var wf api.Workflow
+	if err := cl.Call(ctx, "workflow.apply", api.Req{File: "examples/payout/payout.yaml", YAML: string(workflowYAML)}, &wf); err != nil {
+		return nil, fmt.Errorf("apply the workflow: %w", err)
+	}
+	fmt.Fprintf(o.out, "workflow %s v%d applied\n", wf.Name, wf.Version)
+
+	var rounds []round
+	date := o.date
+	for i := 0; i < o.rounds; i++ {
+		if i > 0 {
+			d, _ := time.Parse("2006-01-02", date)
+			date = d.AddDate(0, 0, -1).Format("2006-01-02")
+		}
+		r, err := payOnce(ctx, o, cl, c, w, walletURL, date)
+		if r != nil {
+			rounds = append(rounds, *r)
+			date = r.Date
+		}
+		if err != nil {
+			return rounds, err
 		}
 	}
+	if len(rounds) > 1 {
+		var drivers int
+		var cents int64
+		for _, r := range rounds {
+			drivers += r.Ledger.Drivers
+			cents += r.Ledger.TotalCents
+		}
+		fmt.Fprintf(o.out, "\n%d payouts, each paid exactly once: %d credits, %s in total\n", len(rounds), drivers, money(cents))
+	}
+	return rounds, nil
+}
+
+// startSingleNode starts one engine in this process on the embedded defaults and serves
+// the API on it.
+func startSingleNode(ctx context.Context, o options) (func(), *api.Client, error) {
+	reg := steps.NewRegistry(0)
+	if err := registerSteps(reg); err != nil {
+		return nil, nil, err
+	}
+	e, err := engine.New(engine.Config{NodeID: "payout-demo", DataDir: filepath.Join(o.dataDir, "flow"), NATSListen: "-",
+		Workers: 4, Registry: reg, Lease: epoch.Config{TTL: o.leaseTTL}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := e.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	stopEngine := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Stop(sctx)
+	}
+	srv, err := api.Serve(e)
+	if err != nil {
+		stopEngine()
+		return nil, nil, err
+	}
+	return func() { srv.Stop(); stopEngine() }, api.NewClient(e.Conn()), nil
+}
+
+// payOnce runs one payout for date ("" = the workflow's default) and prints its summary.
+func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w *wallet.Wallet, walletURL, date string) (*round, error) {
+	inputs := map[string]string{"wallet": walletURL, "drivers": strconv.Itoa(o.drivers)}
+	if date != "" {
+		inputs["date"] = date
+	}
+	var started struct{ ID string }
+	if err := cl.Call(ctx, "run.start", api.Req{Workflow: "nightly-payout", Inputs: inputs}, &started); err != nil {
+		return nil, fmt.Errorf("start the payout: %w", err)
+	}
+	r := &round{}
+	got, err := getRun(ctx, cl, started.ID)
+	if err != nil {
+		return nil, err
+	}
+	r.Date = inputOf(got, "date")
+	fmt.Fprintf(o.out, "\npayout for %s: run %s\n", r.Date, started.ID)
+	chaosDone := make(chan error, 1)
+	if c != nil {
+		go func() { chaosDone <- c.disrupt(ctx, started.ID, r) }()
+	} else {
+		chaosDone <- nil
+	}
+	last := time.Time{}
+	for {
+		v, err := getRun(ctx, cl, started.ID)
+		if err != nil {
+			return nil, err
+		}
+		if terminal(v.Status) {
+			r.Run = v
+			break
+		}
+		if time.Since(last) >= 500*time.Millisecond {
+			fmt.Fprintln(o.out, "  "+progress(v))
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond): // polling the run's state through the API
+		}
+	}
+	if err := <-chaosDone; err != nil {
+		return r, err
+	}
+	if c != nil {
+		r.LockStolen = c.lockStolen()
+	}
+	if r.Ledger, err = w.Totals(r.Date); err != nil {
+		return r, err
+	}
+	r.Expected = expectedLedger(r.Date, o.drivers)
+	printRound(o.out, r)
+	if !r.ok() {
+		msg := r.Run.Error
+		if msg == "" {
+			msg = fmt.Sprintf("the ledger holds %s for %d drivers, the data set owes %s to %d", money(r.Ledger.TotalCents), r.Ledger.Drivers, money(r.Expected.TotalCents), r.Expected.Drivers)
+		}
+		return r, fmt.Errorf("the payout run %s %s: %s", r.Run.ID, r.Run.Status, msg)
+	}
+	return r, nil
+}
+
+// getRun reads a run, retrying while no node knows it yet (a node restarted by the chaos
+// may answer before it has caught up).
+func getRun(ctx context.Context, cl *api.Client, id string) (api.Run, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var v api.Run
+		err := cl.Call(ctx, "run.get", api.Req{ID: id}, &v)
+		if err == nil {
+			return v, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return v, fmt.Errorf("read run %s: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond): // retry pacing
+		}
+	}
+}
+
+func terminal(status string) bool {
+	switch status {
+	case "succeeded", "failed", "cancelled", "dead_lettered":
+		return true
+	}
+	return false
+}
+
+func inputOf(r api.Run, name string) string {
+	m, _ := r.Inputs.(map[string]any)
+	s, _ := m[name].(string)
 	return s
+}
+
+// expectedLedger is what the data set owes for date, computed here without the engine.
+func expectedLedger(date string, drivers int) wallet.Ledger {
+	l := wallet.Ledger{Date: date}
+	seen := map[string]bool{}
+	for _, t := range tripsOf(date, drivers) {
+		l.TotalCents += t.Cents
+		if !seen[t.Driver] {
+			seen[t.Driver] = true
+			l.Drivers++
+		}
+	}
+	return l
+}
+
+func money(cents int64) string { return fmt.Sprintf("%d.%02d", cents/100, cents%100) }
+
+func printRound(out io.Writer, r *round) {
+	v := r.Run
+	fmt.Fprintf(out, "\nrun %s: %s\n", v.ID, v.Status)
+	if r.Disruption != "" {
+		fmt.Fprintf(out, "chaos:             %s\n", r.Disruption)
+	}
+	fmt.Fprintf(out, "drivers paid:      %d (owed: %d)\n", r.Ledger.Drivers, r.Expected.Drivers)
+	fmt.Fprintf(out, "total paid:        %s (owed: %s)\n", money(r.Ledger.TotalCents), money(r.Expected.TotalCents))
+	fmt.Fprintf(out, "epoch changes:     %d\n", v.EpochChanges)
+	for _, e := range v.Epochs {
+		fmt.Fprintf(out, "  epoch %d: %s (%s)\n", e.Epoch, e.Owner, e.Reason)
+	}
+	fmt.Fprintf(out, "fenced commits:    %d\n", len(v.Fenced))
+	for i, f := range v.Fenced {
+		if i == 5 {
+			fmt.Fprintf(out, "  ... and %d more\n", len(v.Fenced)-5)
+			break
+		}
+		fmt.Fprintf(out, "  %s item %d from %s at epoch %d, current %d\n", f.Step, f.Item, f.Owner, f.Epoch, f.CurrentEpoch)
+	}
+	if r.Disruption != "" {
+		fmt.Fprintf(out, "lock-stolen-mid-run logged: %d\n", r.LockStolen)
+	}
+	fmt.Fprintf(out, "wallet: stale credits refused %d, repeated credits applied once %d\n", r.Ledger.Rejected, r.Ledger.Duplicates)
+}
+
+func progress(v api.Run) string {
+	s := fmt.Sprintf("%s epoch %d", v.Status, v.Epoch)
+	if v.Owner != "" {
+		s += " on " + v.Owner
+	}
+	var parts []string
+	for _, st := range v.Steps {
+		p := st.Name + ":" + st.Status
+		if st.Items > 0 {
+			p += fmt.Sprintf("(%d/%d)", st.ItemsDone, st.Items)
+		}
+		parts = append(parts, p)
+	}
+	return s + " " + strings.Join(parts, " ")
 }

@@ -43,11 +43,15 @@ func tripsOf(date string, drivers int) []trip {
 	return out
 }
 
-func registerSteps(reg *steps.Registry, drivers int) error {
+func registerSteps(reg *steps.Registry) error {
 	collect := steps.Func(func(_ context.Context, in steps.Input) (json.RawMessage, error) {
 		date, _ := in.With["date"].(string)
 		if _, err := time.Parse("2006-01-02", date); err != nil {
 			return nil, steps.Permanentf("collect: date %q is not YYYY-MM-DD", date)
+		}
+		drivers := int(toFloat(in.With["drivers"]))
+		if drivers < 1 || drivers > 100000 {
+			return nil, steps.Permanentf("collect: drivers %v: use 1 to 100000", in.With["drivers"])
 		}
 		return json.Marshal(map[string]any{"date": date, "trips": tripsOf(date, drivers)})
 	})
@@ -101,7 +105,18 @@ func registerSteps(reg *steps.Registry, drivers int) error {
 	return nil
 }
 
+// toFloat reads a number from a step's input (JSON numbers, or Go ints from templates).
 func toFloat(v any) float64 {
-	f, _ := v.(float64)
-	return f
+	switch n := v.(type) {
+	case float64:
+		return n
+	case int:
+		return float64(n)
+	case int64:
+		return float64(n)
+	case json.Number:
+		f, _ := n.Float64()
+		return f
+	}
+	return 0
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,8 +25,13 @@ func (e *Error) Error() string { return e.Message }
 
 // Client calls the API.
 type Client struct {
-	nc      *nats.Conn
+	nc *nats.Conn
+	// Timeout bounds a whole call, retries included.
 	Timeout time.Duration
+	// AttemptTimeout bounds one try of a read-only call (default 3s). Any node of the
+	// queue group may get a request, including a paused one that will not answer: a
+	// retry reaches another.
+	AttemptTimeout time.Duration
 }
 
 // Dial connects to a NATS URL where flowd serves.
@@ -49,9 +55,8 @@ var readOnly = map[string]bool{
 	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cluster.status": true,
 }
 
-// attemptTimeout bounds one try of a read-only call. Any node of the queue group may get
-// a request, including a paused one that will not answer: a retry reaches another.
-const attemptTimeout = 3 * time.Second
+// defaultAttemptTimeout is the Client's AttemptTimeout when unset.
+const defaultAttemptTimeout = 3 * time.Second
 
 // Call sends req (its V is set) to op and decodes the answer into out.
 func (c *Client) Call(ctx context.Context, op string, req Req, out any) error {
@@ -64,7 +69,7 @@ func (c *Client) Call(ctx context.Context, op string, req Req, out any) error {
 	for {
 		actx, acancel := ctx, context.CancelFunc(func() {})
 		if readOnly[op] {
-			actx, acancel = context.WithTimeout(ctx, attemptTimeout)
+			actx, acancel = context.WithTimeout(ctx, cmp.Or(c.AttemptTimeout, defaultAttemptTimeout))
 		}
 		msg, err = c.nc.RequestWithContext(actx, Subject+"."+op, data)
 		acancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/steps"
 )
 
 // ErrConfig is returned (wrapped) for any configuration that cannot work.
@@ -35,6 +36,9 @@ type Config struct {
 	FastFail   bool
 	Scheduler  bool
 	DrainTime  time.Duration
+	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
+	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
+	Registry *steps.Registry
 }
 
 type option struct {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -44,17 +45,36 @@ type Ledger struct {
 
 // Wallet is the service.
 type Wallet struct {
-	db *pebble.DB
-	mu sync.Mutex // one check-and-set at a time (FACTS.md: hold it over Get + Commit(Sync))
+	db       *pebble.DB
+	mu       sync.Mutex // one check-and-set at a time (FACTS.md: hold it over Get + Commit(Sync))
+	latency  time.Duration
+	noGuards bool
 }
 
+// Option configures a Wallet.
+type Option func(*Wallet)
+
+// WithLatency makes every credit request take at least d before it is applied, as a
+// bank's transfer API would (the chaos demo uses it so that the transfer step lasts
+// long enough to be disrupted). Requests wait in parallel, outside the apply lock.
+func WithLatency(d time.Duration) Option { return func(w *Wallet) { w.latency = d } }
+
+// WithoutGuards switches the epoch check and the idempotency key off: every credit is
+// added to the driver's balance. For negative-control tests only: it shows the double
+// payouts the guards prevent.
+func WithoutGuards() Option { return func(w *Wallet) { w.noGuards = true } }
+
 // Open opens (or creates) the wallet's database in dir.
-func Open(dir string) (*Wallet, error) {
+func Open(dir string, opts ...Option) (*Wallet, error) {
 	db, err := pebble.Open(dir, &pebble.Options{FormatMajorVersion: pebble.FormatValueSeparation, Logger: quiet{}})
 	if err != nil {
 		return nil, fmt.Errorf("wallet: open %s: %w", dir, err)
 	}
-	return &Wallet{db: db}, nil
+	w := &Wallet{db: db}
+	for _, o := range opts {
+		o(w)
+	}
+	return w, nil
 }
 
 // Close closes the database.
@@ -88,6 +108,11 @@ func (w *Wallet) Apply(driver, date string, cents, epoch int64, key string) (boo
 	b := w.db.NewBatch()
 	defer b.Close()
 	switch {
+	case w.noGuards && found: // the damage the guards prevent: a repeated credit pays again
+		cur.Cents += cents
+		v, _ := json.Marshal(cur)
+		_ = b.Set(creditKey(date, driver), v, nil)
+		return true, false, b.Commit(pebble.Sync)
 	case found && epoch < cur.Epoch:
 		_ = b.Set([]byte(fmt.Sprintf("r/%s/%s/%d", date, driver, epoch)), []byte(key), nil)
 		if err := b.Commit(pebble.Sync); err != nil {
@@ -161,6 +186,15 @@ func (w *Wallet) Handler() http.Handler {
 			return
 		}
 		epoch, _ := strconv.ParseInt(r.Header.Get("Flow-Epoch"), 10, 64)
+		if w.latency > 0 {
+			t := time.NewTimer(w.latency)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
 		applied, dup, err := w.Apply(body.Driver, body.Date, cents, epoch, r.Header.Get("Idempotency-Key"))
 		switch {
 		case errors.Is(err, ErrStale):

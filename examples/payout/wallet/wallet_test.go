@@ -10,14 +10,17 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestCreditsAreFencedAndIdempotent(t *testing.T) {
-	w, err := Open(t.TempDir())
+type creditFunc func(driver string, cents int, epoch, key string) int
+
+// serve starts a wallet with opts behind an HTTP server and returns a credit function
+// and a ledger reader for 2026-11-28.
+func serve(t *testing.T, opts ...Option) (creditFunc, func() Ledger) {
+	w, err := Open(t.TempDir(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
 	srv := httptest.NewServer(w.Handler())
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close(); w.Close() })
 	credit := func(driver string, cents int, epoch, key string) int {
 		body, _ := json.Marshal(map[string]any{"driver": driver, "date": "2026-11-28", "cents": cents})
 		req, _ := http.NewRequest("POST", srv.URL+"/credit", bytes.NewReader(body))
@@ -30,6 +33,23 @@ func TestCreditsAreFencedAndIdempotent(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
+	ledger := func() Ledger {
+		resp, err := http.Get(srv.URL + "/ledger?date=2026-11-28")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var l Ledger
+		if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	return credit, ledger
+}
+
+func TestCreditsAreFencedAndIdempotent(t *testing.T) {
+	credit, ledger := serve(t)
 	if c := credit("d1", 1250, "10", "k1"); c != 200 {
 		t.Fatalf("first credit: %d", c)
 	}
@@ -48,17 +68,25 @@ func TestCreditsAreFencedAndIdempotent(t *testing.T) {
 	if c := credit("", 1, "12", "k3"); c != 400 {
 		t.Fatalf("bad credit: %d", c)
 	}
-	resp, err := http.Get(srv.URL + "/ledger?date=2026-11-28")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var l Ledger
-	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
-		t.Fatal(err)
-	}
-	if l.Drivers != 2 || l.TotalCents != 1750 || l.Rejected != 1 || l.Duplicates != 1 {
+	if l := ledger(); l.Drivers != 2 || l.TotalCents != 1750 || l.Rejected != 1 || l.Duplicates != 1 {
 		t.Fatalf("ledger %+v", l)
+	}
+}
+
+// Negative control: the same sequence with the guards off pays d1 three times (the
+// first owner, the new owner repeating the unacknowledged item, the zombie's late
+// credit): the damage the epoch check and the idempotency key prevent.
+func TestWithoutGuardsTheZombiePaysAgain(t *testing.T) {
+	credit, ledger := serve(t, WithoutGuards())
+	for _, c := range []struct {
+		epoch, key string
+	}{{"10", "k1"}, {"12", "k1"}, {"10", "k1"}} {
+		if code := credit("d1", 1250, c.epoch, c.key); code != 200 {
+			t.Fatalf("credit at epoch %s: %d", c.epoch, code)
+		}
+	}
+	if l := ledger(); l.TotalCents != 3*1250 {
+		t.Fatalf("without guards d1 got %d cents, want the triple payout %d: the control cannot see the damage", l.TotalCents, 3*1250)
 	}
 }
 
