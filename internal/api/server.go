@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,7 +29,19 @@ type Server struct {
 	e    *engine.Engine
 	svc  micro.Service
 	node *nats.Subscription
+	// Requests are handled each on a goroutine of its own (an endpoint's subscription
+	// delivers one message at a time: a slow or waiting handler would hold up the rest),
+	// at most maxConcurrent at once, all ended by Stop.
+	waitCtx  context.Context
+	stopWait context.CancelFunc
+	waits    sync.WaitGroup
+	slots    chan struct{}
+	mu       sync.Mutex
+	stopped  bool // under mu: no request starts after Stop began waiting
 }
+
+// maxConcurrent bounds the requests one node handles at once; more wait in NATS.
+const maxConcurrent = 256
 
 type handler func(ctx context.Context, r *Req) (any, error)
 
@@ -51,6 +64,8 @@ func Serve(e *engine.Engine) (*Server, error) {
 		return nil, fmt.Errorf("api: %w", err)
 	}
 	s := &Server{e: e, svc: svc}
+	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
+	s.slots = make(chan struct{}, maxConcurrent)
 	ops := map[string]handler{
 		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
 		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
@@ -59,9 +74,10 @@ func Serve(e *engine.Engine) (*Server, error) {
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
 		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "drill.zombie": s.drillZombie,
 	}
+	ops["run.wait"] = s.runWait
 	for op, h := range ops {
 		name := strings.ReplaceAll(op, ".", "-")
-		if err := svc.AddEndpoint(name, s.wrap(h), micro.WithEndpointSubject(Subject+"."+op),
+		if err := svc.AddEndpoint(name, s.async(s.wrap(h)), micro.WithEndpointSubject(Subject+"."+op),
 			micro.WithEndpointQueueGroup("flow-api")); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("api: endpoint %s: %w", op, err)
@@ -83,10 +99,62 @@ func Serve(e *engine.Engine) (*Server, error) {
 	return s, nil
 }
 
-// Stop stops serving.
+// Stop stops serving (run.wait requests in flight are answered with the run as it is).
 func (s *Server) Stop() {
 	_ = s.node.Unsubscribe()
 	_ = s.svc.Stop()
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.stopWait()
+	s.waits.Wait()
+}
+
+// async runs h on a goroutine of its own, owned by the server, once a slot is free.
+func (s *Server) async(h micro.HandlerFunc) micro.HandlerFunc {
+	return func(req micro.Request) {
+		s.slots <- struct{}{}
+		s.mu.Lock()
+		if s.stopped { // a message delivered while the subscription was going away
+			s.mu.Unlock()
+			<-s.slots
+			_ = req.Error(CodeInternal, "this node is stopping: try again (another node answers)", nil)
+			return
+		}
+		s.waits.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer func() { <-s.slots; s.waits.Done() }()
+			h(req)
+		}()
+	}
+}
+
+// maxWait bounds one run.wait (below the 2m every request gets); a client wanting
+// longer asks again.
+const maxWait = time.Minute
+
+// runWait answers with the run once it has ended, or as it is when the wait (default
+// 30s) passes or the server stops: the client looks at the status and may ask again.
+func (s *Server) runWait(ctx context.Context, r *Req) (any, error) {
+	d := 30 * time.Second
+	if r.Wait != "" {
+		var err error
+		if d, err = time.ParseDuration(r.Wait); err != nil || d <= 0 || d > maxWait {
+			return nil, badRequest("wait %q: use a duration from 1ms to %s, such as 30s", r.Wait, maxWait)
+		}
+	}
+	if _, err := s.view(r); err != nil { // unknown runs fail now, not after the wait
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	stop := context.AfterFunc(s.waitCtx, cancel)
+	defer stop()
+	if _, err := s.e.WaitRun(wctx, r.ID); err != nil && wctx.Err() == nil {
+		return nil, err
+	}
+	return s.runGet(ctx, r)
 }
 
 func (s *Server) wrap(h handler) micro.HandlerFunc {
@@ -271,7 +339,7 @@ func (s *Server) runHistory(_ context.Context, r *Req) (any, error) {
 	out := []Event{}
 	for _, e := range v.Events {
 		out = append(out, Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
-			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: ts(e.At)})
+			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: tsNano(e.At)})
 	}
 	return out, nil
 }

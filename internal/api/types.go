@@ -30,6 +30,8 @@ type Req struct {
 	Limit    int               `json:"limit,omitempty"`
 	After    string            `json:"after,omitempty"`
 	Inputs   map[string]string `json:"inputs,omitempty"`
+	// Wait bounds run.wait (a Go duration, default 1m, at most 10m).
+	Wait string `json:"wait,omitempty"`
 }
 
 // Run is the contract's JSON shape of a run.
@@ -150,6 +152,14 @@ type Tick struct {
 	At      string `json:"at"`
 	Outcome string `json:"outcome"`
 	RunID   string `json:"run_id,omitempty"`
+}
+
+// tsNano is ts with the fraction of the second (history events: steps take less than one).
+func tsNano(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
 }
 
 func ts(t time.Time) string {

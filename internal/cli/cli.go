@@ -190,7 +190,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
-	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill)
+	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.benchCommand())
 	return root
 }
 

@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/internal/api"
+)
+
+// flowctl bench runs both workloads against a live flowd and prints one line each.
+func TestBench(t *testing.T) {
+	e := startFlowd(t)
+	code, out, errOut := e.flowctl("bench", "--w1-runs", "20", "--w1-in-flight", "4", "--w2-runs", "5")
+	if code != 0 {
+		t.Fatalf("bench: %d %q %q", code, out, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "W1  20 runs x 5 no-op steps, 4 in flight: ") ||
+		!strings.HasPrefix(lines[1], "W2  5 runs x 10 no-op steps, 1 in flight: ") || !strings.Contains(lines[1], "step p50") {
+		t.Fatalf("bench output:\n%s", out)
+	}
+	code, out, _ = e.flowctl("-o", "json", "bench", "w2", "--w2-runs", "3")
+	var res []BenchResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res) != 1 || res[0].Workload != "W2" || res[0].Runs != 3 ||
+		res[0].Failed != 0 || res[0].RunP50ms <= 0 || res[0].StepP50ms <= 0 || res[0].StepsPerS <= 0 {
+		t.Fatalf("bench -o json: %d %s", code, out)
+	}
+	for _, args := range [][]string{{"bench", "w3"}, {"bench", "--w1-runs", "0"}, {"bench", "--w1-in-flight", "-1"}} {
+		if code, _, errOut := e.flowctl(args...); code != 2 || errOut == "" {
+			t.Errorf("%v: %d %q, want usage error", args, code, errOut)
+		}
+	}
+}
+
+// run.wait answers when the run ends, or with the run as it is when the wait passes;
+// unknown runs and bad waits fail at once.
+func TestRunWait(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("slow.yaml", "name: slow\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1s}\n")
+	if code, out, _ := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatal(out)
+	}
+	c, err := api.Dial(e.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	var started map[string]string
+	if err := c.Call(ctx, "run.start", api.Req{Workflow: "slow"}, &started); err != nil {
+		t.Fatal(err)
+	}
+	var r api.Run
+	if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: "10ms"}, &r); err != nil || r.Status == "succeeded" {
+		t.Fatalf("short wait: %v %q, want the run still going", err, r.Status)
+	}
+	if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: "30s"}, &r); err != nil || r.Status != "succeeded" {
+		t.Fatalf("wait: %v %q", err, r.Status)
+	}
+	t0 := time.Now()
+	var ae *api.Error
+	if err := c.Call(ctx, "run.wait", api.Req{ID: "no-such-run"}, &r); !errors.As(err, &ae) || ae.Code != api.CodeNotFound || time.Since(t0) > 10*time.Second {
+		t.Fatalf("unknown run: %v after %s", err, time.Since(t0))
+	}
+	for _, w := range []string{"forever", "-1s", "2h"} {
+		if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: w}, &r); !errors.As(err, &ae) || ae.Code != api.CodeBadRequest {
+			t.Errorf("wait %q: %v, want bad_request", w, err)
+		}
+	}
+}
