@@ -46,6 +46,9 @@ type LogConfig struct {
 	MaxOutputBytes int
 	// MaxBatchEntries bounds the entries packed into one message (default 256).
 	MaxBatchEntries int
+	// NoOwnApply leaves every message to the applier, including this node's own (for
+	// benchmarks comparing the two).
+	NoOwnApply bool
 	// PublishTimeout bounds the retries of one publish (default 10s).
 	PublishTimeout time.Duration
 	Logger         *slog.Logger
@@ -82,6 +85,14 @@ type request struct {
 	kind   Kind
 	run    string
 	ticket *Ticket
+	then   *request // the next entry that must share this one's message (AppendAll)
+}
+
+// chain calls fn for r and the entries that must share its message.
+func (r *request) chain(fn func(*request)) {
+	for ; r != nil; r = r.then {
+		fn(r)
+	}
 }
 
 // Ticket is an appended entry's pending outcome.
@@ -246,6 +257,46 @@ func (l *Log) Store() *Store { return l.cfg.Store }
 // Append validates and queues an entry for the next log message. The returned ticket's
 // Await gives the outcome.
 func (l *Log) Append(ctx context.Context, e Entry) (*Ticket, error) {
+	r, err := l.encode(e)
+	if err != nil {
+		return nil, err
+	}
+	return r.ticket, l.enqueue(ctx, r)
+}
+
+// AppendAll queues entries that go into one log message together, in this order (so a
+// run's last commit and its completion cost one synced write, not two). Each has its own
+// ticket and outcome: a message's entries are applied one after the other, each judged on
+// the state the ones before it left.
+func (l *Log) AppendAll(ctx context.Context, entries ...Entry) ([]*Ticket, error) {
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	if len(entries) > l.cfg.MaxBatchEntries {
+		return nil, fmt.Errorf("%w: %d entries for one message, at most %d", ErrInvalidEntry, len(entries), l.cfg.MaxBatchEntries)
+	}
+	var head, tail *request
+	tickets := make([]*Ticket, len(entries))
+	size := 0
+	for i, e := range entries {
+		r, err := l.encode(e)
+		if err != nil {
+			return nil, err
+		}
+		if size += len(r.data) + 1; size > l.maxBytes {
+			return nil, fmt.Errorf("%w: %d entries of %d bytes together do not fit one log message (at most %d)", ErrOutputTooLarge, len(entries), size, l.maxBytes)
+		}
+		if head == nil {
+			head = r
+		} else {
+			tail.then = r
+		}
+		tail, tickets[i] = r, r.ticket
+	}
+	return tickets, l.enqueue(ctx, head)
+}
+
+func (l *Log) encode(e Entry) (*request, error) {
 	if e.At.IsZero() {
 		e.At = time.Now().UTC()
 	}
@@ -263,24 +314,26 @@ func (l *Log) Append(ctx context.Context, e Entry) (*Ticket, error) {
 	if len(data) > l.maxBytes {
 		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), l.maxBytes)
 	}
-	t := &Ticket{log: l, done: make(chan struct{})}
-	r := &request{data: data, kind: e.Kind, run: e.Run, ticket: t}
+	return &request{data: data, kind: e.Kind, run: e.Run, ticket: &Ticket{log: l, done: make(chan struct{})}}, nil
+}
+
+func (l *Log) enqueue(ctx context.Context, r *request) error {
 	select {
 	case <-l.stopped:
-		return nil, ErrStopped
+		return ErrStopped
 	case <-l.failed:
-		return nil, l.Err()
+		return l.Err()
 	default:
 	}
 	select {
 	case l.queue <- r:
-		return t, nil
+		return nil
 	case <-l.stopped:
-		return nil, ErrStopped
+		return ErrStopped
 	case <-l.failed:
-		return nil, l.Err()
+		return l.Err()
 	case <-ctx.Done():
-		return nil, fmt.Errorf("checkpoint: append: %w", ctx.Err())
+		return fmt.Errorf("checkpoint: append: %w", ctx.Err())
 	}
 }
 
@@ -365,27 +418,41 @@ func (l *Log) runWriter(ctx context.Context) {
 
 type batcher struct {
 	l        *Log
-	batch    []*request
+	batch    []*request // heads of chains
 	size     int
+	entries  int
 	assigned map[string]bool
 }
 
-// add takes r into the batch, or reports that it must open the next one.
+// add takes r (and the entries chained to it) into the batch, or reports that it must
+// open the next one.
 func (b *batcher) add(r *request) bool {
-	if len(b.batch) > 0 && (b.size+len(r.data)+1 > b.l.maxBytes || len(b.batch) >= b.l.cfg.MaxBatchEntries) {
+	size, n := 0, 0
+	var runs []string
+	r.chain(func(x *request) {
+		size += len(x.data) + 1
+		n++
+		if x.kind == KindAssign {
+			runs = append(runs, x.run)
+		}
+	})
+	if len(b.batch) > 0 && (b.size+size > b.l.maxBytes || b.entries+n > b.l.cfg.MaxBatchEntries) {
 		return false
 	}
-	if r.kind == KindAssign {
-		// Two assigns of one run in one message would share an epoch.
-		if b.assigned[r.run] {
+	// Two assigns of one run in one message would share an epoch.
+	for _, run := range runs {
+		if b.assigned[run] {
 			return false
 		}
+	}
+	for _, run := range runs {
 		if b.assigned == nil {
 			b.assigned = map[string]bool{}
 		}
-		b.assigned[r.run] = true
+		b.assigned[run] = true
 	}
-	b.size += len(r.data) + 1
+	b.size += size
+	b.entries += n
 	b.batch = append(b.batch, r)
 	return true
 }
@@ -408,7 +475,7 @@ func (l *Log) drainQueue() {
 	for {
 		select {
 		case r := <-l.queue:
-			r.ticket.resolve(0, ErrStopped)
+			r.chain(func(x *request) { x.ticket.resolve(0, ErrStopped) })
 		default:
 			return
 		}
@@ -417,10 +484,12 @@ func (l *Log) drainQueue() {
 
 func (l *Log) publish(ctx context.Context, batch []*request) {
 	id := l.cfg.Node + "." + l.nonce + "." + strconv.FormatUint(l.counter.Add(1), 36)
-	tickets := make([]*Ticket, len(batch))
-	datas := make([][]byte, len(batch))
-	for i, r := range batch {
-		tickets[i], datas[i] = r.ticket, r.data
+	tickets := make([]*Ticket, 0, len(batch))
+	datas := make([][]byte, 0, len(batch))
+	for _, r := range batch {
+		r.chain(func(x *request) {
+			tickets, datas = append(tickets, x.ticket), append(datas, x.data)
+		})
 	}
 	l.mu.Lock()
 	l.mu.pending[id] = tickets
@@ -432,19 +501,40 @@ func (l *Log) publish(ctx context.Context, batch []*request) {
 	retry := backoff.Policy{Base: 20 * time.Millisecond, Cap: time.Second}
 	for attempt := 0; ; attempt++ {
 		// The message ID makes a retried publish a duplicate, not a second entry.
-		_, err := l.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(l.cfg.Stream))
+		ack, err := l.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(l.cfg.Stream))
 		if err == nil {
-			return // the applier resolves the tickets
+			l.applyOwn(id, ack.Sequence, msg.Data)
+			return // else the applier resolves the tickets
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrMaxPayload) {
 			l.abandon(id, fmt.Errorf("%w: %v", ErrAppendUncertain, err))
 			return
 		}
-		l.log.Warn("log publish failed; retrying", "err", err, "attempt", attempt, "entries", len(batch))
+		l.log.Warn("log publish failed; retrying", "err", err, "attempt", attempt, "entries", len(tickets))
 		if retry.Sleep(pctx, attempt) != nil {
-			l.abandon(id, fmt.Errorf("%w: publish of %d entries failed for %s: %v", ErrAppendUncertain, len(batch), l.cfg.PublishTimeout, err))
+			l.abandon(id, fmt.Errorf("%w: publish of %d entries failed for %s: %v", ErrAppendUncertain, len(tickets), l.cfg.PublishTimeout, err))
 			return
 		}
+	}
+}
+
+// applyOwn applies the message this node just published, from memory, when it is the
+// next one to apply: its writers learn their outcome without waiting for the consumer to
+// deliver their own message back (docs/perf.md). The bytes are the ones the log holds at
+// seq (an acknowledged duplicate of a retried publish has the same ID and bytes), so the
+// outcome is the one every other node computes. Otherwise the applier applies it.
+func (l *Log) applyOwn(id string, seq uint64, data []byte) {
+	if l.cfg.NoOwnApply {
+		return
+	}
+	results, applied, err := l.cfg.Store.ApplyNext(seq, data)
+	if err != nil {
+		l.log.Error("applier stopped", "seq", seq, "err", err)
+		l.fail(err)
+		return
+	}
+	if applied {
+		l.applied(id, seq, results)
 	}
 }
 
@@ -488,6 +578,9 @@ func (l *Log) runApplier(it jetstream.MessagesContext) {
 			l.log.Error("applier stopped", "seq", seq, "err", err)
 			l.fail(err)
 			return
+		}
+		if results == nil {
+			continue // its writer here applied it already (applyOwn)
 		}
 		l.applied(msg.Headers().Get(jetstream.MsgIDHeader), seq, results)
 	}

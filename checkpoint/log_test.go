@@ -203,3 +203,157 @@ func TestApplierStopsOnCorruptMessage(t *testing.T) {
 		t.Fatalf("applied %d, want 1", env.store.Applied())
 	}
 }
+
+// AppendAll: the entries share one message whatever other writers do meanwhile, each
+// gets its own outcome, and a group too big for one message is refused before publishing.
+func TestAppendAllSharesOneMessage(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	l := env.log
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() { // other writers keep the queue busy
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = l.Write(ctx, submitEntry(fmt.Sprintf("noise-%d", i), StepSpec{Name: "one"}))
+		}
+	}()
+	for i := 0; i < 30; i++ {
+		id := fmt.Sprintf("g%d", i)
+		ts, err := l.AppendAll(ctx, submitEntry(id, StepSpec{Name: "one"}), Entry{Kind: KindAssign, Run: id, Term: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tk := range ts {
+			if err := tk.Await(ctx); err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+		}
+		r, err := env.store.Run(id)
+		if err != nil || ts[0].Seq() != ts[1].Seq() || r.Epoch != int64(ts[1].Seq()) {
+			t.Fatalf("%s: submit in message %d, assign in %d, epoch %d (%v): want one message", id, ts[0].Seq(), ts[1].Seq(), r.Epoch, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	// Each entry is judged on its own: a fenced commit, then a completion that needs it.
+	old := int64(0)
+	if r, err := env.store.Run("g0"); err == nil {
+		old = r.Epoch
+	}
+	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "g0", Epoch: old, Owner: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := l.Write(ctx, Entry{Kind: KindAssign, Run: "g0", Epoch: old, Term: 1, Reason: ReasonLeaseExpired})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "g0", Epoch: int64(cur), Owner: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	ts, err := l.AppendAll(ctx, Entry{Kind: KindCommit, Run: "g0", Step: "one", Item: ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{}`)},
+		Entry{Kind: KindComplete, Run: "g0", Epoch: int64(cur), Owner: "b", Status: StatusSucceeded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Await(ctx); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale commit in a group: %v, want ErrFenced", err)
+	}
+	if err := ts[1].Await(ctx); !errors.Is(err, ErrConflict) {
+		t.Fatalf("completion after a fenced commit: %v, want a conflict (step one never succeeded)", err)
+	}
+
+	before, _ := l.LastSeq(ctx)
+	half := json.RawMessage(`"` + strings.Repeat("x", DefaultMaxOutputBytes-100) + `"`)
+	var group []Entry
+	for i := 0; i < 10; i++ {
+		group = append(group, Entry{Kind: KindCommit, Run: "g1", Step: "one", Item: i, Epoch: 5, Owner: "a", Output: half})
+	}
+	if _, err := l.AppendAll(ctx, group...); !errors.Is(err, ErrOutputTooLarge) {
+		t.Fatalf("10 MiB in one group: %v, want ErrOutputTooLarge", err)
+	}
+	if after, _ := l.LastSeq(ctx); after != before {
+		t.Fatalf("a refused group reached the log")
+	}
+}
+
+// Two nodes writing at once: each applies its own messages from the publish ack when
+// they are next (applyOwn) and leaves the rest to its applier; both end in the same
+// state, equal to a replay by a third node that wrote nothing, and every writer got the
+// outcome the log's order implies (half the submits are repeats: ErrRunExists).
+func TestOwnApplyAgreesWithTheLog(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	open := func(node string) (*Log, *Store) {
+		s := memStore(t, Unsafe{})
+		l, err := OpenLog(ctx, LogConfig{JS: env.js, Store: s, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Stop)
+		return l, s
+	}
+	la, sa := env.log, env.store
+	lb, sb := open("node-b")
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for w, l := range []*Log{la, lb, la, lb} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				id := fmt.Sprintf("r%d", i) // all four writers submit the same runs
+				_, err := l.Write(ctx, submitEntry(id, StepSpec{Name: "one"}))
+				if err != nil && !errors.Is(err, ErrRunExists) {
+					errs <- fmt.Errorf("writer %d: %v", w, err)
+				}
+				if err == nil {
+					errs <- nil // a first submit
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	firsts := 0
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+		firsts++
+	}
+	if firsts != 50 {
+		t.Fatalf("%d submits accepted for 50 runs: a run was created twice or never", firsts)
+	}
+	last, err := la.LastSeq(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, sc := open("node-c")
+	for _, l := range []*Log{la, lb, lc} {
+		if err := l.WaitApplied(ctx, last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dumps []string
+	for _, s := range []*Store{sa, sb, sc} {
+		var b bytes.Buffer
+		if err := s.Dump(&b); err != nil {
+			t.Fatal(err)
+		}
+		dumps = append(dumps, b.String())
+	}
+	if dumps[0] != dumps[1] || dumps[1] != dumps[2] {
+		t.Fatalf("the writers' states differ from each other or from a replay")
+	}
+}

@@ -146,6 +146,23 @@ func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
 	if seq <= s.applied.Load() {
 		return nil, nil
 	}
+	return s.applyLocked(seq, data)
+}
+
+// ApplyNext applies message seq only if it is the next one (applied+1): the writer of a
+// message applies it from memory when its publish is acknowledged, and leaves it to the
+// applier otherwise. applied reports whether it did.
+func (s *Store) ApplyNext(seq uint64, data []byte) (results []error, applied bool, err error) {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if seq != s.applied.Load()+1 {
+		return nil, false, nil
+	}
+	results, err = s.applyLocked(seq, data)
+	return results, err == nil, err
+}
+
+func (s *Store) applyLocked(seq uint64, data []byte) ([]error, error) {
 	entries, err := decodeEnvelope(seq, data)
 	if err != nil {
 		return nil, err
