@@ -213,7 +213,9 @@ func (l *Log) Start(ctx context.Context) error {
 			return
 		}
 		var it jetstream.MessagesContext
-		it, err = cons.Messages()
+		// Idle heartbeats every second: a consumer whose server went away is noticed
+		// (two missed) and recreated in seconds, not the default's ten.
+		it, err = cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
 		if err != nil {
 			err = fmt.Errorf("checkpoint: consume %s: %w", l.cfg.Stream, err)
 			return

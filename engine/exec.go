@@ -129,15 +129,29 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 	defer cancel()
 	tickets, err := x.e.clog.AppendAll(ctx, es...)
 	if err != nil {
+		if !isVerdict(err) {
+			err = x.steal(err)
+		}
 		return fail(err)
 	}
 	for i, t := range tickets {
 		errs[i] = t.Await(ctx)
-		if errors.Is(errs[i], checkpoint.ErrFenced) || errors.Is(errs[i], checkpoint.ErrAppendUncertain) {
+		if errs[i] != nil && !isVerdict(errs[i]) {
 			errs[i] = x.steal(errs[i])
 		}
 	}
 	return errs
+}
+
+// isVerdict tells the log's judgement of an entry (refused for what it says: the step's
+// output too large, a conflict with the run's state) from not knowing the outcome: the
+// log unreachable or slower than the write's deadline, the node stopping. Fenced is a
+// verdict too, but on the epoch. Not knowing ends the epoch like a lost lease (the run
+// is reclaimed and resumes from what the log holds); it never fails the run, which would
+// make an infrastructure outage look like the run's own failure.
+func isVerdict(err error) bool {
+	return !errors.Is(err, checkpoint.ErrFenced) && (errors.Is(err, checkpoint.ErrConflict) ||
+		errors.Is(err, checkpoint.ErrInvalidEntry) || errors.Is(err, checkpoint.ErrOutputTooLarge))
 }
 
 // commit writes a whole step's checkpoint. When it is the run's last step (every other

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,5 +77,90 @@ func waitLeader(t *testing.T, e *Engine) {
 		}
 		ctx := ctxT(t, time.Second)
 		_ = waitFor(ctx, e.clog, func() bool { return e.Leading() != nil })
+	}
+}
+
+// A write whose outcome is unknown ends the epoch (the run is reclaimed and resumes);
+// only the log's verdicts on the entry itself fail a step.
+func TestWriteErrorsThatFailAStep(t *testing.T) {
+	for _, c := range []struct {
+		err     error
+		verdict bool
+	}{
+		{fmt.Errorf("x: %w", checkpoint.ErrConflict), true},
+		{fmt.Errorf("x: %w", checkpoint.ErrOutputTooLarge), true},
+		{fmt.Errorf("x: %w", checkpoint.ErrInvalidEntry), true},
+		{&checkpoint.FencedError{}, false},
+		{fmt.Errorf("x: %w", checkpoint.ErrAppendUncertain), false},
+		{fmt.Errorf("checkpoint: await: %w", context.DeadlineExceeded), false},
+		{checkpoint.ErrStopped, false},
+		{fmt.Errorf("x: %w", checkpoint.ErrCorruptLog), false},
+	} {
+		if got := isVerdict(c.err); got != c.verdict {
+			t.Errorf("isVerdict(%v) = %v, want %v", c.err, got, c.verdict)
+		}
+	}
+}
+
+// ghostClaim makes a run look claimed by a worker holding no lease, as the leader sees a
+// run claimed a moment ago whose lease its watcher has not caught up with; at is the
+// claim's time by the writer's clock.
+func ghostClaim(t *testing.T, e *Engine, id string, at time.Time) int64 {
+	t.Helper()
+	ctx := ctxT(t, 10*time.Second)
+	term := e.Leading()
+	if term == nil {
+		t.Fatal("not leading")
+	}
+	sub := checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "test", At: at, Submit: &checkpoint.Submit{
+		Workflow: "chain", Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: 5, Steps: []checkpoint.StepSpec{{Name: "s1"}}}}
+	// One message, as the leader's StartRun does: the scheduler never sees it unassigned.
+	ts, err := e.clog.AppendAll(ctx, sub, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: term.Term(), Owner: "test", At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range ts {
+		if err := tk.Await(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := ts[1].Seq()
+	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: id, Epoch: int64(ep), Owner: "ghost", At: at}); err != nil {
+		t.Fatal(err)
+	}
+	return int64(ep)
+}
+
+func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Duration {
+	t.Helper()
+	start := time.Now()
+	ctx := ctxT(t, 20*time.Second)
+	if err := waitFor(ctx, e.clog, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
+		t.Fatalf("run %s never reclaimed: %v", id, err)
+	}
+	return time.Since(start)
+}
+
+// Reconcile reclaims a running run without a live lease, but one the log changed less
+// than a TTL ago only once it has gone without a lease for a TTL: the lease watcher may
+// lag behind the log, and a reclaim costs a counted epoch change. A run quiet for longer
+// is reclaimed at the next pass.
+func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
+	waitLeader(t, e)
+	apply(t, e, chainWorkflow("chain", 1))
+	ttl := e.leases.Config().TTL
+
+	ep := ghostClaim(t, e, "fresh", time.Now())
+	if d := waitEpochChange(t, e, "fresh", ep); d < ttl*9/10 {
+		t.Fatalf("a run claimed a moment ago was reclaimed after %s, before a lease TTL (%s) without a lease", d, ttl)
+	}
+	ep = ghostClaim(t, e, "quiet", time.Now().Add(-3*ttl))
+	d := waitEpochChange(t, e, "quiet", ep)
+	t.Logf("fresh claim waited out a TTL; a claim quiet for 3 TTLs was reclaimed after %s", d)
+	for _, id := range []string{"fresh", "quiet"} {
+		if r, _ := e.store.Run(id); r.Epochs[len(r.Epochs)-1].Reason != checkpoint.ReasonReconciled {
+			t.Fatalf("%s: reclaimed with reason %q", id, r.Epochs[len(r.Epochs)-1].Reason)
+		}
 	}
 }

@@ -20,6 +20,19 @@ type scheduler struct {
 	term    *epoch.Term
 	watcher *epoch.LeaseWatcher
 	delayed map[string]time.Time // runs waiting out the lock delay, by when they may be reclaimed
+	// suspects are running runs a reconcile pass found without a live lease although the
+	// log changed them less than a TTL ago, with when it first did (monotonic). They are
+	// reclaimed once that has lasted a TTL: the lease watcher can lag behind the log (a
+	// run claimed a moment ago, after a NATS server was lost and the streams recovered),
+	// and a reclaim costs the run a counted epoch change. Runs quiet for a TTL, and lapses
+	// the watcher sees, are reclaimed at once. (A wrong wall clock on a writer can only
+	// make a reclaim come a TTL later, or as early as before this rule.)
+	suspects map[string]suspect
+}
+
+type suspect struct {
+	epoch int64
+	since time.Time
 }
 
 func newScheduler(e *Engine, term *epoch.Term) *scheduler { return &scheduler{e: e, term: term} }
@@ -252,13 +265,34 @@ func (s *scheduler) reconcile(ctx context.Context) {
 		s.announceDeadLetter(r.ID)
 		return ctx.Err() == nil
 	})
+	ttl := s.e.leases.Config().TTL
+	if s.suspects == nil {
+		s.suspects = map[string]suspect{}
+	}
+	seen := map[string]bool{}
 	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusRunning}, func(r *checkpoint.Run) bool {
-		if l, ok := s.watcher.Live(r.ID); !ok || l.Epoch != r.Epoch {
+		seen[r.ID] = true
+		if l, ok := s.watcher.Live(r.ID); ok && l.Epoch == r.Epoch {
+			delete(s.suspects, r.ID)
+			return ctx.Err() == nil
+		}
+		sus, known := s.suspects[r.ID]
+		known = known && sus.epoch == r.Epoch
+		switch {
+		case time.Since(r.UpdatedAt) >= ttl, known && time.Since(sus.since) >= ttl:
+			// Quiet for a TTL by the log's clock, or lease-less for a TTL by ours.
+			delete(s.suspects, r.ID)
 			s.reclaim(ctx, r.ID, r.Epoch, checkpoint.ReasonReconciled)
+		case !known:
+			s.suspects[r.ID] = suspect{epoch: r.Epoch, since: time.Now()}
 		}
 		return ctx.Err() == nil
 	})
-	ttl := s.e.leases.Config().TTL
+	for id := range s.suspects {
+		if !seen[id] {
+			delete(s.suspects, id) // finished, or moved on
+		}
+	}
 	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
 		if !needsAssign(r) && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
 			// Assigned, never claimed: the task may be lost. Re-queueing the same
