@@ -3,7 +3,6 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -48,11 +47,8 @@ func call(t *testing.T, cl *api.Client, op string, req api.Req, out any) error {
 // NATS node loss: two flowd nodes on a three-server JetStream cluster; one server is
 // SIGKILLed while runs are going: every run finishes, every step committed once.
 func TestNATSNodeLoss(t *testing.T) {
-	if os.Getenv("FLOW_CLUSTER_TESTS") == "" {
-		// Not in CI yet: on a 2-core machine the cluster takes 15-80 s to recover from
-		// the lost server (stream leader elections under SyncAlways), too close to the
-		// deadlines to be reliable. Run with FLOW_CLUSTER_TESTS=1.
-		t.Skip("set FLOW_CLUSTER_TESTS=1 to run the NATS cluster tests")
+	if testing.Short() {
+		t.Skip("starts a three-server NATS cluster and kills one")
 	}
 	c := StartNATS(t, 3)
 	waitJetStream(t, c)
@@ -91,8 +87,12 @@ func TestNATSNodeLoss(t *testing.T) {
 		return call(t, cl, "run.get", api.Req{ID: ids[0]}, &r) == nil && r.Status == "running"
 	})
 	c.Servers[1].Kill()
+	killed := time.Now()
+	// One deadline for all: on two cores the streams' new leaders take from seconds to
+	// about a minute (measured 6-122 s for the whole test, docs/failure-modes.md).
+	deadline := 4 * time.Minute
 	for _, id := range ids {
-		WaitFor(t, 90*time.Second, "run "+id+" to finish", func() bool {
+		WaitFor(t, max(deadline-time.Since(killed), time.Second), "run "+id+" to finish", func() bool {
 			var r api.Run
 			return call(t, cl, "run.get", api.Req{ID: id}, &r) == nil && (r.Status == "succeeded" || r.Status == "failed" || r.Status == "dead_lettered")
 		})
@@ -105,6 +105,7 @@ func TestNATSNodeLoss(t *testing.T) {
 			t.Fatalf("verify %s: %v %+v", id, err, v)
 		}
 	}
+	t.Logf("every run finished and verified %s after the NATS server was killed", time.Since(killed).Round(100*time.Millisecond))
 }
 
 func tail(s string) string {
