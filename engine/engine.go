@@ -45,6 +45,11 @@ type Engine struct {
 	stats   Stats
 	specs   sync.Map // "name@version" -> *workflow.Workflow
 
+	// Test switches for the degraded guard: one makes the node degraded, the other
+	// switches the guard off (its negative control).
+	forceDegraded, ignoreDegraded atomic.Bool
+	holdingBack                   atomic.Bool // the worker loop is waiting out a degraded lease
+
 	mu struct {
 		sync.Mutex
 		started, stopping bool

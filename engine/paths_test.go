@@ -164,3 +164,48 @@ func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
 		}
 	}
 }
+
+// A node whose leases cannot renew (degraded: trouble reaching NATS) takes no new task; the
+// run waits for it to recover (or for another node). With the guard off, the degraded
+// node takes the run: the control shows the guard is what holds it back.
+func TestDegradedNodeTakesNoNewWork(t *testing.T) {
+	for _, guard := range []bool{true, false} {
+		e := startEngine(t, nil)
+		waitLeader(t, e)
+		apply(t, e, chainWorkflow("chain", 1))
+		e.forceDegraded.Store(true)
+		e.ignoreDegraded.Store(!guard)
+		ctx := ctxT(t, 30*time.Second)
+		// A fetch already waiting when the switch flipped may still take a task: start
+		// the run once the worker loop holds back (its fetch ends within 2 s).
+		if guard {
+			deadline := time.Now().Add(10 * time.Second)
+			for !e.holdingBack.Load() {
+				if time.Now().After(deadline) {
+					t.Fatal("the worker loop never held back")
+				}
+				wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+				<-wctx.Done() // polling the worker loop's state, with a deadline
+				cancel()
+			}
+		}
+		id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		err = waitFor(wctx, e.clog, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
+		cancel()
+		taken := err == nil
+		if guard && taken {
+			t.Fatal("a degraded node claimed a new run")
+		}
+		if !guard && !taken {
+			t.Fatal("with the guard off the degraded node did not take the run: the control cannot see the guard")
+		}
+		e.forceDegraded.Store(false)
+		if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
+			t.Fatalf("after recovery: %v %+v", err, r)
+		}
+	}
+}

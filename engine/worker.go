@@ -27,6 +27,7 @@ func (e *Engine) runWorkers(ctx context.Context) {
 		}
 		for e.degraded() && ctx.Err() == nil {
 			// A lease that cannot renew means trouble reaching NATS: take no new work.
+			e.holdingBack.Store(true)
 			t := time.NewTimer(50 * time.Millisecond)
 			select {
 			case <-t.C:
@@ -34,6 +35,7 @@ func (e *Engine) runWorkers(ctx context.Context) {
 			}
 			t.Stop()
 		}
+		e.holdingBack.Store(false)
 		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		batch, err := e.tasks.Fetch(1, jetstream.FetchContext(fctx))
 		got := false
@@ -65,6 +67,12 @@ func (e *Engine) runWorkers(ctx context.Context) {
 func (e *Engine) waitRuns() {}
 
 func (e *Engine) degraded() bool {
+	if e.ignoreDegraded.Load() {
+		return false
+	}
+	if e.forceDegraded.Load() {
+		return true
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, x := range e.mu.running {
