@@ -207,7 +207,7 @@ func (c *chaosCluster) disrupt(ctx context.Context, id string, r *round) error {
 	}
 	// The new epoch's owner may not be known yet: the task can sit with the paused node's
 	// pending pull until its ack wait passes; the epoch list shows who took it.
-	r.Disruption = fmt.Sprintf("paused %s (owner, epoch %d) at %d/%d credits for %.1fs (lease TTL %s), until its lease lapsed and epoch %d took the run over; meanwhile killed %s and restarted it",
+	r.Disruption = fmt.Sprintf("paused %s (owner, epoch %d) at %d/%d credits for %.1fs, until its lease lapsed (TTL %s after its last renewal) and epoch %d took the run over; meanwhile killed %s and restarted it",
 		owner.id, oldEpoch, at, transfer(v).Items, paused.Seconds(), c.o.leaseTTL, v.Epoch, victim.id)
 
 	// (2) Kill the new owner once it has paid 5% more, if the transfer still runs then.
