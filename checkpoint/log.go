@@ -556,6 +556,11 @@ func (l *Log) runApplier(it jetstream.MessagesContext) {
 	defer l.wg.Done()
 	for {
 		msg, err := it.Next()
+		select {
+		case <-l.failed: // applyOwn failed: the state may be half-applied, apply nothing more
+			return
+		default:
+		}
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return
@@ -608,6 +613,10 @@ func (l *Log) applied(id string, seq uint64, results []error) {
 
 func (l *Log) fail(err error) {
 	l.mu.Lock()
+	if l.mu.err != nil { // the writer (applyOwn) and the applier may both fail
+		l.mu.Unlock()
+		return
+	}
 	l.mu.err = err
 	pending := l.mu.pending
 	l.mu.pending = map[string][]*Ticket{}

@@ -115,7 +115,8 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		return "", err
 	}
 	id := opts.ID
-	if id == "" {
+	generated := id == ""
+	if generated {
 		id = NewRunID()
 	}
 	if !checkpoint.ValidID(id) {
@@ -133,7 +134,10 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
 	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: e.cfg.NodeID, Submit: sub}
-	if term := e.Leading(); term != nil && w.Concurrency == 0 && term.Check() == nil {
+	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
+	// the submit may be refused as a repeat while the assign, judged on its own, would
+	// give the existing run an epoch past its workflow's limits.
+	if term := e.Leading(); generated && term != nil && w.Concurrency == 0 && term.Check() == nil {
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
 	if _, err := e.clog.Write(ctx, submit); err != nil {
@@ -145,8 +149,8 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 // submitAndAssign is StartRun on the leader: the run's first assign (with the term) rides
 // in the submit's log message and the task is queued at once, instead of the scheduler
 // reacting to the applied submit with a message of its own (one synced write and one
-// round trip less per run). Runs of a workflow with a concurrency limit always wait for
-// the scheduler. The log judges the assign like any other: if it is refused (the term
+// round trip less per run). Runs of a workflow with a concurrency limit, and runs whose ID
+// was given, always wait for the scheduler. The log judges the assign like any other: if it is refused (the term
 // ended meanwhile), the run is pending without an epoch and the next leader assigns it.
 func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, term *epoch.Term) error {
 	tickets, err := e.clog.AppendAll(ctx, submit, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: submit.Run,

@@ -163,6 +163,9 @@ func (x *runExec) commit(e checkpoint.Entry) error {
 		return x.write(e)
 	}
 	errs := x.writeAll(e, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
+	if errors.Is(errs[0], checkpoint.ErrOutputTooLarge) {
+		return x.write(e) // fits alone but not with the completion: execute completes
+	}
 	if errs[0] == nil && errs[1] == nil {
 		x.mu.Lock()
 		x.completed = true
@@ -250,8 +253,14 @@ func (x *runExec) execute() {
 			x.cancel(res.err) // siblings stop: the run fails (or was stolen)
 		}
 	}
+	x.mu.Lock()
+	completed := x.completed
+	x.mu.Unlock()
 	switch {
 	case x.isStolen():
+		return
+	case completed: // with the last commit; a drain meanwhile has nothing to hand back
+		x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
 		return
 	case errors.Is(context.Cause(x.ctx), errDrain):
 		x.handBack()
@@ -274,13 +283,6 @@ func (x *runExec) execute() {
 		}
 		x.complete(checkpoint.StatusFailed, "", fmt.Sprint(cause))
 	default:
-		x.mu.Lock()
-		completed := x.completed
-		x.mu.Unlock()
-		if completed {
-			x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
-			return
-		}
 		x.complete(checkpoint.StatusSucceeded, "", "")
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -38,6 +39,22 @@ func TestRunShortPaths(t *testing.T) {
 	}
 	if last == 0 || last != done {
 		t.Fatalf("last commit in message %d, completion in %d: want one message", last, done)
+	}
+
+	// A given run ID takes the scheduler's path: its submit may be a refused repeat.
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "given-id"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.WaitRun(ctx, "given-id"); err != nil {
+		t.Fatal(err)
+	}
+	v, _ = e.Run("given-id")
+	if sub, asg := seqOf(v, checkpoint.KindSubmit, ""), seqOf(v, checkpoint.KindAssign, ""); sub == asg {
+		t.Fatalf("a run with a given ID was assigned in its submit's message (%d)", sub)
+	}
+	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "given-id"}); !errors.Is(err, checkpoint.ErrRunExists) {
+		t.Fatalf("a repeated run ID: %v, want ErrRunExists", err)
 	}
 
 	apply(t, e, "name: limited\nconcurrency: 1\nsteps:\n  - name: a\n    uses: noop\n")

@@ -113,6 +113,7 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 		}
 		c.nodes = append(c.nodes, n)
 	}
+	c.lockStolen() // a reused --data-dir: count only what this run's nodes log
 	if c.nc, err = natsnode.Connect(c.natsURL, "payout-chaos"); err != nil {
 		return c, err
 	}

@@ -278,12 +278,23 @@ func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w 
 	}
 	r.Date = inputOf(got, "date")
 	fmt.Fprintf(o.out, "\npayout for %s: run %s\n", r.Date, started.ID)
+	// The disruption runs beside the progress loop and is always waited for: it must not
+	// touch the nodes once this returns (the nodes are stopped after).
 	chaosDone := make(chan error, 1)
+	dctx, stopChaos := context.WithCancel(ctx)
 	if c != nil {
-		go func() { chaosDone <- c.disrupt(ctx, started.ID, r) }()
+		go func() { chaosDone <- c.disrupt(dctx, started.ID, r) }()
 	} else {
 		chaosDone <- nil
 	}
+	waited := false
+	defer func() {
+		if !waited {
+			stopChaos()
+			<-chaosDone
+		}
+	}()
+	defer stopChaos()
 	last := time.Time{}
 	for {
 		v, err := getRun(ctx, cl, started.ID)
@@ -304,6 +315,7 @@ func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w 
 		case <-time.After(50 * time.Millisecond): // polling the run's state through the API
 		}
 	}
+	waited = true
 	if err := <-chaosDone; err != nil {
 		return r, err
 	}

@@ -35,13 +35,20 @@ type Server struct {
 	waitCtx  context.Context
 	stopWait context.CancelFunc
 	waits    sync.WaitGroup
-	slots    chan struct{}
-	mu       sync.Mutex
-	stopped  bool // under mu: no request starts after Stop began waiting
+	slots    chan struct{} // requests at once
+	// waiting bounds the run.wait requests on their own, so that waits (up to a minute
+	// each) never take the slots of the other requests.
+	waiting chan struct{}
+	mu      sync.Mutex
+	stopped bool // under mu: no request starts after Stop began waiting
 }
 
-// maxConcurrent bounds the requests one node handles at once; more wait in NATS.
-const maxConcurrent = 256
+// maxConcurrent bounds the requests one node handles at once, maxWaits the run.wait
+// requests; more wait in NATS.
+const (
+	maxConcurrent = 256
+	maxWaits      = 1024
+)
 
 type handler func(ctx context.Context, r *Req) (any, error)
 
@@ -66,6 +73,7 @@ func Serve(e *engine.Engine) (*Server, error) {
 	s := &Server{e: e, svc: svc}
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
 	s.slots = make(chan struct{}, maxConcurrent)
+	s.waiting = make(chan struct{}, maxWaits)
 	ops := map[string]handler{
 		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
 		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
@@ -77,7 +85,11 @@ func Serve(e *engine.Engine) (*Server, error) {
 	ops["run.wait"] = s.runWait
 	for op, h := range ops {
 		name := strings.ReplaceAll(op, ".", "-")
-		if err := svc.AddEndpoint(name, s.async(s.wrap(h)), micro.WithEndpointSubject(Subject+"."+op),
+		slots := s.slots
+		if op == "run.wait" {
+			slots = s.waiting
+		}
+		if err := svc.AddEndpoint(name, s.async(s.wrap(h), slots), micro.WithEndpointSubject(Subject+"."+op),
 			micro.WithEndpointQueueGroup("flow-api")); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("api: endpoint %s: %w", op, err)
@@ -110,21 +122,21 @@ func (s *Server) Stop() {
 	s.waits.Wait()
 }
 
-// async runs h on a goroutine of its own, owned by the server, once a slot is free.
-func (s *Server) async(h micro.HandlerFunc) micro.HandlerFunc {
+// async runs h on a goroutine of its own, owned by the server, once one of slots is free.
+func (s *Server) async(h micro.HandlerFunc, slots chan struct{}) micro.HandlerFunc {
 	return func(req micro.Request) {
-		s.slots <- struct{}{}
+		slots <- struct{}{}
 		s.mu.Lock()
 		if s.stopped { // a message delivered while the subscription was going away
 			s.mu.Unlock()
-			<-s.slots
+			<-slots
 			_ = req.Error(CodeInternal, "this node is stopping: try again (another node answers)", nil)
 			return
 		}
 		s.waits.Add(1)
 		s.mu.Unlock()
 		go func() {
-			defer func() { <-s.slots; s.waits.Done() }()
+			defer func() { <-slots; s.waits.Done() }()
 			h(req)
 		}()
 	}
