@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestLogWriteAwaitAndFence(t *testing.T) {
@@ -355,5 +356,49 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	}
 	if dumps[0] != dumps[1] || dumps[1] != dumps[2] {
 		t.Fatalf("the writers' states differ from each other or from a replay")
+	}
+}
+
+// An applier whose consumer went silent is restarted by the watchdog once the stream
+// holds messages it has not applied for StallTimeout; with the watchdog effectively off
+// (an hour) the node stays behind: the control shows the watchdog is what recovers it.
+func TestStalledApplierIsRestarted(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		stall    time.Duration
+		recovers bool
+	}{{300 * time.Millisecond, true}, {time.Hour, false}} {
+		store := memStore(t, Unsafe{})
+		watched, err := OpenLog(ctx, LogConfig{JS: env.js, Store: store, Node: "watched", StallTimeout: c.stall})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := watched.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		last, _ := env.log.LastSeq(ctx)
+		if err := watched.WaitApplied(ctx, last); err != nil {
+			t.Fatal(err)
+		}
+		// The consumer goes silent: its iterator stops delivering (as a consumer stuck
+		// on a lost server does), and another node writes.
+		watched.iterMu.Lock()
+		watched.iter.Stop()
+		watched.iterMu.Unlock()
+		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), StepSpec{Name: "one"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = watched.WaitApplied(wctx, seq)
+		cancel()
+		if c.recovers && (err != nil || watched.ConsumerRestarts() == 0) {
+			t.Fatalf("stalled applier not recovered: %v (restarts %d)", err, watched.ConsumerRestarts())
+		}
+		if !c.recovers && err == nil {
+			t.Fatal("the applier caught up without the watchdog: the test does not stall it")
+		}
+		watched.Stop()
 	}
 }
