@@ -41,12 +41,17 @@ func StartLocalCluster(dir string, n int) ([]*Server, error) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		leader, current := false, true
+		// Ready when the meta leader can place replicas on every server: it knows them
+		// all with JetStream and current stats (else creating an R3 stream right away
+		// fails with "no suitable peers for placement", seen in CI).
+		placeable, current := 0, true
 		for _, s := range servers {
-			leader = leader || s.srv.JetStreamIsLeader()
+			if s.srv.JetStreamIsLeader() {
+				placeable = len(s.srv.JetStreamClusterPeers())
+			}
 			current = current && s.srv.JetStreamIsCurrent()
 		}
-		if leader && current {
+		if placeable == n && current {
 			return servers, nil
 		}
 		if time.Now().After(deadline) {
