@@ -1,7 +1,9 @@
 package clustertest
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -76,10 +78,16 @@ func TestFailoverCron(t *testing.T) {
 			p.Cont()
 		} else {
 			p.Kill()
-			var probe map[string]string
-			if err := call(t, cl, "run.start", api.Req{Workflow: "probe"}, &probe); err != nil {
-				t.Fatal(err)
-			}
+			// The first request may still be routed to the dead node's subscription and
+			// never answered: retry with the same run ID (a repeat is refused as existing).
+			probe := map[string]string{"id": fmt.Sprintf("probe-%d", i)}
+			WaitFor(t, 30*time.Second, "the probe run submitted", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				err := cl.Call(ctx, "run.start", api.Req{Workflow: "probe", ID: probe["id"]}, nil)
+				var ae *api.Error
+				return err == nil || errors.As(err, &ae) && ae.Code == api.CodeConflict
+			})
 			WaitFor(t, 20*time.Second, "a new leader after a kill", func() bool { l, tm := leader(); return l != "" && tm > term })
 			failovers = append(failovers, time.Since(start))
 			WaitFor(t, 20*time.Second, "the probe run assigned", func() bool {
