@@ -15,7 +15,6 @@ package main
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,8 +28,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/spf13/pflag"
 
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
@@ -87,30 +84,12 @@ func main() {
 // runNode is one chaos node: flowd, configured by its own flags, with the payout's step
 // kinds. It drains on SIGTERM like flowd.
 func runNode(args []string) int {
-	cfg, err := flowd.Load(args, nil)
-	if errors.Is(err, pflag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	cfg.Registry = steps.NewRegistry(0)
-	if err := registerSteps(cfg.Registry); err != nil {
+	reg := steps.NewRegistry(0)
+	if err := registerSteps(reg); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	logger := flowd.NewLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	d, err := flowd.Start(ctx, cfg, logger)
-	if err != nil {
-		logger.Error("payout node could not start", "err", err)
-		return 1
-	}
-	<-ctx.Done()
-	d.Stop()
-	return 0
+	return flowd.Main(args, reg)
 }
 
 func (o *options) validate() error {
