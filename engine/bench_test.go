@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"runtime"
 	"slices"
@@ -23,18 +22,6 @@ import (
 //
 // Run: go test -run '^$' -bench 'W1|W2|Queued' -benchtime 1x ./engine
 
-func chainWorkflow(name string, n int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "name: %s\nsteps:\n", name)
-	for i := 1; i <= n; i++ {
-		fmt.Fprintf(&b, "  - name: s%d\n    uses: noop\n", i)
-		if i > 1 {
-			fmt.Fprintf(&b, "    needs: [s%d]\n", i-1)
-		}
-	}
-	return b.String()
-}
-
 func benchEngine(b *testing.B, workers int) *Engine {
 	return startEngine(b, func(c *Config) {
 		c.Workers = workers
@@ -45,7 +32,7 @@ func benchEngine(b *testing.B, workers int) *Engine {
 func BenchmarkW1(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		e := benchEngine(b, 64)
-		apply(b, e, chainWorkflow("w1", 5))
+		apply(b, e, ChainWorkflow("w1", 5))
 		ctx := ctxT(b, 10*time.Minute)
 		const runs, inflight = 1000, 64
 		sem := make(chan struct{}, inflight)
@@ -78,7 +65,7 @@ func BenchmarkW1(b *testing.B) {
 func BenchmarkW2(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		e := benchEngine(b, 8)
-		apply(b, e, chainWorkflow("w2", 10))
+		apply(b, e, ChainWorkflow("w2", 10))
 		ctx := ctxT(b, 10*time.Minute)
 		var runLat, stepLat []time.Duration
 		for r := 0; r < 200; r++ {

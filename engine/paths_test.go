@@ -27,7 +27,7 @@ func seqOf(v *checkpoint.RunView, kind checkpoint.Kind, step string) uint64 {
 func TestRunShortPaths(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	apply(t, e, chainWorkflow("chain", 3))
+	apply(t, e, ChainWorkflow("chain", 3))
 	v := runToEnd(t, e, "chain", nil)
 	if v.Run.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("run %s: %s", v.Run.ID, v.Run.Status)
@@ -73,7 +73,7 @@ func TestRunShortPaths(t *testing.T) {
 // A node that does not lead submits alone; the leader assigns.
 func TestSubmitOffTheLeader(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.DisableScheduler = true })
-	apply(t, e, chainWorkflow("chain", 2))
+	apply(t, e, ChainWorkflow("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
 	id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
 	if err != nil {
@@ -165,7 +165,7 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
 	waitLeader(t, e)
-	apply(t, e, chainWorkflow("chain", 1))
+	apply(t, e, ChainWorkflow("chain", 1))
 	ttl := e.leases.Config().TTL
 
 	ep := ghostClaim(t, e, "fresh", time.Now())
@@ -189,7 +189,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 	for _, guard := range []bool{true, false} {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
-		apply(t, e, chainWorkflow("chain", 1))
+		apply(t, e, ChainWorkflow("chain", 1))
 		e.forceDegraded.Store(true)
 		e.ignoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)

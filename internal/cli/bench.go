@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/api"
 )
 
@@ -122,23 +123,10 @@ func printBench(w io.Writer, r BenchResult) {
 	fmt.Fprintln(w, line)
 }
 
-// chainYAML is a workflow of n no-op steps, each needing the one before.
-func chainYAML(name string, n int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "name: %s\ndescription: flowctl bench workload (%d no-op steps in a chain)\nsteps:\n", name, n)
-	for i := 1; i <= n; i++ {
-		fmt.Fprintf(&b, "  - name: s%d\n    uses: noop\n", i)
-		if i > 1 {
-			fmt.Fprintf(&b, "    needs: [s%d]\n", i-1)
-		}
-	}
-	return b.String()
-}
-
 // benchRuns applies the workflow and runs `runs` runs of it, at most inFlight at once.
 func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool) (BenchResult, error) {
 	res := BenchResult{Runs: runs, Steps: steps, InFlight: inFlight}
-	if err := a.call("workflow.apply", api.Req{File: name + ".yaml", YAML: chainYAML(name, steps)}, nil); err != nil {
+	if err := a.call("workflow.apply", api.Req{File: name + ".yaml", YAML: engine.ChainWorkflow(name, steps)}, nil); err != nil {
 		return res, err
 	}
 	var (
