@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +18,19 @@ import (
 	"github.com/flowrun/flow/examples/payout/wallet"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // The demo end to end on 200 drivers: every driver credited once, the ledger total
 // equals the total the data set owes (computed here, apart from the run).
@@ -73,14 +88,40 @@ func TestPayoutRejectsBadOptions(t *testing.T) {
 	}
 }
 
-// buildPayout builds this program (the chaos nodes run it) without the race detector.
-func buildPayout(t *testing.T) string {
-	bin := filepath.Join(t.TempDir(), "payout")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+// chaos runs the demo's chaos mode (TTL 1 s, 400 drivers, from 2026-11-28) in this
+// process, its nodes running this program built once without the race detector. It
+// returns the rounds, the demo's output and the error.
+func chaos(t *testing.T, rounds int, timeout time.Duration, walletOptions ...wallet.Option) ([]round, string, error) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts and kills processes")
 	}
-	return bin
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "payout-test-bin")
+		if buildErr == nil {
+			var out []byte
+			if out, buildErr = exec.Command("go", "build", "-o", binDir+"/payout", ".").CombinedOutput(); buildErr != nil {
+				buildErr = fmt.Errorf("build: %v\n%s", buildErr, out)
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	rs, err := run(ctx, options{chaos: true, rounds: rounds, date: "2026-11-28", drivers: 400, dataDir: t.TempDir(),
+		walletAddr: "127.0.0.1:0", leaseTTL: time.Second, walletLatency: -1, nodeBin: filepath.Join(binDir, "payout"),
+		out: &out, walletOptions: walletOptions})
+	return rs, out.String(), err
 }
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
 
 // The chaos test of issue 7: three nodes on one NATS; during every transfer the run's
 // owner is SIGSTOPped until its lease lapsed and another epoch took the run, another node
@@ -88,31 +129,23 @@ func buildPayout(t *testing.T) string {
 // Ten rounds (ten dates): every driver is credited exactly once, the ledger total equals
 // what the data set owes, and each run's history shows the epochs it went through.
 func TestPayoutChaos(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and kills processes")
-	}
-	bin := buildPayout(t)
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	rounds, err := run(ctx, options{chaos: true, rounds: 10, date: "2026-11-28", drivers: 400, dataDir: t.TempDir(),
-		walletAddr: "127.0.0.1:0", leaseTTL: time.Second, walletLatency: -1, nodeBin: bin, out: &out})
+	rounds, out, err := chaos(t, 10, 8*time.Minute)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if len(rounds) != 10 {
-		t.Fatalf("%d rounds, want 10\n%s", len(rounds), out.String())
+		t.Fatalf("%d rounds, want 10\n%s", len(rounds), out)
 	}
 	fenced, repeats := 0, 0
 	for _, r := range rounds {
 		want := expectedLedger(r.Date, 400)
 		if !r.ok() || r.Ledger != (wallet.Ledger{Date: r.Date, Drivers: want.Drivers, TotalCents: want.TotalCents, Rejected: r.Ledger.Rejected, Duplicates: r.Ledger.Duplicates}) {
-			t.Fatalf("round %s: ledger %+v, owed %+v\n%s", r.Date, r.Ledger, want, out.String())
+			t.Fatalf("round %s: ledger %+v, owed %+v\n%s", r.Date, r.Ledger, want, out)
 		}
 		// The pause took the run from its owner: a second epoch, counted as a change.
 		if r.Run.EpochChanges < 1 || len(r.Run.Epochs) < 2 || !strings.Contains(r.Disruption, "paused") {
 			t.Fatalf("round %s: epochs %+v (changes %d), disruption %q: the chaos did not take the run over\n%s",
-				r.Date, r.Run.Epochs, r.Run.EpochChanges, r.Disruption, out.String())
+				r.Date, r.Run.Epochs, r.Run.EpochChanges, r.Disruption, out)
 		}
 		fenced += len(r.Run.Fenced)
 		repeats += r.Ledger.Duplicates + r.Ledger.Rejected
@@ -120,7 +153,7 @@ func TestPayoutChaos(t *testing.T) {
 	// Credits the paused owner sent before the pause were repeated by the next owner and
 	// applied once: the wallet saw them, so the test did exercise the downstream guards.
 	if repeats == 0 {
-		t.Fatalf("no credit was repeated in 10 rounds: the pauses did not catch credits in flight\n%s", out.String())
+		t.Fatalf("no credit was repeated in 10 rounds: the pauses did not catch credits in flight\n%s", out)
 	}
 	t.Logf("10 rounds: %d fenced commits, %d repeated or stale credits refused", fenced, repeats)
 }
@@ -129,22 +162,13 @@ func TestPayoutChaos(t *testing.T) {
 // idempotency key) are off pays the credits in flight at the pause twice: the ledger
 // holds more than the data set owes, the report step fails the run.
 func TestPayoutChaosWithoutWalletGuardsPaysTwice(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts and kills processes")
-	}
-	bin := buildPayout(t)
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rounds, err := run(ctx, options{chaos: true, rounds: 1, date: "2026-11-28", drivers: 400, dataDir: t.TempDir(),
-		walletAddr: "127.0.0.1:0", leaseTTL: time.Second, walletLatency: -1, nodeBin: bin, out: &out,
-		walletOptions: []wallet.Option{wallet.WithoutGuards()}})
+	rounds, out, err := chaos(t, 1, 3*time.Minute, wallet.WithoutGuards())
 	if err == nil || len(rounds) != 1 {
-		t.Fatalf("without the wallet's guards the chaos round passed (%v): the control cannot see the damage\n%s", err, out.String())
+		t.Fatalf("without the wallet's guards the chaos round passed (%v): the control cannot see the damage\n%s", err, out)
 	}
 	r := rounds[0]
 	if r.Ledger.TotalCents <= r.Expected.TotalCents {
-		t.Fatalf("ledger %s, owed %s: want an overpayment\n%s", money(r.Ledger.TotalCents), money(r.Expected.TotalCents), out.String())
+		t.Fatalf("ledger %s, owed %s: want an overpayment\n%s", money(r.Ledger.TotalCents), money(r.Expected.TotalCents), out)
 	}
 	t.Logf("without guards: paid %s, owed %s", money(r.Ledger.TotalCents), money(r.Expected.TotalCents))
 }
