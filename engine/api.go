@@ -137,7 +137,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
 	// the submit may be refused as a repeat while the assign, judged on its own, would
 	// give the existing run an epoch past its workflow's limits.
-	if term := e.Leading(); generated && term != nil && w.Concurrency == 0 && term.Check() == nil {
+	if term := e.Leading(); (generated || e.fastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil {
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
 	if _, err := e.clog.Write(ctx, submit); err != nil {

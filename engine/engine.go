@@ -49,6 +49,7 @@ type Engine struct {
 	// switches the guard off (its negative control).
 	forceDegraded, ignoreDegraded atomic.Bool
 	holdingBack                   atomic.Bool // the worker loop is waiting out a degraded lease
+	fastPathGivenIDs              atomic.Bool // test: submit+assign also for given run IDs (unsafe)
 
 	mu struct {
 		sync.Mutex

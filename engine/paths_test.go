@@ -226,3 +226,37 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		}
 	}
 }
+
+// The submit+assign path is only for run IDs StartRun made: a repeated given ID is
+// refused as a submit, but an assign riding with it would give the existing run an epoch
+// past its workflow's concurrency limit. With the path open to given IDs (control), the
+// held-back run starts beside the one holding the limit.
+func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
+	for _, guard := range []bool{true, false} {
+		e := startEngine(t, nil)
+		waitLeader(t, e)
+		e.fastPathGivenIDs.Store(!guard)
+		apply(t, e, "name: limited\nconcurrency: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
+		apply(t, e, ChainWorkflow("free", 1))
+		ctx := ctxT(t, 30*time.Second)
+		for _, id := range []string{"holder", "held"} {
+			if _, err := e.StartRun(ctx, "limited", nil, RunOptions{ID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := waitFor(ctx, e.clog, func() bool { r, err := e.store.Run("holder"); return err == nil && r.Status == checkpoint.StatusRunning }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.StartRun(ctx, "free", nil, RunOptions{ID: "held"}); !errors.Is(err, checkpoint.ErrRunExists) {
+			t.Fatalf("repeated ID: %v, want ErrRunExists", err)
+		}
+		r, err := e.store.Run("held")
+		jumped := err == nil && r.Epoch != 0
+		if guard && jumped {
+			t.Fatalf("the run held back by the limit got epoch %d from a repeated ID", r.Epoch)
+		}
+		if !guard && !jumped {
+			t.Fatal("with given IDs on the short path the held run kept no epoch: the control cannot see the damage")
+		}
+	}
+}
