@@ -244,7 +244,10 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := waitFor(ctx, e.clog, func() bool { r, err := e.store.Run("holder"); return err == nil && r.Status == checkpoint.StatusRunning }); err != nil {
+		if err := waitFor(ctx, e.clog, func() bool {
+			r, err := e.store.Run("holder")
+			return err == nil && r.Status == checkpoint.StatusRunning
+		}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.StartRun(ctx, "free", nil, RunOptions{ID: "held"}); !errors.Is(err, checkpoint.ErrRunExists) {
