@@ -376,6 +376,11 @@ func (tx *applyTx) assign(c *cachedRun, e *Entry) error {
 	r.Owner = ""
 	r.HandedBack, r.RetryRequested = false, false
 	r.Epochs = append(r.Epochs, EpochRecord{Epoch: r.Epoch, Reason: reason, At: e.At, Term: e.Term})
+	if e.Worker != "" { // assigned and claimed at once
+		r.Status = StatusRunning
+		r.Owner = e.Worker
+		r.Epochs[len(r.Epochs)-1].Owner = e.Worker
+	}
 	return nil
 }
 

@@ -33,6 +33,30 @@ func TestAssignEpochIsTheEntrySequence(t *testing.T) {
 	}
 }
 
+// An assign naming a worker (the leader's own) is a claim by it in the same entry: no
+// other worker can claim that epoch, the worker's commits are accepted, and losing it
+// counts like losing any claimed epoch.
+func TestAssignToWorkerClaimsAtOnce(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
+	epoch := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Term: 1, Worker: "a", At: t0}))
+	r, _ := s.Run("r1")
+	if r.Status != StatusRunning || r.Owner != "a" || r.Epoch != epoch || r.Epochs[0].Owner != "a" || r.EpochChanges != 0 {
+		t.Fatalf("run after an assign to a: %s owner %q epoch %d/%d epochs %+v changes %d; want running, owned by a, not counted",
+			r.Status, r.Owner, r.Epoch, epoch, r.Epochs, r.EpochChanges)
+	}
+	if _, err := applyOne(t, s, Entry{Kind: KindClaim, Run: "r1", Epoch: epoch, Owner: "b", At: t0}); !errors.Is(err, ErrFenced) {
+		t.Fatalf("b claimed an epoch assigned to a: %v, want ErrFenced", err)
+	}
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: epoch, Owner: "a", At: t0})
+	// Lost after its claim: the next epoch counts.
+	next := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: epoch, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
+	r, _ = s.Run("r1")
+	if r.Epoch != next || r.EpochChanges != 1 || r.Status != StatusPending {
+		t.Fatalf("after losing a: epoch %d changes %d status %s; want %d, 1, pending", r.Epoch, r.EpochChanges, r.Status, next)
+	}
+}
+
 func TestStaleCommitIsFencedAndRecorded(t *testing.T) {
 	s := memStore(t, Unsafe{})
 	old := claimedRun(t, s)
@@ -294,6 +318,8 @@ func TestInvalidEntriesRejected(t *testing.T) {
 		{Kind: KindCommit, Run: "r1", Step: "one", Item: -2, Epoch: e, Owner: "a", At: t0},               // bad item
 		{Kind: KindAssign, Run: "r1", Epoch: e, At: t0},                                                  // no term
 		{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: "whim", At: t0},                         // bad reason
+		{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Worker: "w/1", At: t0},                          // bad worker
+		{Kind: KindClaim, Run: "r1", Epoch: e, Owner: "a", Worker: "a", At: t0},                          // worker off an assign
 		{Kind: KindComplete, Run: "r1", Epoch: e, Owner: "a", Status: "meh", At: t0},                     // bad status
 		{Kind: KindClaim, Run: "bad/id", Epoch: e, Owner: "a", At: t0},                                   // bad run ID
 		{Kind: KindSubmit, Run: "r9", At: t0},                                                            // no submit

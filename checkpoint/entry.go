@@ -46,6 +46,11 @@ type Entry struct {
 	Step  string `json:"step,omitempty"`
 	Item  int    `json:"item,omitempty"` // foreach index, or ItemWhole
 
+	// Worker, on an assign, is the worker that takes the new epoch in the same entry:
+	// the leader's own, which then runs the epoch without a task or a claim of its own
+	// (docs/decisions.md). Empty: the epoch waits for a claim.
+	Worker string `json:"worker,omitempty"`
+
 	Reason  string          `json:"reason,omitempty"`  // assign: lease-expired | reconciled; cancel, dead_letter: free text
 	Output  json.RawMessage `json:"output,omitempty"`  // commit
 	Error   string          `json:"error,omitempty"`   // fail, complete(failed)
@@ -154,6 +159,9 @@ func (e *Entry) Validate() error {
 	if e.Owner != "" && !ValidID(e.Owner) {
 		return bad("owner %q must be 1-128 letters, digits, '.', '_' or '-'", e.Owner)
 	}
+	if e.Worker != "" && e.Kind != KindAssign {
+		return bad("only an assign names a worker")
+	}
 	if e.Term < 0 || e.Epoch < 0 {
 		return bad("negative term or epoch")
 	}
@@ -181,6 +189,9 @@ func (e *Entry) Validate() error {
 	case KindAssign:
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
+		}
+		if e.Worker != "" && !ValidID(e.Worker) {
+			return bad("worker %q must be 1-128 letters, digits, '.', '_' or '-'", e.Worker)
 		}
 		switch e.Reason {
 		case "", ReasonLeaseExpired, ReasonReconciled:
@@ -293,12 +304,14 @@ func encodeEnvelope(node string, entries [][]byte) []byte {
 }
 
 // decodeEnvelope decodes a message strictly: unknown fields or an unknown version are
-// corruption, since they mean a writer this code does not understand.
+// corruption, since they mean a writer this code does not understand. Each entry is
+// decoded by decodeEntry, the function a writer also uses on its own encoded entry
+// (applyOwn), so both paths read the same bytes the same way.
 func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	var env struct {
-		V       int     `json:"v"`
-		Node    string  `json:"node,omitempty"`
-		Entries []Entry `json:"entries"`
+		V       int               `json:"v"`
+		Node    string            `json:"node,omitempty"`
+		Entries []json.RawMessage `json:"entries"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -314,12 +327,32 @@ func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	if len(env.Entries) == 0 {
 		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
 	}
-	for i := range env.Entries {
-		if !knownKind(env.Entries[i].Kind) {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, env.Entries[i].Kind)}
+	entries := make([]Entry, len(env.Entries))
+	for i, raw := range env.Entries {
+		e, err := decodeEntry(raw)
+		if err != nil {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: %v", i, err)}
 		}
+		entries[i] = e
 	}
-	return env.Entries, nil
+	return entries, nil
+}
+
+// decodeEntry decodes one encoded entry strictly.
+func decodeEntry(data []byte) (Entry, error) {
+	var e Entry
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		return Entry{}, fmt.Errorf("decode: %v", err)
+	}
+	if dec.More() {
+		return Entry{}, fmt.Errorf("trailing data after the entry")
+	}
+	if !knownKind(e.Kind) {
+		return Entry{}, fmt.Errorf("unknown kind %q (written by newer code?)", e.Kind)
+	}
+	return e, nil
 }
 
 func knownKind(k Kind) bool {

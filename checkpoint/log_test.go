@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -400,5 +401,76 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 			t.Fatal("the applier caught up without the watchdog: the test does not stall it")
 		}
 		watched.Stop()
+	}
+}
+
+// Each writer's entries reach the log in the order it wrote them, whichever way it
+// writes (Append without waiting, Write, AppendAll, WriteAll) and whether its write was
+// published inline (the log idle) or by the group commit: writers racing for the idle
+// log must never let a later entry pass an earlier one still queued.
+func TestWritersKeepTheirOrder(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	const writers, calls = 6, 60
+	type pos struct{ seq, idx uint64 }
+	var wg sync.WaitGroup
+	order := make([][]string, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			var pending []*Ticket
+			for i := range calls {
+				ids := []string{fmt.Sprintf("w%d-%d-a", w, i)}
+				if rng.IntN(3) == 0 {
+					ids = append(ids, fmt.Sprintf("w%d-%d-b", w, i))
+				}
+				es := make([]Entry, len(ids))
+				for j, id := range ids {
+					es[j] = submitEntry(id, StepSpec{Name: "one"})
+				}
+				order[w] = append(order[w], ids...)
+				var err error
+				switch rng.IntN(4) {
+				case 0:
+					var ts []*Ticket
+					ts, err = env.log.AppendAll(ctx, es...)
+					pending = append(pending, ts...)
+				case 1, 2:
+					_, err = env.log.WriteAll(ctx, es...)
+				default:
+					for _, e := range es {
+						if _, err = env.log.Write(ctx, e); err != nil {
+							break
+						}
+					}
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			for _, tk := range pending {
+				if err := tk.Await(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for w, ids := range order {
+		var last pos
+		for i, id := range ids {
+			v, err := env.store.View(id)
+			if err != nil || len(v.Events) == 0 {
+				t.Fatalf("run %s: %v", id, err)
+			}
+			p := pos{v.Events[0].Seq, uint64(v.Events[0].Index)}
+			if i > 0 && (p.seq < last.seq || (p.seq == last.seq && p.idx <= last.idx)) {
+				t.Fatalf("writer %d: %s at %d/%d came after %s at %d/%d in the log", w, id, p.seq, p.idx, ids[i-1], last.seq, last.idx)
+			}
+			last = p
+		}
 	}
 }

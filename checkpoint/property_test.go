@@ -56,7 +56,13 @@ func (m *model) entry(t *rapid.T) Entry {
 			m.term++
 		}
 		reason := rapid.SampledFrom([]string{ReasonLeaseExpired, ReasonReconciled}).Draw(t, "reason")
-		return Entry{Kind: KindAssign, Run: "r", Epoch: r.Epoch, Term: term, Reason: reason}
+		e := Entry{Kind: KindAssign, Run: "r", Epoch: r.Epoch, Term: term, Reason: reason}
+		if rapid.IntRange(0, 2).Draw(t, "to-worker") == 0 {
+			// The leader's own worker takes the epoch in the assign (no claim).
+			e.Worker = owner
+			m.belief[owner] = int64(m.s.Applied() + 1) // this message's sequence, if accepted
+		}
+		return e
 	case 2:
 		// The worker picks up the current epoch's task (its belief catches up).
 		m.belief[owner] = r.Epoch

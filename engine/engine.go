@@ -40,6 +40,8 @@ type Engine struct {
 	replicas int
 
 	cancel  context.CancelFunc
+	runCtx  context.Context // the workers' context, cancelled by Stop
+	slots   chan struct{}   // one per run this node executes (Workers)
 	wg      sync.WaitGroup
 	stopped chan struct{}
 	stats   Stats
@@ -50,6 +52,7 @@ type Engine struct {
 	forceDegraded, ignoreDegraded atomic.Bool
 	holdingBack                   atomic.Bool // the worker loop is waiting out a degraded lease
 	fastPathGivenIDs              atomic.Bool // test: submit+assign also for given run IDs (unsafe)
+	noOwnRuns                     atomic.Bool // test: the leader never assigns a run to itself
 
 	mu struct {
 		sync.Mutex
@@ -131,7 +134,8 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		}
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	e.cancel = cancel
+	e.cancel, e.runCtx = cancel, runCtx
+	e.slots = make(chan struct{}, e.cfg.Workers)
 	if !e.cfg.DisableScheduler {
 		e.wg.Add(1)
 		go e.runLeadership(runCtx)

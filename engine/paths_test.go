@@ -263,3 +263,87 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 		}
 	}
 }
+
+// claims counts a run's accepted claim entries.
+func claims(v *checkpoint.RunView) int {
+	n := 0
+	for _, ev := range v.Events {
+		if ev.Kind == checkpoint.KindClaim && ev.Outcome == "accepted" {
+			n++
+		}
+	}
+	return n
+}
+
+// A run started on the leader with a worker slot free is assigned to the leader's own
+// worker in the submit's message: no task, no claim entry, the epoch owned from its
+// first entry. With the path off (control) the same run goes through a task and a claim.
+func TestLeaderRunsItsOwnRunWithoutATask(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		e := startEngine(t, nil)
+		waitLeader(t, e)
+		e.noOwnRuns.Store(!own)
+		apply(t, e, ChainWorkflow("chain", 3))
+		v := runToEnd(t, e, "chain", nil)
+		if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) != 1 || v.Run.Epochs[0].Owner != "node-a" || v.Run.EpochChanges != 0 {
+			t.Fatalf("own=%v: run %s epochs %+v changes %d; want succeeded in one epoch owned by node-a", own, v.Run.Status, v.Run.Epochs, v.Run.EpochChanges)
+		}
+		if got, want := claims(v), map[bool]int{true: 0, false: 1}[own]; got != want {
+			t.Fatalf("own=%v: %d claim entries, want %d", own, got, want)
+		}
+	}
+}
+
+// With no worker slot free, the leader does not take the run itself: it queues a task.
+func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.Workers = 2 }) // the task loop holds one slot
+	waitLeader(t, e)
+	apply(t, e, "name: sleeper\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
+	apply(t, e, ChainWorkflow("chain", 2))
+	ctx := ctxT(t, 30*time.Second)
+	sleeper, err := e.StartRun(ctx, "sleeper", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := e.store.View(sleeper); claims(v) != 0 {
+		t.Fatal("the first run went through a task although a slot was free")
+	}
+	v := runToEnd(t, e, "chain", nil)
+	if v.Run.Status != checkpoint.StatusSucceeded || claims(v) != 1 {
+		t.Fatalf("second run: %s with %d claims; want succeeded through a task (one claim)", v.Run.Status, claims(v))
+	}
+	if err := e.Cancel(ctx, sleeper, "test over"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When the leader cannot take the lease of a run it assigned to itself, it hands the
+// epoch back: not counted toward max_epochs, and the run finishes in the next epoch.
+func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
+	e := startEngine(t, nil)
+	waitLeader(t, e)
+	e.fastPathGivenIDs.Store(true) // a given ID, so the test can hold its lease first
+	apply(t, e, ChainWorkflow("chain", 2))
+	ctx := ctxT(t, 60*time.Second)
+	squatter, err := e.leases.Acquire(ctx, "r-held", 1<<40, "squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "r-held"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(ctx, e.clog, func() bool {
+		r, err := e.store.Run("r-held")
+		return err == nil && len(r.Epochs) >= 2
+	}); err != nil {
+		t.Fatalf("no hand-back: %v", err)
+	}
+	_ = squatter.Release(ctx)
+	r, err := e.WaitRun(ctx, "r-held")
+	if err != nil || r.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("run after the hand-back: %v %+v", err, r)
+	}
+	if r.EpochChanges != 0 || r.Epochs[0].Owner != "node-a" || r.Epochs[1].Reason != checkpoint.ReasonReleased {
+		t.Fatalf("epochs %+v, changes %d; want the first (node-a's) released, nothing counted", r.Epochs, r.EpochChanges)
+	}
+}

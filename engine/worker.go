@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +18,7 @@ import (
 // runWorkers pulls tasks while a slot is free and no lease of this node is degraded.
 func (e *Engine) runWorkers(ctx context.Context) {
 	defer e.wg.Done()
-	slots := make(chan struct{}, e.cfg.Workers)
+	slots := e.slots // shared with the leader's own runs (submitAndAssign)
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -128,7 +129,12 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
-	x, err := newRunExec(e, t.Run, t.Epoch, lease)
+	e.runClaimed(t.Run, t.Epoch, lease, log)
+}
+
+// runClaimed executes an epoch this node claimed and holds the lease of.
+func (e *Engine) runClaimed(run string, epoch int64, lease *epoch.Lease, log *slog.Logger) {
+	x, err := newRunExec(e, run, epoch, lease)
 	if err != nil {
 		log.Error("cannot run", "err", err)
 		_ = lease.Release(context.Background())
@@ -140,12 +146,59 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 		x.handBack()
 		return
 	}
-	e.mu.running[t.Run] = x
+	e.mu.running[run] = x
 	e.mu.Unlock()
 	x.execute()
 	e.mu.Lock()
-	delete(e.mu.running, t.Run)
+	delete(e.mu.running, run)
 	e.mu.Unlock()
+}
+
+// reserveOwnRun takes a worker slot for a run the leader assigns to its own node, if one
+// is free and the node takes new work (not degraded, not stopping). The caller runs it
+// (runOwn) or gives the slot back (releaseOwnRun).
+func (e *Engine) reserveOwnRun() bool {
+	if e.noOwnRuns.Load() || e.degraded() {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.stopping || e.slots == nil {
+		return false
+	}
+	select {
+	case e.slots <- struct{}{}:
+		e.wg.Add(1) // under mu: Stop sets stopping under mu before it waits
+		return true
+	default:
+		return false
+	}
+}
+
+func (e *Engine) releaseOwnRun() {
+	<-e.slots
+	e.wg.Done()
+}
+
+// runOwn executes an epoch the log gave this node in its assign: it takes the lease
+// first, as a worker does before it claims, and hands the epoch back (a requeue, which
+// does not count toward max_epochs) if it cannot.
+func (e *Engine) runOwn(run string, ep int64) {
+	defer e.releaseOwnRun()
+	log := e.log.With("run", run, "epoch", ep)
+	actx, cancel := context.WithTimeout(e.runCtx, 2*e.leases.Config().TTL)
+	lease, err := e.leases.Acquire(actx, run, ep, e.cfg.NodeID)
+	cancel()
+	if err != nil {
+		log.Warn("lease of an own run not taken; handing the epoch back", "err", err)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 10*time.Second)
+		defer cancel()
+		if _, err := e.clog.Write(wctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: run, Epoch: ep, Owner: e.cfg.NodeID}); err != nil {
+			log.Warn("hand-back refused; the scheduler reclaims the epoch when its lease is missed", "err", err)
+		}
+		return
+	}
+	e.runClaimed(run, ep, lease, log)
 }
 
 // waitFor waits until cond holds, re-checking whenever the log applies a message.
