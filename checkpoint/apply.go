@@ -83,6 +83,9 @@ func (tx *applyTx) commit() error {
 		tx.s.dropCache() // the cache may hold this batch's changes
 		return fmt.Errorf("checkpoint: commit state for sequence %d: %w", tx.seq, err)
 	}
+	for name, v := range tx.workflows {
+		tx.s.latest.Store(name, v)
+	}
 	for _, c := range tx.order {
 		if c.origStatus != c.run.Status && tx.s.onStatus != nil {
 			tx.s.onStatus(c.run.ID, c.run.Status)

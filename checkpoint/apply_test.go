@@ -378,6 +378,9 @@ func TestWorkflowVersions(t *testing.T) {
 		return Entry{Kind: KindWorkflow, At: t0, Workflow: &WorkflowDef{Name: "wf", Digest: digest, Spec: json.RawMessage(`{"d":"` + digest + `"}`)}}
 	}
 	mustApply(t, s, wf("aaa"))
+	if w, err := s.Workflow("wf", 0); err != nil || w.Version != 1 { // caches the latest
+		t.Fatalf("latest = %+v, %v", w, err)
+	}
 	mustApply(t, s, wf("aaa")) // unchanged: no new version
 	mustApply(t, s, wf("bbb"))
 	w, err := s.Workflow("wf", 0)

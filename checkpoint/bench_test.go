@@ -62,10 +62,16 @@ func parallel(b *testing.B, w int, op func(i int) error) {
 }
 
 // BenchmarkCommit: a foreach step's items committed through the Log by w writers.
-func BenchmarkCommit(b *testing.B) {
+func BenchmarkCommit(b *testing.B) { benchCommit(b, true) }
+
+// BenchmarkCommitUnsynced: the same with the server's fsync off (not durable): the
+// ceiling of the log path on the machine, to show how much of a commit is the fsync.
+func BenchmarkCommitUnsynced(b *testing.B) { benchCommit(b, false) }
+
+func benchCommit(b *testing.B, synced bool) {
 	for _, w := range writerCounts {
 		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			env := startEnv(b, b.TempDir())
+			env := startEnvSync(b, b.TempDir(), synced)
 			ctx := context.Background()
 			mustWrite := func(e Entry) uint64 {
 				seq, err := env.log.Write(ctx, e)

@@ -304,14 +304,12 @@ func encodeEnvelope(node string, entries [][]byte) []byte {
 }
 
 // decodeEnvelope decodes a message strictly: unknown fields or an unknown version are
-// corruption, since they mean a writer this code does not understand. Each entry is
-// decoded by decodeEntry, the function a writer also uses on its own encoded entry
-// (applyOwn), so both paths read the same bytes the same way.
+// corruption, since they mean a writer this code does not understand.
 func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	var env struct {
-		V       int               `json:"v"`
-		Node    string            `json:"node,omitempty"`
-		Entries []json.RawMessage `json:"entries"`
+		V       int     `json:"v"`
+		Node    string  `json:"node,omitempty"`
+		Entries []Entry `json:"entries"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -327,32 +325,12 @@ func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	if len(env.Entries) == 0 {
 		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
 	}
-	entries := make([]Entry, len(env.Entries))
-	for i, raw := range env.Entries {
-		e, err := decodeEntry(raw)
-		if err != nil {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: %v", i, err)}
+	for i := range env.Entries {
+		if !knownKind(env.Entries[i].Kind) {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, env.Entries[i].Kind)}
 		}
-		entries[i] = e
 	}
-	return entries, nil
-}
-
-// decodeEntry decodes one encoded entry strictly.
-func decodeEntry(data []byte) (Entry, error) {
-	var e Entry
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil {
-		return Entry{}, fmt.Errorf("decode: %v", err)
-	}
-	if dec.More() {
-		return Entry{}, fmt.Errorf("trailing data after the entry")
-	}
-	if !knownKind(e.Kind) {
-		return Entry{}, fmt.Errorf("unknown kind %q (written by newer code?)", e.Kind)
-	}
-	return e, nil
+	return env.Entries, nil
 }
 
 func knownKind(k Kind) bool {

@@ -88,7 +88,13 @@ type testEnv struct {
 
 func startEnv(t testing.TB, dir string) *testEnv {
 	t.Helper()
-	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(dir, "nats")})
+	return startEnvSync(t, dir, true)
+}
+
+// startEnvSync: with synced false, the server does not fsync (benchmarks of the ceiling).
+func startEnvSync(t testing.TB, dir string, synced bool) *testEnv {
+	t.Helper()
+	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(dir, "nats"), NoSync: !synced})
 	if err != nil {
 		t.Fatal(err)
 	}

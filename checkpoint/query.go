@@ -227,11 +227,20 @@ func (s *Store) StaleTerms() ([]StaleTerm, error) {
 // Workflow returns a version of a workflow; version 0 means the latest.
 func (s *Store) Workflow(name string, version int) (*WorkflowVersion, error) {
 	if version == 0 {
+		if w, ok := s.latest.Load(name); ok {
+			c := *w.(*WorkflowVersion)
+			return &c, nil
+		}
 		w, err := latestWorkflow(s.db, name)
 		if err == nil && w == nil {
 			err = fmt.Errorf("%w: workflow %q", ErrNotFound, name)
 		}
-		return w, err
+		if err != nil {
+			return nil, err
+		}
+		cached, _ := s.latest.LoadOrStore(name, w)
+		c := *cached.(*WorkflowVersion)
+		return &c, nil
 	}
 	var w WorkflowVersion
 	found, err := s.getJSON(keyWorkflow(name, version), &w)

@@ -58,6 +58,12 @@ type Store struct {
 	runs    map[string]*cachedRun // decoded runs recently applied to
 	applied atomic.Uint64
 	term    atomic.Int64
+
+	// latest caches each workflow's latest version (name -> *WorkflowVersion): every
+	// StartRun asks for it, and reading it from Pebble was an iterator and a decode.
+	// The applier overwrites an entry after the batch that made a new version commits;
+	// readers fill it with LoadOrStore, so a reader's older value never replaces it.
+	latest sync.Map
 }
 
 // OpenStore opens (or creates) the state in dir.
@@ -152,17 +158,13 @@ func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
 // ApplyNext applies message seq only if it is the next one (applied+1): the writer of a
 // message applies it from memory when its publish is acknowledged, and leaves it to the
 // applier otherwise. applied reports whether it did.
-//
-// The writer passes the entries it decoded (decodeEntry) from the very bytes it
-// published, on its own goroutines before the publish: decoding was half the cost of
-// applying, and it sat between every ack and the next publish.
-func (s *Store) ApplyNext(seq uint64, entries []Entry) (results []error, applied bool, err error) {
+func (s *Store) ApplyNext(seq uint64, data []byte) (results []error, applied bool, err error) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	if seq != s.applied.Load()+1 {
 		return nil, false, nil
 	}
-	results, err = s.applyEntries(seq, entries)
+	results, err = s.applyLocked(seq, data)
 	return results, err == nil, err
 }
 
@@ -171,10 +173,6 @@ func (s *Store) applyLocked(seq uint64, data []byte) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.applyEntries(seq, entries)
-}
-
-func (s *Store) applyEntries(seq uint64, entries []Entry) ([]error, error) {
 	tx := newApplyTx(s, seq)
 	defer tx.close()
 	results := make([]error, len(entries))

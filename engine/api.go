@@ -66,15 +66,17 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 // Workflow returns a workflow version (0: the latest). Versions never change, so
 // decoded ones are cached.
 func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) {
-	key := name + "@" + strconv.Itoa(version)
 	if version > 0 {
-		if w, ok := e.specs.Load(key); ok {
+		if w, ok := e.specs.Load(name + "@" + strconv.Itoa(version)); ok {
 			return w.(*workflow.Workflow), nil
 		}
 	}
 	v, err := e.store.Workflow(name, version)
 	if err != nil {
 		return nil, err
+	}
+	if w, ok := e.specs.Load(name + "@" + strconv.Itoa(v.Version)); ok {
+		return w.(*workflow.Workflow), nil
 	}
 	w, err := workflow.Decode(v.Spec)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 //
 // Run: go test -run '^$' -bench 'W1|W2|Queued' -benchtime 1x ./engine
 
-func benchEngine(b *testing.B, workers int) *Engine {
+func benchEngine(b testing.TB, workers int) *Engine {
 	return startEngine(b, func(c *Config) {
 		c.Workers = workers
 		c.Lease.TTL = 10 * time.Second
