@@ -28,6 +28,7 @@ const (
 	DefaultMaxBatchEntries = 256
 	DefaultPublishTimeout  = 10 * time.Second
 	DefaultStallTimeout    = 10 * time.Second
+	DefaultNoteDelay       = 5 * time.Millisecond
 	duplicateWindow        = 2 * time.Minute
 	envelopeHeadroom       = 4 << 10
 )
@@ -53,6 +54,9 @@ type LogConfig struct {
 	// NoOwnApply leaves every message to the applier, including this node's own (for
 	// benchmarks comparing the two).
 	NoOwnApply bool
+	// NoteDelay is how long a note (AppendNote) waits for a write to ride with before it
+	// is published on its own (default 5ms).
+	NoteDelay time.Duration
 	// PublishTimeout bounds the retries of one publish (default 10s).
 	PublishTimeout time.Duration
 	Logger         *slog.Logger
@@ -75,7 +79,10 @@ type Log struct {
 		busy    bool          // a publish is in flight
 		closed  bool          // Stop began: no new requests, no new inline publishes
 		space   chan struct{} // closed (and replaced) when reqs drop below the bound
-		company int           // heads in the last message plus those queued at its ack
+		company int           // writes in the last message plus those queued at its ack
+		notes   int           // notes among reqs
+		noteDue bool          // the oldest queued note has waited NoteDelay
+		timer   *time.Timer   // makes notes due; nil when none is armed
 		ctx     context.Context
 	}
 	wake chan struct{} // cap 1: the writer goroutine should look at the queue
@@ -100,6 +107,7 @@ type Log struct {
 
 type request struct {
 	data   []byte
+	note   bool // AppendNote: rides with the next message, or goes out within NoteDelay
 	kind   Kind
 	run    string
 	ticket *Ticket
@@ -179,6 +187,9 @@ func OpenLog(ctx context.Context, cfg LogConfig) (*Log, error) {
 	}
 	if cfg.PublishTimeout <= 0 {
 		cfg.PublishTimeout = DefaultPublishTimeout
+	}
+	if cfg.NoteDelay <= 0 {
+		cfg.NoteDelay = DefaultNoteDelay
 	}
 	if cfg.StallTimeout <= 0 {
 		cfg.StallTimeout = DefaultStallTimeout
@@ -371,6 +382,19 @@ func (l *Log) Append(ctx context.Context, e Entry) (*Ticket, error) {
 	return r.ticket, l.enqueue(ctx, r)
 }
 
+// AppendNote queues an entry whose writer does not wait for it (a step's start, a
+// retry's failure): it rides in the next message another write makes, and goes out on
+// its own only if none comes within NoteDelay. A lone writer's note and its next write
+// then cost one publish, not two (docs/perf.md).
+func (l *Log) AppendNote(ctx context.Context, e Entry) (*Ticket, error) {
+	r, err := l.encode(e)
+	if err != nil {
+		return nil, err
+	}
+	r.note = true
+	return r.ticket, l.enqueue(ctx, r)
+}
+
 // AppendAll queues entries that go into one log message together, in this order (so a
 // run's last commit and its completion cost one synced write, not two). Each has its own
 // ticket and outcome: a message's entries are applied one after the other, each judged on
@@ -450,6 +474,14 @@ func (l *Log) enqueue(ctx context.Context, r *request) error {
 		}
 		if len(l.wq.reqs) < l.queueBound() {
 			l.wq.reqs = append(l.wq.reqs, r)
+			if r.note {
+				l.wq.notes++
+				if l.wq.timer == nil {
+					l.wq.timer = time.AfterFunc(l.cfg.NoteDelay, l.notesDue)
+				}
+				l.wq.Unlock()
+				return nil // no kick: it waits for company or its delay
+			}
 			busy := l.wq.busy
 			l.wq.Unlock()
 			if !busy { // else the publisher in flight takes it next
@@ -469,6 +501,20 @@ func (l *Log) enqueue(ctx context.Context, r *request) error {
 			return fmt.Errorf("checkpoint: append: %w", ctx.Err())
 		}
 	}
+}
+
+// notesDue makes the queued notes publishable on their own (timer goroutine).
+func (l *Log) notesDue() {
+	l.wq.Lock()
+	l.wq.timer = nil
+	l.wq.noteDue = l.wq.notes > 0
+	l.wq.Unlock()
+	l.kick()
+}
+
+// readyLocked reports whether the queue holds something to publish now.
+func (l *Log) readyLocked() bool {
+	return len(l.wq.reqs) > l.wq.notes || (l.wq.notes > 0 && l.wq.noteDue)
 }
 
 // queueBound is how many requests may wait for the writer before Append blocks.
@@ -493,8 +539,8 @@ func (l *Log) WriteAll(ctx context.Context, entries ...Entry) ([]*Ticket, error)
 	if err != nil {
 		return nil, err
 	}
-	if pctx, ok := l.takeIdle(); ok {
-		l.publish(pctx, []*request{head})
+	if pctx, batch, ok := l.takeIdle(head); ok {
+		l.publish(pctx, batch)
 		l.releaseIdle()
 	} else if err := l.enqueue(ctx, head); err != nil {
 		return nil, err
@@ -507,11 +553,12 @@ func (l *Log) WriteAll(ctx context.Context, entries ...Entry) ([]*Ticket, error)
 	return tickets, nil
 }
 
-// takeIdle makes the caller the publisher if the log is started, idle and empty.
-func (l *Log) takeIdle() (context.Context, bool) {
+// takeIdle makes the caller the publisher if the log is started and idle and nothing
+// but notes is queued: the batch is those notes (queued first) and head.
+func (l *Log) takeIdle(head *request) (context.Context, []*request, bool) {
 	select {
 	case <-l.failed:
-		return nil, false
+		return nil, nil, false
 	default:
 	}
 	l.wq.Lock()
@@ -519,20 +566,30 @@ func (l *Log) takeIdle() (context.Context, bool) {
 	// Only a lone writer publishes inline: when the last message had company, the next
 	// writers are about to queue, and a message of one entry would make them all wait a
 	// whole publish (measured: 64 writers then alternate messages of 1 and 63 entries).
-	if l.wq.busy || l.wq.closed || l.wq.ctx == nil || len(l.wq.reqs) > 0 || l.wq.company > 1 {
-		return nil, false
+	if l.wq.busy || l.wq.closed || l.wq.ctx == nil || len(l.wq.reqs) > l.wq.notes || l.wq.company > 1 {
+		return nil, nil, false
 	}
+	fits := batcher{l: l}
+	for _, r := range l.wq.reqs {
+		fits.add(r)
+	}
+	if len(fits.batch) < len(l.wq.reqs) || !fits.add(head) {
+		return nil, nil, false // more than one message: the writer's job
+	}
+	b := batcher{l: l, batch: make([]*request, 0, len(l.wq.reqs)+1)}
+	l.takeLocked(&b)
+	b.add(head)
 	l.wq.busy = true
 	l.wg.Add(1) // Stop waits for this publish like for the writer's
-	return l.wq.ctx, true
+	return l.wq.ctx, b.batch, true
 }
 
 // releaseIdle ends an inline publish; what queued meanwhile goes to the writer.
 func (l *Log) releaseIdle() {
 	l.wq.Lock()
 	l.wq.busy = false
-	l.wq.company = 1 + len(l.wq.reqs)
-	queued := len(l.wq.reqs) > 0
+	l.wq.company = 1 + len(l.wq.reqs) - l.wq.notes
+	queued := l.readyLocked()
 	l.wq.Unlock()
 	l.wg.Done()
 	if queued {
@@ -606,9 +663,9 @@ func (l *Log) runWriter(ctx context.Context) {
 			return
 		}
 		l.wq.Lock()
-		if l.wq.busy || len(l.wq.reqs) == 0 {
+		if l.wq.busy || !l.readyLocked() {
 			l.wq.Unlock()
-			continue // an inline publish is in flight: it kicks when it ends
+			continue // an inline publish is in flight (it kicks when it ends), or only notes wait
 		}
 		l.wq.busy = true
 		l.wq.Unlock()
@@ -622,16 +679,22 @@ func (l *Log) runWriter(ctx context.Context) {
 func (l *Log) publishNext(ctx context.Context) bool {
 	b := batcher{l: l, batch: make([]*request, 0, 16)}
 	l.wq.Lock()
-	l.takeLocked(&b)
-	if len(b.batch) == 0 {
+	if !l.readyLocked() {
 		l.wq.busy = false
 		l.wq.Unlock()
 		return false
 	}
+	l.takeLocked(&b)
 	l.wq.Unlock()
 	l.publish(ctx, b.batch)
+	writes := 0
+	for _, r := range b.batch {
+		if !r.note {
+			writes++
+		}
+	}
 	l.wq.Lock()
-	l.wq.company = min(len(b.batch)+len(l.wq.reqs), l.cfg.MaxBatchEntries)
+	l.wq.company = min(writes+len(l.wq.reqs)-l.wq.notes, l.cfg.MaxBatchEntries)
 	l.wq.Unlock()
 	return true
 }
@@ -640,7 +703,13 @@ func (l *Log) publishNext(ctx context.Context) bool {
 func (l *Log) takeLocked(b *batcher) {
 	n := 0
 	for n < len(l.wq.reqs) && b.add(l.wq.reqs[n]) {
+		if l.wq.reqs[n].note {
+			l.wq.notes--
+		}
 		n++
+	}
+	if l.wq.notes == 0 {
+		l.wq.noteDue = false
 	}
 	if n == 0 {
 		return
@@ -700,7 +769,11 @@ func (b *batcher) add(r *request) bool {
 func (l *Log) drainQueue() {
 	l.wq.Lock()
 	reqs := l.wq.reqs
-	l.wq.reqs, l.wq.closed = nil, true
+	l.wq.reqs, l.wq.closed, l.wq.notes = nil, true, 0
+	if l.wq.timer != nil {
+		l.wq.timer.Stop()
+		l.wq.timer = nil
+	}
 	l.wq.Unlock()
 	for _, r := range reqs {
 		r.chain(func(x *request) { x.ticket.resolve(0, ErrStopped) })

@@ -405,7 +405,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 }
 
 // Each writer's entries reach the log in the order it wrote them, whichever way it
-// writes (Append without waiting, Write, AppendAll, WriteAll) and whether its write was
+// writes (Append and AppendNote without waiting, Write, AppendAll, WriteAll) and whether its write was
 // published inline (the log idle) or by the group commit: writers racing for the idle
 // log must never let a later entry pass an earlier one still queued.
 func TestWritersKeepTheirOrder(t *testing.T) {
@@ -432,7 +432,15 @@ func TestWritersKeepTheirOrder(t *testing.T) {
 				}
 				order[w] = append(order[w], ids...)
 				var err error
-				switch rng.IntN(4) {
+				switch rng.IntN(5) {
+				case 4:
+					for _, e := range es {
+						var tk *Ticket
+						if tk, err = env.log.AppendNote(ctx, e); err != nil {
+							break
+						}
+						pending = append(pending, tk)
+					}
 				case 0:
 					var ts []*Ticket
 					ts, err = env.log.AppendAll(ctx, es...)
@@ -472,5 +480,41 @@ func TestWritersKeepTheirOrder(t *testing.T) {
 			}
 			last = p
 		}
+	}
+}
+
+// A note rides with the next write: a lone writer's note and write cost one message.
+// A note with no write after it is still published, within NoteDelay.
+func TestNotesRideWithTheNextWrite(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	seq := func(id string) uint64 {
+		v, err := env.store.View(id)
+		if err != nil || len(v.Events) == 0 {
+			t.Fatalf("run %s: %v", id, err)
+		}
+		return v.Events[0].Seq
+	}
+	for i := range 20 {
+		note, err := env.log.AppendNote(ctx, submitEntry(fmt.Sprintf("n%d", i), StepSpec{Name: "one"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("w%d", i), StepSpec{Name: "one"})); err != nil {
+			t.Fatal(err)
+		}
+		if err := note.Await(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := seq(fmt.Sprintf("n%d", i)), seq(fmt.Sprintf("w%d", i)); a != b {
+			t.Fatalf("round %d: the note went out in message %d, the write in %d: want one message", i, a, b)
+		}
+	}
+	alone, err := env.log.AppendNote(ctx, submitEntry("alone", StepSpec{Name: "one"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alone.Await(ctx); err != nil { // ctxT's deadline bounds the wait
+		t.Fatalf("a note with nothing after it: %v", err)
 	}
 }

@@ -191,7 +191,7 @@ func (x *runExec) note(e checkpoint.Entry) {
 		return
 	}
 	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
-	_, _ = x.e.clog.Append(context.WithoutCancel(x.ctx), e)
+	_, _ = x.e.clog.AppendNote(context.WithoutCancel(x.ctx), e)
 }
 
 type stepResult struct {
