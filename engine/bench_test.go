@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
@@ -153,3 +154,39 @@ func peakRSS() int64 {
 }
 
 var _ = context.Background
+
+// BenchmarkW2Timeline: W2's median run, event by event (milliseconds after StartRun
+// was called), to see where a run's time goes. docs/perf.md quotes it.
+func BenchmarkW2Timeline(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		e := benchEngine(b, 8)
+		apply(b, e, ChainWorkflow("w2", 10))
+		ctx := ctxT(b, 10*time.Minute)
+		type run struct {
+			total time.Duration
+			marks []string
+		}
+		runs := make([]run, 0, 200)
+		for r := 0; r < 200; r++ {
+			start := time.Now()
+			id, err := e.StartRun(ctx, "w2", nil, RunOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			returned := time.Since(start)
+			if _, err := e.WaitRun(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+			total := time.Since(start)
+			v, _ := e.Run(id)
+			marks := []string{fmt.Sprintf("StartRun returned %.2f", ms(returned))}
+			for _, ev := range v.Events {
+				marks = append(marks, fmt.Sprintf("%s %s %.2f", ev.Kind, ev.Step, ms(ev.At.Sub(start))))
+			}
+			runs = append(runs, run{total, append(marks, fmt.Sprintf("WaitRun returned %.2f", ms(total)))})
+		}
+		slices.SortFunc(runs, func(x, y run) int { return int(x.total - y.total) })
+		b.Logf("median run of %d:\n%s", len(runs), strings.Join(runs[len(runs)/2].marks, "\n"))
+		b.ReportMetric(ms(runs[len(runs)/2].total), "run-p50-ms")
+	}
+}
