@@ -530,10 +530,10 @@ func (l *Log) kick() {
 // WriteAll appends entries that go into one message together, like AppendAll, and
 // waits for their outcomes: each ticket is resolved when it returns without error.
 //
-// When nothing is queued or in flight, the calling goroutine publishes the message and
-// applies it itself: a lone writer then costs one publish and no goroutine hand-off
-// (two fewer wake-ups per write, measured in docs/perf.md). Otherwise the entries join
-// the group commit.
+// A lone writer publishes the message and applies it on its own goroutine: when nothing
+// is in flight, nothing but notes is queued (they go first, in the same message), and
+// the last message had no company. That costs one publish and no hand-off to the writer
+// goroutine and back (docs/perf.md, W2). Otherwise the entries join the group commit.
 func (l *Log) WriteAll(ctx context.Context, entries ...Entry) ([]*Ticket, error) {
 	head, tickets, err := l.encodeAll(entries)
 	if err != nil {

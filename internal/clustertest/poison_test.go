@@ -56,8 +56,22 @@ steps:
 		"--http", "off", "--lease-ttl", "1s", "--log-format", "json"}}
 	node.start(t)
 	t.Cleanup(node.Kill)
+	// Ready: flowd answers, or it died again first (the run it resumed at once can kill it
+	// before its API answers; the loop below counts that death). Its log is shown if not.
 	ready := func() {
-		WaitFor(t, 20*time.Second, "flowd to answer", func() bool { code, _ := flowctl(server, "cluster", "status"); return code == 0 })
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if !node.Alive() {
+				return
+			}
+			if code, _ := flowctl(server, "cluster", "status"); code == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("flowd did not answer within 60s; its log:\n%s", LogOf(node))
+			}
+			time.Sleep(20 * time.Millisecond) // polling a child process, with a deadline
+		}
 	}
 	ready()
 	if code, out := flowctl(server, "workflow", "apply", "-f", wf); code != 0 {
