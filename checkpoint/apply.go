@@ -86,6 +86,9 @@ func (tx *applyTx) commit() error {
 	for name, v := range tx.workflows {
 		tx.s.latest.Store(name, v)
 	}
+	if len(tx.workflows) > 0 || len(tx.ticks) > 0 {
+		tx.s.scheduleChanged()
+	}
 	for _, c := range tx.order {
 		if c.origStatus != c.run.Status && tx.s.onStatus != nil {
 			tx.s.onStatus(c.run.ID, c.run.Status)

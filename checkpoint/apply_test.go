@@ -421,3 +421,36 @@ func TestEachRunAndCountRuns(t *testing.T) {
 		t.Fatalf("running = %d", n)
 	}
 }
+
+// The cron planner waits on ScheduleChanged: a new workflow version or a recorded tick
+// wakes it, run traffic does not (it rescanned every workflow on every message before).
+func TestScheduleChangedOnlyForWorkflowsAndTicks(t *testing.T) {
+	s := memStore(t, Unsafe{})
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	ch := s.ScheduleChanged()
+	claimedRun(t, s)
+	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: 2, Owner: "a", At: t0})
+	if closed(ch) {
+		t.Fatal("run entries woke the cron planner")
+	}
+	mustApply(t, s, Entry{Kind: KindWorkflow, At: t0, Workflow: &WorkflowDef{Name: "wf", Digest: "d1", Spec: json.RawMessage(`{}`)}})
+	if !closed(ch) {
+		t.Fatal("a new workflow version did not wake the cron planner")
+	}
+	ch = s.ScheduleChanged()
+	mustApply(t, s, Entry{Kind: KindWorkflow, At: t0, Workflow: &WorkflowDef{Name: "wf", Digest: "d1", Spec: json.RawMessage(`{}`)}})
+	if closed(ch) {
+		t.Fatal("an unchanged workflow (no new version) woke the cron planner")
+	}
+	mustApply(t, s, Entry{Kind: KindCronTick, Term: 1, At: t0, Tick: &CronTick{Workflow: "wf", At: t0, Outcome: TickMissed}})
+	if !closed(ch) {
+		t.Fatal("a recorded tick did not wake the cron planner")
+	}
+}

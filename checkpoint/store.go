@@ -64,6 +64,9 @@ type Store struct {
 	// The applier overwrites an entry after the batch that made a new version commits;
 	// readers fill it with LoadOrStore, so a reader's older value never replaces it.
 	latest sync.Map
+
+	schedMu sync.Mutex
+	sched   chan struct{} // closed (and replaced) when a workflow version or cron tick is applied
 }
 
 // OpenStore opens (or creates) the state in dir.
@@ -292,4 +295,25 @@ func (quietLogger) Infof(string, ...any)  {}
 func (quietLogger) Errorf(string, ...any) {}
 func (quietLogger) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf("pebble: "+format, args...))
+}
+
+// ScheduleChanged returns a channel closed the next time a message that adds a workflow
+// version or records a cron tick is applied: what the cron planner reads. (It used to
+// wake on every applied message and rescan every workflow version each time.)
+func (s *Store) ScheduleChanged() <-chan struct{} {
+	s.schedMu.Lock()
+	defer s.schedMu.Unlock()
+	if s.sched == nil {
+		s.sched = make(chan struct{})
+	}
+	return s.sched
+}
+
+func (s *Store) scheduleChanged() {
+	s.schedMu.Lock()
+	defer s.schedMu.Unlock()
+	if s.sched != nil {
+		close(s.sched)
+		s.sched = nil
+	}
 }

@@ -87,7 +87,7 @@ func (s *scheduler) cronDue(now time.Time) ([]cronPlan, time.Time, error) {
 // log changes (a workflow applied).
 func (s *scheduler) runCron(ctx context.Context) {
 	for ctx.Err() == nil {
-		changed := s.e.clog.Changed()
+		changed := s.e.store.ScheduleChanged()
 		now := time.Now()
 		plans, next, err := s.cronDue(now)
 		if err != nil {
