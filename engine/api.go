@@ -165,27 +165,35 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		assign.Worker = e.cfg.NodeID
 	}
 	tickets, err := e.clog.WriteAll(ctx, submit, assign)
-	if len(tickets) == 0 || tickets[0].Await(ctx) != nil || tickets[1].Await(ctx) != nil {
+	if len(tickets) == 0 { // nothing was appended
 		if own {
-			// If the assign was in fact applied (its outcome is unknown here), the epoch
-			// is claimed by this node without a lease: the scheduler reclaims it.
 			e.releaseOwnRun()
 		}
-		if len(tickets) == 0 {
-			return err
-		}
-		if err := tickets[0].Await(ctx); err != nil {
-			return err
-		}
-		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", tickets[1].Await(ctx))
-		return nil
+		return err
 	}
 	if own {
-		go e.runOwn(submit.Run, int64(tickets[1].Seq()))
+		// The assign's outcome is the log's whether or not the caller waits for it (its
+		// ctx may end first): the reserved slot (and its count in e.wg) follows the
+		// entry, not the caller.
+		go func() {
+			if err := tickets[1].Await(e.runCtx); err != nil {
+				e.releaseOwnRun()
+				return
+			}
+			e.runOwn(submit.Run, int64(tickets[1].Seq()))
+		}()
+	}
+	if err := tickets[0].Await(ctx); err != nil {
+		return err
+	}
+	if err := tickets[1].Await(ctx); err != nil {
+		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", err)
 		return nil
 	}
-	if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(tickets[1].Seq())}); err != nil {
-		e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
+	if !own {
+		if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(tickets[1].Seq())}); err != nil {
+			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
+		}
 	}
 	return nil
 }

@@ -347,3 +347,23 @@ func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 		t.Fatalf("epochs %+v, changes %d; want the first (node-a's) released, nothing counted", r.Epochs, r.EpochChanges)
 	}
 }
+
+// A caller that gives up on StartRun (its ctx ended) does not strand a run the leader
+// assigned to itself: the reserved worker follows the assign's outcome in the log, so
+// the run finishes in its first epoch instead of waiting for a reclaim that would count
+// toward max_epochs.
+func TestOwnRunOutlivesItsCaller(t *testing.T) {
+	e := startEngine(t, nil)
+	waitLeader(t, e)
+	apply(t, e, ChainWorkflow("chain", 2))
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	ctx := ctxT(t, 30*time.Second)
+	for i := 0; i < 10; i++ {
+		id, _ := e.StartRun(gone, "chain", nil, RunOptions{}) // may report the ctx's end
+		r, err := e.WaitRun(ctx, id)
+		if err != nil || r.Status != checkpoint.StatusSucceeded || r.EpochChanges != 0 || len(r.Epochs) != 1 {
+			t.Fatalf("run %d after its caller left: %v %+v", i, err, r)
+		}
+	}
+}
