@@ -172,11 +172,15 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		return err
 	}
 	if own {
-		// The assign's outcome is the log's whether or not the caller waits for it (its
-		// ctx may end first): the reserved slot (and its count in e.wg) follows the
-		// entry, not the caller.
+		// The reserved slot (and its count in e.wg) follows the assign's outcome in the
+		// log, not the caller, whose ctx may end first; nor the engine's context: Stop
+		// cancels it while the log still applies what is in flight, and an accepted
+		// assign must then be handed back (runOwn does, its lease acquire failing).
 		go func() {
-			if err := tickets[1].Await(e.runCtx); err != nil {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*checkpoint.DefaultPublishTimeout)
+			err := tickets[1].Await(actx)
+			cancel()
+			if err != nil {
 				e.releaseOwnRun()
 				return
 			}

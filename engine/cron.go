@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -86,6 +87,8 @@ func (s *scheduler) cronDue(now time.Time) ([]cronPlan, time.Time, error) {
 // runCron fires due ticks until ctx ends, waking at the next fire time or when the
 // log changes (a workflow applied).
 func (s *scheduler) runCron(ctx context.Context) {
+	retry := backoff.Policy{Base: 500 * time.Millisecond, Cap: 30 * time.Second}
+	failures := 0
 	for ctx.Err() == nil {
 		changed := s.e.store.ScheduleChanged()
 		now := time.Now()
@@ -93,12 +96,21 @@ func (s *scheduler) runCron(ctx context.Context) {
 		if err != nil {
 			s.e.log.Warn("cron", "err", err)
 		}
+		ok := err == nil
 		for _, p := range plans {
-			s.fireTicks(ctx, p, now)
+			ok = s.fireTicks(ctx, p, now) && ok
 		}
 		wait := time.Minute
 		if !next.IsZero() {
 			wait = time.Until(next)
+		}
+		// A tick that could not be recorded (the log unreachable) wakes nothing: the
+		// planner retries on its own, with backoff, rather than at the next fire time.
+		if ok {
+			failures = 0
+		} else {
+			wait = min(wait, retry.Ceiling(failures))
+			failures++
 		}
 		t := time.NewTimer(max(wait, time.Millisecond))
 		select {
@@ -110,7 +122,9 @@ func (s *scheduler) runCron(ctx context.Context) {
 	}
 }
 
-func (s *scheduler) fireTicks(ctx context.Context, p cronPlan, now time.Time) {
+// fireTicks records the due ticks of one workflow in order; false if one could not be
+// recorded (the planner then retries soon instead of at the next fire time).
+func (s *scheduler) fireTicks(ctx context.Context, p cronPlan, now time.Time) bool {
 	sch := p.wf.Schedule
 	lastMissed := -1
 	for i, tick := range p.ticks {
@@ -133,11 +147,12 @@ func (s *scheduler) fireTicks(ctx context.Context, p cronPlan, now time.Time) {
 		}
 		if err := s.recordTick(ctx, p.wf, tick, outcome); err != nil {
 			if !errors.Is(err, checkpoint.ErrTickExists) {
-				s.e.log.Warn("cron tick not recorded", "workflow", p.wf.Name, "tick", tick, "err", err)
-				return
+				s.e.log.Warn("cron tick not recorded; retrying", "workflow", p.wf.Name, "tick", tick, "err", err)
+				return false
 			}
 		}
 	}
+	return true
 }
 
 func (s *scheduler) workflowActive(name string) bool {

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,5 +65,50 @@ steps:
 	v, _ := b.Run(id)
 	if countAccepted(v, "first") != 1 || time.Since(start) > 1500*time.Millisecond+testLease.TTL {
 		t.Fatalf("took %s; first accepted %d times", time.Since(start), countAccepted(v, "first"))
+	}
+}
+
+// A drain under load leaves nothing running: every run this node had claimed, including
+// the ones the leader assigned to itself while Stop began (their assign still in flight),
+// is handed back. The state is read from the node's own store after Stop.
+func TestStopUnderLoadLeavesNothingRunning(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		var dir string
+		e := startEngine(t, func(c *Config) { c.Workers = 64; dir = c.DataDir })
+		waitLeader(t, e)
+		apply(t, e, "name: busy\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 50ms}\n")
+		ctx := ctxT(t, 30*time.Second)
+		var started atomic.Int64
+		var wg sync.WaitGroup
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if _, err := e.StartRun(ctx, "busy", nil, RunOptions{}); err != nil {
+						return // the node is stopping
+					}
+					started.Add(1)
+				}
+			}()
+		}
+		for started.Load() < 40 {
+			if err := waitFor(ctx, e.clog, func() bool { return started.Load() >= 40 }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		s, err := checkpoint.OpenStore(filepath.Join(dir, "state"), checkpoint.StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := s.CountRuns(checkpoint.StatusRunning)
+		s.Close()
+		if err != nil || n != 0 {
+			t.Fatalf("round %d: %d runs left running after the drain (%v)", round, n, err)
+		}
 	}
 }

@@ -122,7 +122,12 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 		log.Info("task not taken", "err", err)
 		return
 	}
-	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID}); err != nil {
+	// The claim's outcome, not Stop's cancel, decides: a claim accepted while the node
+	// stops is run (and handed back by runClaimed), not left without a worker.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*checkpoint.DefaultPublishTimeout)
+	_, err = e.clog.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID})
+	cancel()
+	if err != nil {
 		log.Info("claim refused", "err", err)
 		_ = lease.Release(context.Background())
 		_ = msg.Ack()
