@@ -63,9 +63,16 @@ func BenchmarkW1(b *testing.B) {
 	}
 }
 
-func BenchmarkW2(b *testing.B) {
+func BenchmarkW2(b *testing.B) { benchW2(b, benchEngine(b, 8)) }
+
+// BenchmarkW2Unsynced: W2 with the embedded server's fsync off (not durable): what a run
+// costs besides the disk.
+func BenchmarkW2Unsynced(b *testing.B) {
+	benchW2(b, startEngine(b, func(c *Config) { c.Workers, c.Lease.TTL, c.unsynced = 8, 10*time.Second, true }))
+}
+
+func benchW2(b *testing.B, e *Engine) {
 	for i := 0; i < b.N; i++ {
-		e := benchEngine(b, 8)
 		apply(b, e, ChainWorkflow("w2", 10))
 		ctx := ctxT(b, 10*time.Minute)
 		var runLat, stepLat []time.Duration

@@ -49,6 +49,9 @@ type Config struct {
 	StepObserver func(kind string, d time.Duration, err error)
 	// Unsafe switches guards off, for negative-control tests only.
 	Unsafe checkpoint.Unsafe
+
+	// unsynced: the embedded server does not fsync (benchmarks of what is not the disk).
+	unsynced bool
 }
 
 func (c *Config) validate() error {

@@ -98,7 +98,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 			listen = ""
 		}
 		e.srv, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(e.cfg.DataDir, "nats"), Listen: listen,
-			ServerName: e.cfg.NodeID, Logger: e.log})
+			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced})
 		if err != nil {
 			return err
 		}
