@@ -71,24 +71,34 @@ func BenchmarkW2Unsynced(b *testing.B) {
 	benchW2(b, startEngine(b, func(c *Config) { c.Workers, c.Lease.TTL, c.unsynced = 8, 10*time.Second, true }))
 }
 
+// benchW2 runs W2 on e and reports run and step latency; with -v it also logs the median
+// run event by event (milliseconds after StartRun was called), to see where the time goes.
 func benchW2(b *testing.B, e *Engine) {
+	type run struct {
+		total time.Duration
+		marks []string
+	}
 	for i := 0; i < b.N; i++ {
 		apply(b, e, ChainWorkflow("w2", 10))
 		ctx := ctxT(b, 10*time.Minute)
-		var runLat, stepLat []time.Duration
+		runs := make([]run, 0, 200)
+		var stepLat []time.Duration
 		for r := 0; r < 200; r++ {
 			start := time.Now()
 			id, err := e.StartRun(ctx, "w2", nil, RunOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
+			returned := time.Since(start)
 			if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
 				b.Fatalf("run %s: %v %v", id, err, r)
 			}
-			runLat = append(runLat, time.Since(start))
+			total := time.Since(start)
 			v, _ := e.Run(id)
+			marks := []string{fmt.Sprintf("StartRun returned %.2f", ms(returned))}
 			var prev time.Time
 			for _, ev := range v.Events {
+				marks = append(marks, fmt.Sprintf("%s %s %.2f", ev.Kind, ev.Step, ms(ev.At.Sub(start))))
 				if ev.Kind == checkpoint.KindCommit && ev.Outcome == "accepted" {
 					if !prev.IsZero() {
 						stepLat = append(stepLat, ev.At.Sub(prev))
@@ -96,11 +106,13 @@ func benchW2(b *testing.B, e *Engine) {
 					prev = ev.At
 				}
 			}
+			runs = append(runs, run{total, append(marks, fmt.Sprintf("WaitRun returned %.2f", ms(total)))})
 		}
-		slices.Sort(runLat)
+		slices.SortFunc(runs, func(x, y run) int { return int(x.total - y.total) })
 		slices.Sort(stepLat)
-		b.ReportMetric(ms(runLat[len(runLat)/2]), "run-p50-ms")
-		b.ReportMetric(ms(runLat[len(runLat)*99/100]), "run-p99-ms")
+		b.Logf("median run of %d:\n%s", len(runs), strings.Join(runs[len(runs)/2].marks, "\n"))
+		b.ReportMetric(ms(runs[len(runs)/2].total), "run-p50-ms")
+		b.ReportMetric(ms(runs[len(runs)*99/100].total), "run-p99-ms")
 		b.ReportMetric(ms(stepLat[len(stepLat)/2]), "step-p50-ms")
 	}
 }
@@ -161,39 +173,3 @@ func peakRSS() int64 {
 }
 
 var _ = context.Background
-
-// BenchmarkW2Timeline: W2's median run, event by event (milliseconds after StartRun
-// was called), to see where a run's time goes. docs/perf.md quotes it.
-func BenchmarkW2Timeline(b *testing.B) {
-	for i := 0; i < b.N; i++ {
-		e := benchEngine(b, 8)
-		apply(b, e, ChainWorkflow("w2", 10))
-		ctx := ctxT(b, 10*time.Minute)
-		type run struct {
-			total time.Duration
-			marks []string
-		}
-		runs := make([]run, 0, 200)
-		for r := 0; r < 200; r++ {
-			start := time.Now()
-			id, err := e.StartRun(ctx, "w2", nil, RunOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			returned := time.Since(start)
-			if _, err := e.WaitRun(ctx, id); err != nil {
-				b.Fatal(err)
-			}
-			total := time.Since(start)
-			v, _ := e.Run(id)
-			marks := []string{fmt.Sprintf("StartRun returned %.2f", ms(returned))}
-			for _, ev := range v.Events {
-				marks = append(marks, fmt.Sprintf("%s %s %.2f", ev.Kind, ev.Step, ms(ev.At.Sub(start))))
-			}
-			runs = append(runs, run{total, append(marks, fmt.Sprintf("WaitRun returned %.2f", ms(total)))})
-		}
-		slices.SortFunc(runs, func(x, y run) int { return int(x.total - y.total) })
-		b.Logf("median run of %d:\n%s", len(runs), strings.Join(runs[len(runs)/2].marks, "\n"))
-		b.ReportMetric(ms(runs[len(runs)/2].total), "run-p50-ms")
-	}
-}
