@@ -405,11 +405,30 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 }
 
 // Each writer's entries reach the log in the order it wrote them, whichever way it
-// writes (Append and AppendNote without waiting, Write, AppendAll, WriteAll) and whether its write was
-// published inline (the log idle) or by the group commit: writers racing for the idle
-// log must never let a later entry pass an earlier one still queued.
+// writes (Append and AppendNote without waiting, Write, AppendAll, WriteAll) and whether
+// its write was published inline (the log idle) or by the group commit: writers racing
+// for the idle log must never let a later entry pass an earlier one still queued. With
+// the inline path allowed past queued writes (control), the same workload sees it.
 func TestWritersKeepTheirOrder(t *testing.T) {
+	if v := writeInOrder(t, false); v != "" {
+		t.Fatal(v)
+	}
+	for round := 0; ; round++ {
+		if writeInOrder(t, true) != "" {
+			return
+		}
+		if round == 60 {
+			t.Fatal("with the inline path allowed past queued writes no reorder was seen: the control cannot see the guard")
+		}
+	}
+}
+
+// writeInOrder runs the workload and returns the first reorder it finds, or "".
+func writeInOrder(t *testing.T, passQueue bool) string {
+	t.Helper()
 	env := startEnv(t, t.TempDir())
+	defer env.close()
+	env.log.unsafePassQueue = passQueue
 	ctx := ctxT(t)
 	const writers, calls = 6, 60
 	type pos struct{ seq, idx uint64 }
@@ -476,11 +495,12 @@ func TestWritersKeepTheirOrder(t *testing.T) {
 			}
 			p := pos{v.Events[0].Seq, uint64(v.Events[0].Index)}
 			if i > 0 && (p.seq < last.seq || (p.seq == last.seq && p.idx <= last.idx)) {
-				t.Fatalf("writer %d: %s at %d/%d came after %s at %d/%d in the log", w, id, p.seq, p.idx, ids[i-1], last.seq, last.idx)
+				return fmt.Sprintf("writer %d: %s at %d/%d came after %s at %d/%d in the log", w, id, p.seq, p.idx, ids[i-1], last.seq, last.idx)
 			}
 			last = p
 		}
 	}
+	return ""
 }
 
 // A note rides with the next write: a lone writer's note and write cost one message.
