@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -243,11 +244,15 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		unsafe Unsafe
-		damage string
+		damage []string // any one of them is the damage the guard prevents
 	}{
-		{"no epoch check", Unsafe{NoEpochCheck: true}, "invariant 2"},
-		{"no checkpoint check", Unsafe{NoCheckpointCheck: true}, "invariant 1: double commit"},
-		{"no term check", Unsafe{NoTermCheck: true}, "stale term accepted"},
+		{"no epoch check", Unsafe{NoEpochCheck: true}, []string{"invariant 2"}},
+		// Without the checkpoint check the first damage rapid meets is either a second
+		// commit of a (step, item), or a final fail accepted over a checkpoint, which a
+		// retry then turns back into a pending step that starts again.
+		{"no checkpoint check", Unsafe{NoCheckpointCheck: true},
+			[]string{"invariant 1: double commit", "invariant 3: step"}},
+		{"no term check", Unsafe{NoTermCheck: true}, []string{"stale term accepted"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := &recordingTB{TB: t}
@@ -255,8 +260,9 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 			if !rec.failed {
 				t.Fatalf("with %s the property found no violation: the guard is not shown to matter", c.name)
 			}
-			if !strings.Contains(strings.Join(rec.msgs, "\n"), c.damage) {
-				t.Fatalf("with %s the property failed, but not with %q:\n%s", c.name, c.damage, strings.Join(rec.msgs, "\n"))
+			got := strings.Join(rec.msgs, "\n")
+			if !slices.ContainsFunc(c.damage, func(d string) bool { return strings.Contains(got, d) }) {
+				t.Fatalf("with %s the property failed, but not with any of %q:\n%s", c.name, c.damage, got)
 			}
 			t.Logf("found: %s", firstLine(rec.msgs))
 		})
