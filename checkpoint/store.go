@@ -171,11 +171,27 @@ func (s *Store) ApplyNext(seq uint64, data []byte) (results []error, applied boo
 	return results, err == nil, err
 }
 
+// applyNextDecoded is ApplyNext for a message already decoded (by decodeEnvelope, from
+// the bytes the log holds at seq).
+func (s *Store) applyNextDecoded(seq uint64, entries []Entry) (results []error, applied bool, err error) {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if seq != s.applied.Load()+1 {
+		return nil, false, nil
+	}
+	results, err = s.applyEntries(seq, entries)
+	return results, err == nil, err
+}
+
 func (s *Store) applyLocked(seq uint64, data []byte) ([]error, error) {
 	entries, err := decodeEnvelope(seq, data)
 	if err != nil {
 		return nil, err
 	}
+	return s.applyEntries(seq, entries)
+}
+
+func (s *Store) applyEntries(seq uint64, entries []Entry) ([]error, error) {
 	tx := newApplyTx(s, seq)
 	defer tx.close()
 	results := make([]error, len(entries))
