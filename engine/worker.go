@@ -134,12 +134,13 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	_ = msg.Ack()
-	e.runClaimed(t.Run, t.Epoch, lease, log)
+	e.runClaimed(t.Run, t.Epoch, lease, log, false)
 }
 
 // runClaimed executes an epoch this node claimed and holds the lease of.
-func (e *Engine) runClaimed(run string, epoch int64, lease *epoch.Lease, log *slog.Logger) {
+func (e *Engine) runClaimed(run string, epoch int64, lease *epoch.Lease, log *slog.Logger, fresh bool) {
 	x, err := newRunExec(e, run, epoch, lease)
+	x.fresh = fresh
 	if err != nil {
 		log.Error("cannot run", "err", err)
 		_ = lease.Release(context.Background())
@@ -203,7 +204,7 @@ func (e *Engine) runOwn(run string, ep int64) {
 		}
 		return
 	}
-	e.runClaimed(run, ep, lease, log)
+	e.runClaimed(run, ep, lease, log, true)
 }
 
 // waitFor waits until cond holds, re-checking whenever the log applies a message.
