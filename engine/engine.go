@@ -251,10 +251,13 @@ func (e *Engine) statusChanged(run string, status checkpoint.RunStatus) {
 
 // Stats are counters of this node's work, for metrics and tests.
 type Stats struct {
-	Stolen       atomic.Int64 // epochs stopped with lock-stolen-mid-run
-	HandedBack   atomic.Int64 // runs handed back on drain
-	StepAttempts atomic.Int64
-	StepFailures atomic.Int64
+	Stolen     atomic.Int64 // epochs stopped with lock-stolen-mid-run
+	HandedBack atomic.Int64 // runs handed back on drain
+	// TasksDeferred counts tasks put back because another holder still had the run's
+	// lease (a zombie of an older epoch): they come back after a quarter of a lease TTL.
+	TasksDeferred atomic.Int64
+	StepAttempts  atomic.Int64
+	StepFailures  atomic.Int64
 }
 
 // Stats returns this node's counters.

@@ -367,3 +367,42 @@ func TestOwnRunOutlivesItsCaller(t *testing.T) {
 		}
 	}
 }
+
+// A task whose run's lease someone else still holds (a zombie of an older epoch, here a
+// squatter) is put back with a delay, not dropped: the run is taken as soon as the lease
+// frees, in the same epoch. Dropped, it waited for the reconcile's re-queue, which the
+// task stream's duplicate window swallows for a minute.
+func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
+	e := startEngine(t, nil)
+	waitLeader(t, e)
+	e.noOwnRuns.Store(true)        // through a task
+	e.fastPathGivenIDs.Store(true) // a given ID, so the test can hold its lease first
+	apply(t, e, ChainWorkflow("chain", 2))
+	ctx := ctxT(t, 30*time.Second)
+	squatter, err := e.leases.Acquire(ctx, "r-wait", 1<<40, "squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "r-wait"}); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for e.stats.TasksDeferred.Load() == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the task never met the held lease")
+		case <-tick.C:
+		}
+	}
+	_ = squatter.Release(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second) // well inside the duplicate window
+	defer cancel()
+	r, err := e.WaitRun(wctx, "r-wait")
+	if err != nil || r.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("run after its lease freed: %v %+v", err, r)
+	}
+	if r.EpochChanges != 0 || len(r.Epochs) != 1 {
+		t.Fatalf("epochs %+v, changes %d; want the first epoch to finish the run", r.Epochs, r.EpochChanges)
+	}
+}

@@ -296,7 +296,10 @@ func (s *scheduler) reconcile(ctx context.Context) {
 	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
 		if !needsAssign(r) && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
 			// Assigned, never claimed: the task may be lost. Re-queueing the same
-			// epoch is safe: a task is only ever claimed once per epoch.
+			// epoch is safe: a task is only ever claimed once per epoch. The task
+			// stream's duplicate window makes a re-queue within a minute of the last
+			// one a no-op, so this is for lost tasks only: a worker that meets a held
+			// lease puts its task back (handleTask).
 			_ = publishTask(ctx, s.e.js, task{Run: r.ID, Epoch: r.Epoch})
 		}
 		return ctx.Err() == nil

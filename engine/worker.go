@@ -115,7 +115,12 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	cancel()
 	if err != nil {
 		if errors.Is(err, epoch.ErrLeaseHeld) {
-			_ = msg.Ack()
+			// Another holder (a zombie of an older epoch) has the lease until it releases
+			// it or the lease lapses: try again then. Dropping the task would leave the
+			// run to the reconcile's re-queue, which the stream's duplicate window
+			// swallows for a minute (TestTaskWithItsLeaseHeldIsRetried).
+			e.stats.TasksDeferred.Add(1)
+			_ = msg.NakWithDelay(max(e.leases.Config().TTL/4, 50*time.Millisecond))
 		} else {
 			_ = msg.Nak()
 		}

@@ -41,6 +41,7 @@ func newMetrics() *metrics {
 		"flow_apply_lag_messages":           "Log messages not yet applied by this node.",
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
 		"flow_handed_back_total":            "Runs handed back on drain.",
+		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
 	} {
 		var labels []string
 		switch name {
@@ -113,4 +114,5 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
 	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
+	counter("flow_tasks_deferred_total", float64(e.Stats().TasksDeferred.Load()))
 }
