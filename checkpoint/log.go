@@ -550,7 +550,7 @@ func (l *Log) WriteAll(ctx context.Context, entries ...Entry) ([]*Ticket, error)
 	if err != nil {
 		return nil, err
 	}
-	if pctx, batch, ok := l.takeIdle(head); ok {
+	if pctx, batch, ok := l.takeIdle(ctx, head); ok {
 		l.publish(pctx, batch)
 		l.releaseIdle()
 	} else if err := l.enqueue(ctx, head); err != nil {
@@ -565,12 +565,18 @@ func (l *Log) WriteAll(ctx context.Context, entries ...Entry) ([]*Ticket, error)
 }
 
 // takeIdle makes the caller the publisher if the log is started and idle and nothing
-// but notes is queued: the batch is those notes (queued first) and head.
-func (l *Log) takeIdle(head *request) (context.Context, []*request, bool) {
+// but notes is queued: the batch is those notes (queued first) and head. A caller whose
+// deadline comes before PublishTimeout is not made the publisher: a publish runs to its
+// end (the log must learn whether the message landed), and the caller would wait it out
+// past its own deadline; queued, it awaits its ticket with its deadline.
+func (l *Log) takeIdle(ctx context.Context, head *request) (context.Context, []*request, bool) {
 	select {
 	case <-l.failed:
 		return nil, nil, false
 	default:
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < l.cfg.PublishTimeout {
+		return nil, nil, false
 	}
 	l.wq.Lock()
 	defer l.wq.Unlock()

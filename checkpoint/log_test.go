@@ -538,3 +538,23 @@ func TestNotesRideWithTheNextWrite(t *testing.T) {
 		t.Fatalf("a note with nothing after it: %v", err)
 	}
 }
+
+// A write whose caller's deadline comes before the publish timeout keeps that deadline:
+// it is not published on the caller's goroutine (which runs a publish to its end, up to
+// PublishTimeout) but by the writer, and the caller returns at its deadline even when
+// the log cannot be reached.
+func TestWriteKeepsItsCallersDeadline(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	env.srv.Shutdown() // the log is unreachable: a publish waits out its timeout
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err := env.log.Write(ctx, submitEntry("r1", StepSpec{Name: "a"}))
+	took := time.Since(began)
+	if err == nil {
+		t.Fatal("a write to an unreachable log succeeded")
+	}
+	if took >= DefaultPublishTimeout/2 {
+		t.Fatalf("the write returned after %s (%v): it waited out the publish, not its caller's 200ms deadline", took, err)
+	}
+}
