@@ -30,7 +30,7 @@ type Req struct {
 	Limit    int               `json:"limit,omitempty"`
 	After    string            `json:"after,omitempty"`
 	Inputs   map[string]string `json:"inputs,omitempty"`
-	// Wait bounds run.wait (a Go duration, default 1m, at most 10m).
+	// Wait bounds run.wait (a Go duration, default 30s, at most 1m).
 	Wait string `json:"wait,omitempty"`
 }
 
