@@ -50,9 +50,10 @@ type Engine struct {
 	// Test switches for the degraded guard: one makes the node degraded, the other
 	// switches the guard off (its negative control).
 	forceDegraded, ignoreDegraded atomic.Bool
-	holdingBack                   atomic.Bool // the worker loop is waiting out a degraded lease
-	fastPathGivenIDs              atomic.Bool // test: submit+assign also for given run IDs (unsafe)
-	noOwnRuns                     atomic.Bool // test: the leader never assigns a run to itself
+	holdingBack                   atomic.Bool  // the worker loop is waiting out a degraded lease
+	fastPathGivenIDs              atomic.Bool  // test: submit+assign also for given run IDs (unsafe)
+	noOwnRuns                     atomic.Bool  // test: the leader never assigns a run to itself
+	lostClaims                    atomic.Int32 // test: this many claim writes fail as of unknown outcome, unwritten
 
 	mu struct {
 		sync.Mutex

@@ -406,3 +406,32 @@ func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 		t.Fatalf("epochs %+v, changes %d; want the first epoch to finish the run", r.Epochs, r.EpochChanges)
 	}
 }
+
+// A claim whose write has an unknown outcome (NATS in trouble) puts its task back: if the
+// claim did not land, the run is claimed again at once, in the same epoch. Acked away, the
+// run waited for the reconcile's re-queue, which the task stream's duplicate window
+// swallows for a minute.
+func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
+	e := startEngine(t, nil)
+	waitLeader(t, e)
+	e.noOwnRuns.Store(true) // through a task, so there is a claim
+	apply(t, e, ChainWorkflow("chain", 2))
+	e.lostClaims.Store(1)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second) // well inside the duplicate window
+	defer cancel()
+	r, err := e.WaitRun(wctx, id)
+	if err != nil || r.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("run after a lost claim: %v %+v", err, r)
+	}
+	if e.lostClaims.Load() != 0 {
+		t.Fatal("no claim was lost: the test did not test")
+	}
+	if r.EpochChanges != 0 || len(r.Epochs) != 1 {
+		t.Fatalf("epochs %+v, changes %d; want the first epoch to finish the run", r.Epochs, r.EpochChanges)
+	}
+}

@@ -130,16 +130,41 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	// The claim's outcome, not Stop's cancel, decides: a claim accepted while the node
 	// stops is run (and handed back by runClaimed), not left without a worker.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*checkpoint.DefaultPublishTimeout)
-	_, err = e.clog.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID})
+	if e.loseClaim() {
+		err = fmt.Errorf("%w: a test lost this claim", checkpoint.ErrAppendUncertain)
+	} else {
+		_, err = e.clog.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID})
+	}
 	cancel()
 	if err != nil {
-		log.Info("claim refused", "err", err)
+		log.Info("claim not written", "err", err)
 		_ = lease.Release(context.Background())
-		_ = msg.Ack()
+		if errors.Is(err, checkpoint.ErrFenced) || isVerdict(err) {
+			_ = msg.Ack() // the log said no: this task's epoch will not run
+		} else {
+			// Unknown outcome: if the claim landed, the task comes back stale (the run has
+			// an owner) and is acked then; if not, it is claimed again. Acked now, the
+			// run would wait for the reconcile's re-queue, which the task stream's
+			// duplicate window swallows for a minute (TestClaimOfUnknownOutcomeIsRetried).
+			_ = msg.NakWithDelay(max(e.leases.Config().TTL/4, 50*time.Millisecond))
+		}
 		return
 	}
 	_ = msg.Ack()
 	e.runClaimed(t.Run, t.Epoch, lease, log, false)
+}
+
+// loseClaim takes one of the claims a test asked to lose (lostClaims).
+func (e *Engine) loseClaim() bool {
+	for {
+		n := e.lostClaims.Load()
+		if n <= 0 {
+			return false
+		}
+		if e.lostClaims.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 // runClaimed executes an epoch this node claimed and holds the lease of.
