@@ -93,6 +93,12 @@ type Run struct {
 	UpdatedAt  time.Time `json:"updated_at"`
 }
 
+// NeedsAssign reports a pending run without a usable epoch: never assigned, handed back
+// by its last owner, or retried by an operator. The scheduler gives these a new epoch.
+func (r *Run) NeedsAssign() bool {
+	return r.Status == StatusPending && (r.Epoch == 0 || r.HandedBack || r.RetryRequested)
+}
+
 // EpochRecord is one epoch of a run.
 type EpochRecord struct {
 	Epoch  int64     `json:"epoch"`

@@ -92,18 +92,10 @@ func (s *scheduler) write(ctx context.Context, e checkpoint.Entry) (uint64, erro
 	return s.e.clog.Write(ctx, e)
 }
 
-// needsAssign: pending and without a usable epoch.
-func needsAssign(r *checkpoint.Run) bool {
-	return r.Status == checkpoint.StatusPending && (r.Epoch == 0 || r.HandedBack || r.RetryRequested)
-}
-
 func (s *scheduler) assignPending(ctx context.Context) {
 	var active map[string]int // runs per workflow holding an epoch, for concurrency limits
 	var batch []*checkpoint.Run
-	err := s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
-		if !needsAssign(r) {
-			return true
-		}
+	err := s.e.store.EachUnassigned(func(r *checkpoint.Run) bool {
 		if limit := s.concurrency(r); limit > 0 {
 			if active == nil {
 				active = s.activeByWorkflow()
@@ -191,7 +183,7 @@ func (s *scheduler) activeByWorkflow() map[string]int {
 	n := map[string]int{}
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusRunning, checkpoint.StatusPending} {
 		_ = s.e.store.EachRun(checkpoint.ListOptions{Status: st, Limit: 1000}, func(r *checkpoint.Run) bool {
-			if r.Status == checkpoint.StatusRunning || !needsAssign(r) {
+			if r.Status == checkpoint.StatusRunning || !r.NeedsAssign() {
 				n[r.Workflow]++
 			}
 			return true
@@ -294,7 +286,7 @@ func (s *scheduler) reconcile(ctx context.Context) {
 		}
 	}
 	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
-		if !needsAssign(r) && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
+		if !r.NeedsAssign() && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
 			// Assigned, never claimed: the task may be lost. Re-queueing the same
 			// epoch is safe: a task is only ever claimed once per epoch. The task
 			// stream's duplicate window makes a re-queue within a minute of the last
