@@ -851,16 +851,11 @@ func (l *Log) applyOwn(id string, seq uint64, data []byte, job *decodeJob) {
 	if l.cfg.NoOwnApply {
 		return
 	}
-	var (
-		results []error
-		applied bool
-		err     error
-	)
+	var entries []Entry // nil: the apply decodes (the decoder was busy, or failed: the apply's error names seq)
 	if job != nil && job.wait() == nil {
-		results, applied, err = l.cfg.Store.applyNextDecoded(seq, job.entries)
-	} else { // not decoded yet, or not decodable: the error names seq
-		results, applied, err = l.cfg.Store.ApplyNext(seq, data)
+		entries = job.entries
 	}
+	results, applied, err := l.cfg.Store.applyNextDecoded(seq, data, entries)
 	if err != nil {
 		l.log.Error("applier stopped", "seq", seq, "err", err)
 		l.fail(err)

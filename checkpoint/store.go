@@ -218,24 +218,22 @@ func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
 // message applies it from memory when its publish is acknowledged, and leaves it to the
 // applier otherwise. applied reports whether it did.
 func (s *Store) ApplyNext(seq uint64, data []byte) (results []error, applied bool, err error) {
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
-	if seq != s.applied.Load()+1 {
-		return nil, false, nil
-	}
-	results, err = s.applyLocked(seq, data)
-	return results, err == nil, err
+	return s.applyNextDecoded(seq, data, nil)
 }
 
-// applyNextDecoded is ApplyNext for a message already decoded (by decodeEnvelope, from
-// the bytes the log holds at seq).
-func (s *Store) applyNextDecoded(seq uint64, entries []Entry) (results []error, applied bool, err error) {
+// applyNextDecoded is ApplyNext with the message's entries already decoded from data (by
+// decodeEnvelope); nil entries means decode them here.
+func (s *Store) applyNextDecoded(seq uint64, data []byte, entries []Entry) (results []error, applied bool, err error) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	if seq != s.applied.Load()+1 {
 		return nil, false, nil
 	}
-	results, err = s.applyEntries(seq, entries)
+	if entries == nil {
+		results, err = s.applyLocked(seq, data)
+	} else {
+		results, err = s.applyEntries(seq, entries)
+	}
 	return results, err == nil, err
 }
 
