@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
 )
 
 // seqOf is the log message of a run's first event of kind (and step, if given).
@@ -322,16 +323,9 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	e.fastPathGivenIDs.Store(true) // a given ID, so the test can hold its lease first
 	apply(t, e, ChainWorkflow("chain", 2))
 	ctx := ctxT(t, 60*time.Second)
-	squatter, err := e.leases.Acquire(ctx, "r-held", 1<<40, "squatter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "r-held"}); err != nil {
-		t.Fatal(err)
-	}
+	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-held")
 	if err := waitFor(ctx, e.clog, func() bool {
 		r, err := e.store.Run("r-held")
 		return err == nil && len(r.Epochs) >= 2
@@ -375,17 +369,10 @@ func TestOwnRunOutlivesItsCaller(t *testing.T) {
 func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	e.noOwnRuns.Store(true)        // through a task
-	e.fastPathGivenIDs.Store(true) // a given ID, so the test can hold its lease first
+	e.noOwnRuns.Store(true) // through a task
 	apply(t, e, ChainWorkflow("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
-	squatter, err := e.leases.Acquire(ctx, "r-wait", 1<<40, "squatter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.StartRun(ctx, "chain", nil, RunOptions{ID: "r-wait"}); err != nil {
-		t.Fatal(err)
-	}
+	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-wait")
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for e.stats.TasksDeferred.Load() == 0 {
@@ -434,4 +421,19 @@ func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
 	if r.EpochChanges != 0 || len(r.Epochs) != 1 {
 		t.Fatalf("epochs %+v, changes %d; want the first epoch to finish the run", r.Epochs, r.EpochChanges)
 	}
+}
+
+// startWithItsLeaseHeld starts a run of wf with ID id after a squatter (standing for a
+// zombie of an older epoch) has taken the run's lease, and returns the squatter's lease.
+func startWithItsLeaseHeld(t *testing.T, ctx context.Context, e *Engine, wf, id string) *epoch.Lease {
+	t.Helper()
+	e.fastPathGivenIDs.Store(true) // a given ID, so the lease can be held first
+	squatter, err := e.leases.Acquire(ctx, id, 1<<40, "squatter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.StartRun(ctx, wf, nil, RunOptions{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	return squatter
 }
