@@ -53,7 +53,7 @@ type Engine struct {
 	holdingBack                   atomic.Bool  // the worker loop is waiting out a degraded lease
 	fastPathGivenIDs              atomic.Bool  // test: submit+assign also for given run IDs (unsafe)
 	noOwnRuns                     atomic.Bool  // test: the leader never assigns a run to itself
-	lostClaims                    atomic.Int32 // test: this many claim writes fail as of unknown outcome, unwritten
+	lostClaims                    atomic.Int32 // test: this many claim writes are not made and fail as of unknown outcome
 
 	mu struct {
 		sync.Mutex
