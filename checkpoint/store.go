@@ -69,12 +69,11 @@ type Store struct {
 	schedMu sync.Mutex
 	sched   chan struct{} // closed (and replaced) when a workflow version or cron tick is applied
 
-	// unassigned holds the IDs of the runs that need an assign (Run.NeedsAssign): built
-	// at open, kept by the applier after each commit. The scheduler looks for such runs
-	// after every applied message, and decoding every pending run to find them was a
-	// sixth of W1's CPU.
-	unassignedMu sync.Mutex
-	unassigned   map[string]struct{}
+	// queue holds the runs that need an assign (Run.NeedsAssign), in submission order,
+	// and those holding an epoch (queue.go): built at open, kept by the applier after
+	// each commit. The scheduler looks for such runs after every applied message, and
+	// decoding every pending run to find them was a sixth of W1's CPU.
+	queue runQueue
 }
 
 // OpenStore opens (or creates) the state in dir.
@@ -111,38 +110,33 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	s.applied.Store(applied)
 	s.term.Store(int64(term))
-	s.unassigned = map[string]struct{}{}
-	if err := s.EachRun(ListOptions{Status: StatusPending}, func(r *Run) bool {
-		s.noteUnassigned(r)
-		return true
-	}); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("checkpoint: read pending runs: %w", err)
+	s.queue.init()
+	for _, st := range []RunStatus{StatusPending, StatusRunning} {
+		if err := s.EachRun(ListOptions{Status: st}, func(r *Run) bool {
+			s.noteUnassigned(r)
+			return true
+		}); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("checkpoint: read %s runs: %w", st, err)
+		}
 	}
 	return s, nil
 }
 
-// noteUnassigned records whether r needs an assign, after r's state changed.
-func (s *Store) noteUnassigned(r *Run) {
-	s.unassignedMu.Lock()
-	defer s.unassignedMu.Unlock()
-	if r.NeedsAssign() {
-		s.unassigned[r.ID] = struct{}{}
-	} else {
-		delete(s.unassigned, r.ID)
-	}
-}
+// noteUnassigned records whether r needs an assign or holds an epoch, after r's state
+// changed.
+func (s *Store) noteUnassigned(r *Run) { s.queue.note(r) }
 
 // EachUnassigned calls fn, in run ID order, for each run that needs an assign
 // (Run.NeedsAssign), until fn returns false: the pending runs the scheduler must give an
 // epoch, without reading the others.
 func (s *Store) EachUnassigned(fn func(*Run) bool) error {
-	s.unassignedMu.Lock()
-	ids := make([]string, 0, len(s.unassigned))
-	for id := range s.unassigned {
+	s.queue.mu.Lock()
+	ids := make([]string, 0, len(s.queue.seq))
+	for id := range s.queue.seq {
 		ids = append(ids, id)
 	}
-	s.unassignedMu.Unlock()
+	s.queue.mu.Unlock()
 	slices.Sort(ids)
 	for _, id := range ids {
 		r, err := s.Run(id)

@@ -1,0 +1,115 @@
+package checkpoint
+
+import (
+	"cmp"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// The admission view the applier keeps (queue.go) always equals what a scan of every
+// run finds: the runs needing an assign in submission order, and the counts of runs
+// assigned-and-waiting and running; after each message of a random log and after the
+// store is reopened (it is rebuilt at open).
+func TestQueueMatchesAScan(t *testing.T) {
+	dir := t.TempDir()
+	iteration := 0
+	rapid.Check(t, func(t *rapid.T) {
+		iteration++
+		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 150).Draw(t, "messages"))
+		path := filepath.Join(dir, fmt.Sprint(iteration))
+		s, err := OpenStore(path, StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range msgs {
+			if _, err := s.ApplyMessage(uint64(i+1), m); err != nil {
+				t.Fatal(err)
+			}
+			checkQueue(t, s, i+1)
+		}
+		s.Close()
+		if s, err = OpenStore(path, StoreOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		checkQueue(t, s, -1)
+	})
+}
+
+func checkQueue(t *rapid.T, s *Store, seq int) {
+	var want []*Run
+	wantAssigned, wantRunning := 0, 0
+	for _, st := range []RunStatus{StatusPending, StatusRunning} {
+		if err := s.EachRun(ListOptions{Status: st}, func(r *Run) bool {
+			switch {
+			case r.NeedsAssign():
+				want = append(want, r)
+			case r.Status == StatusPending:
+				wantAssigned++
+			default:
+				wantRunning++
+			}
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.SortFunc(want, func(a, b *Run) int { return cmp.Or(cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID)) })
+	var wantIDs, got []string
+	for _, r := range want {
+		wantIDs = append(wantIDs, r.ID)
+	}
+	if err := s.EachQueued(func(r *Run) bool { got = append(got, r.ID); return true }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, wantIDs) {
+		t.Fatalf("after message %d (-1: reopened) the queued runs are %v, a scan finds %v", seq, got, wantIDs)
+	}
+	if n := s.QueuedRuns(); n != len(wantIDs) {
+		t.Fatalf("after message %d: QueuedRuns %d, a scan finds %d", seq, n, len(wantIDs))
+	}
+	if a, r := s.Held(); a != wantAssigned || r != wantRunning {
+		t.Fatalf("after message %d: Held %d assigned, %d running; a scan finds %d, %d", seq, a, r, wantAssigned, wantRunning)
+	}
+}
+
+// The queue keeps submission order through hand-backs (a run goes back to its place),
+// stale entries and compaction, and EachQueued stops when asked.
+func TestQueueOrderAndCompaction(t *testing.T) {
+	var rq runQueue
+	rq.init()
+	pending := func(id string, seq uint64) *Run { return &Run{ID: id, Status: StatusPending, CreatedSeq: seq} }
+	for i := 1; i <= 5000; i++ {
+		rq.note(pending(fmt.Sprintf("r%05d", i), uint64(i)))
+	}
+	// Assign the first 3000 in order: the head drops them, compaction keeps the rest.
+	for i := 1; i <= 3000; i++ {
+		r := pending(fmt.Sprintf("r%05d", i), uint64(i))
+		r.Epoch = int64(10000 + i)
+		rq.note(r)
+	}
+	// One of them is handed back: it goes back ahead of the others.
+	back := pending("r00007", 7)
+	back.Epoch, back.HandedBack = 10007, true
+	rq.note(back)
+	ids, _ := rq.page(nil, 3)
+	if want := []string{"r00007", "r03001", "r03002"}; !slices.Equal(ids, want) {
+		t.Fatalf("head %v, want %v", ids, want)
+	}
+	if len(rq.order) > 2002+1024 {
+		t.Fatalf("order holds %d entries for 2001 queued runs: stale entries were not dropped", len(rq.order))
+	}
+	if rq.assigned != 2999 {
+		t.Fatalf("assigned %d, want 2999", rq.assigned)
+	}
+	// Paging resumes after the last entry returned.
+	first, last := rq.page(nil, 1000)
+	second, _ := rq.page(&last, 5000)
+	if all := append(first, second...); len(all) != 2001 || !slices.IsSortedFunc(all[1:], cmp.Compare[string]) {
+		t.Fatalf("paged %d runs (want 2001) or out of order", len(all))
+	}
+}
