@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // Input is what a step runs with.
@@ -24,6 +25,10 @@ type Input struct {
 	IdempotencyKey string
 	With           map[string]any // rendered
 	Logger         *slog.Logger
+	// StopGrace, if set, is the most time a step may take to stop once its context is
+	// cancelled: the engine sets it under the lease TTL so that a step whose lease was
+	// lost is dead before the run can move to another node. Exec's kill grace is cut to it.
+	StopGrace time.Duration
 }
 
 // Step is one kind of step. Run must return when ctx is cancelled.
@@ -82,13 +87,14 @@ func NewRegistry(maxOutput int) *Registry {
 	r := &Registry{kinds: map[string]Step{}}
 	r.kinds["exec"] = Exec{MaxOutput: maxOutput}
 	r.kinds["http"] = HTTP{MaxOutput: maxOutput}
-	r.kinds["sleep"] = Func(sleep)
+	r.kinds["sleep"] = WithCheck(Func(sleep), checkSleep) // a Func cannot have CheckWith
 	r.kinds["noop"] = Func(noop)
 	return r
 }
 
 // Register adds a kind. Names are 1-64 of a-z, 0-9, '_' and '-'; a kind cannot be
-// registered twice.
+// registered twice. A step that implements [WithChecker] (or is wrapped by [WithCheck])
+// has its `with` checked when a workflow using it is validated or applied.
 func (r *Registry) Register(kind string, s Step) error {
 	if !validKind(kind) || s == nil {
 		return fmt.Errorf("steps: register %q: use 1-64 of a-z, 0-9, '_' and '-', and a non-nil step", kind)
