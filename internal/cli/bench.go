@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"slices"
@@ -26,7 +27,24 @@ type benchOptions struct {
 	workloads        []string
 	w1Runs, w1Flight int
 	w2Runs           int
+	waits            waitOptions
 }
+
+// waitOptions say how a bench run waits for its end.
+type waitOptions struct {
+	// wait is asked of run.wait (the server's default is 30s, its limit 1m); grace is
+	// how much longer the client waits for the answer, which can sit behind other
+	// requests (the API serves 256 at once: W1 with 150,000 runs in flight queues
+	// the rest).
+	wait, grace time.Duration
+	// deadline bounds one run's wait, all waits again included (--run-timeout).
+	deadline time.Duration
+	// noRewait counts a wait that timed out as a failure: the negative control of the
+	// rewait (issue 12: 95,404 runs "did not succeed" that all succeeded later).
+	noRewait bool
+}
+
+var defaultWaits = waitOptions{wait: 30 * time.Second, grace: time.Minute}
 
 // BenchResult is one workload's line (-o json prints a list of them).
 type BenchResult struct {
@@ -45,6 +63,7 @@ type BenchResult struct {
 
 func (a *app) benchCommand() *cobra.Command {
 	o := benchOptions{}
+	var runTimeout time.Duration
 	cmd := &cobra.Command{Use: "bench [w1|w2]...", Short: "Run the W1 and W2 workloads against the server; one line per workload",
 		Long: `Applies the workflows bench-w1 (5 no-op steps) and bench-w2 (10 no-op steps) and runs
 W1 (many runs at once: throughput) and W2 (one run at a time: latency) through the API,
@@ -59,7 +78,12 @@ W1's in-flight runs (flowd --workers 64) or W1 measures the worker slots.`,
 			return nil
 		},
 		RunE: func(_ *cobra.Command, args []string) error {
+			if runTimeout <= 0 {
+				return usage("--run-timeout %s: use a positive duration such as 1h", runTimeout)
+			}
 			o.workloads = args
+			o.waits = defaultWaits
+			o.waits.deadline = runTimeout
 			if len(args) == 0 {
 				o.workloads = []string{"w1", "w2"}
 			}
@@ -68,6 +92,7 @@ W1's in-flight runs (flowd --workers 64) or W1 measures the worker slots.`,
 	cmd.Flags().IntVar(&o.w1Runs, "w1-runs", 1000, "W1: runs")
 	cmd.Flags().IntVar(&o.w1Flight, "w1-in-flight", 64, "W1: runs started and not yet ended at most")
 	cmd.Flags().IntVar(&o.w2Runs, "w2-runs", 200, "W2: runs")
+	cmd.Flags().DurationVar(&runTimeout, "run-timeout", time.Hour, "how long one run may take to end, its wait for a worker included, before it counts as failed")
 	return cmd
 }
 
@@ -85,9 +110,9 @@ func (a *app) bench(o benchOptions) error {
 		var r BenchResult
 		var err error
 		if w == "w1" {
-			r, err = a.benchRuns("bench-w1", 5, o.w1Runs, o.w1Flight, false)
+			r, err = a.benchRuns("bench-w1", 5, o.w1Runs, o.w1Flight, false, o.waits)
 		} else {
-			r, err = a.benchRuns("bench-w2", 10, o.w2Runs, 1, true)
+			r, err = a.benchRuns("bench-w2", 10, o.w2Runs, 1, true, o.waits)
 		}
 		if err != nil {
 			return err
@@ -124,7 +149,7 @@ func printBench(w io.Writer, r BenchResult) {
 }
 
 // benchRuns applies the workflow and runs `runs` runs of it, at most inFlight at once.
-func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool) (BenchResult, error) {
+func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool, w waitOptions) (BenchResult, error) {
 	res := BenchResult{Runs: runs, Steps: steps, InFlight: inFlight}
 	if err := a.call("workflow.apply", api.Req{File: name + ".yaml", YAML: engine.ChainWorkflow(name, steps)}, nil); err != nil {
 		return res, err
@@ -145,7 +170,7 @@ func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool
 			defer wg.Done()
 			defer func() { <-sem }()
 			t0 := time.Now()
-			r, err := a.runToEnd(name)
+			r, err := a.runToEnd(name, w)
 			d := time.Since(t0)
 			mu.Lock()
 			defer mu.Unlock()
@@ -188,20 +213,35 @@ func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool
 	return res, nil
 }
 
-// runToEnd starts a run and waits for its end.
-func (a *app) runToEnd(workflow string) (api.Run, error) {
+// runToEnd starts a run and waits for its end. Only an answer about the run decides: a
+// wait that ends first waits again, whether the server answered at its wait limit with
+// the run still going, or the answer did not come in time because the request waited
+// behind others (the call's context ended; flowd down fails at once with no responders).
+func (a *app) runToEnd(workflow string, w waitOptions) (api.Run, error) {
 	var started map[string]string
 	if err := a.call("run.start", api.Req{Workflow: workflow}, &started); err != nil {
 		return api.Run{}, err
 	}
+	id := started["id"]
+	end := time.Now().Add(w.deadline)
 	for {
 		var r api.Run
-		if err := a.call("run.wait", api.Req{ID: started["id"], Wait: "30s"}, &r); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), w.wait+w.grace)
+		err := a.client.Call(ctx, "run.wait", api.Req{ID: id, Wait: w.wait.String()}, &r)
+		timedOut := ctx.Err() != nil
+		cancel()
+		switch {
+		case err != nil && timedOut && !w.noRewait && time.Now().Before(end):
+			continue
+		case err != nil:
 			return r, err
 		}
 		switch r.Status {
 		case "succeeded", "failed", "cancelled", "dead_lettered":
 			return r, nil
+		}
+		if !time.Now().Before(end) {
+			return r, fmt.Errorf("run %s still %s after %s", id, r.Status, w.deadline)
 		}
 	}
 }

@@ -72,3 +72,38 @@ func TestRunWait(t *testing.T) {
 		}
 	}
 }
+
+// A bench run whose wait ends before the run does waits again: here every wait's answer
+// comes too late for the client (its context ends before the server's wait limit), as
+// with W1's 150,000 runs in flight queued behind the API's 256 requests at a time, and
+// the run still counts as the success it is. Negative control: without the rewait the
+// same run is reported as failed (issue 12: 95,404 runs "did not succeed" that all
+// succeeded later).
+func TestBenchWaitsAgain(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("slow.yaml", "name: slow\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 700ms}\n")
+	if code, out, _ := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatal(out)
+	}
+	for _, rewait := range []bool{true, false} {
+		a := &app{server: e.server}
+		w := waitOptions{wait: 300 * time.Millisecond, grace: -250 * time.Millisecond, deadline: time.Minute, noRewait: !rewait}
+		r, err := a.runToEnd("slow", w)
+		a.client.Close()
+		if rewait && (err != nil || r.Status != "succeeded") {
+			t.Fatalf("with the rewait: %v %q, want succeeded", err, r.Status)
+		}
+		if !rewait && err == nil {
+			t.Fatalf("without the rewait the run ended %q: the test shows nothing", r.Status)
+		}
+	}
+	// The server's own wait limit: answered with the run still going, waited again.
+	a := &app{server: e.server}
+	defer func() { a.client.Close() }() // dialled by runToEnd
+	if r, err := a.runToEnd("slow", waitOptions{wait: 50 * time.Millisecond, grace: time.Minute, deadline: time.Minute}); err != nil || r.Status != "succeeded" {
+		t.Fatalf("short server waits: %v %q", err, r.Status)
+	}
+	if code, _, errOut := e.flowctl("bench", "--run-timeout", "0s"); code != 2 || !strings.Contains(errOut, "--run-timeout") {
+		t.Fatalf("--run-timeout 0s: %d %q, want a usage error", code, errOut)
+	}
+}
