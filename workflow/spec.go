@@ -63,6 +63,7 @@ type Step struct {
 	Line        int            `json:"line"`
 	templates   []tmplAt       // every templated string of the step, with its place
 	usesNode    *yaml.Node
+	withNode    *yaml.Node // nil when the step has no with
 	needsNodes  []*yaml.Node
 }
 
@@ -111,6 +112,30 @@ var inputTypes = []string{"string", "int", "number", "bool", "list", "object"}
 // KindChecker reports whether a step kind exists (steps.Registry.Has).
 type KindChecker func(kind string) bool
 
+// WithChecker judges a step's `with` (as written, templates unrendered) for its kind
+// (steps.Registry.CheckWith). A *steps.WithError points the error at one key.
+type WithChecker func(kind string, with map[string]any) error
+
+// Options are what Load checks a workflow against that only its caller knows: the
+// step kinds of the node (or of flowctl, offline) and what each accepts.
+//
+// They are functions rather than a *steps.Registry so that a caller can judge kinds
+// it does not run (flowctl apply leaves kinds to the server). The workflow package
+// imports steps only for steps.WithError, never the other way: steps is the leaf that
+// both the loader and the engine build on.
+type Options struct {
+	Kinds KindChecker // nil: every kind exists
+	With  WithChecker // nil: with is not checked
+}
+
+// MaxSteps is the most steps one workflow may have. The engine's work per run grows
+// with steps × their ancestors (each step's template scope holds its ancestors'
+// outputs) and the run record, the history and the UI's DAG grow with the steps, so a
+// bound keeps one workflow from costing a node seconds per run; 1,000 is an order of
+// magnitude above hand-written DAGs. Many items of one kind of work are one step with
+// foreach, not many steps.
+const MaxSteps = 1000
+
 // validName is the one rule for workflow, step and input names (the log's).
 var validName = checkpoint.ValidName
 
@@ -122,9 +147,19 @@ var CronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | 
 func (w *Workflow) Step(name string) *Step { return w.byName[name] }
 
 // Load parses and validates a workflow. file names it in errors. Every problem found
-// is reported, each with file:line:column and a hint.
+// is reported, each with file:line:column and a hint. It is LoadWith without a check
+// of with.
 func Load(file string, data []byte, kinds KindChecker) (*Workflow, error) {
-	l := &loader{file: file}
+	return LoadWith(file, data, Options{Kinds: kinds})
+}
+
+// LoadWith is Load with the checks of opts. Its time is linear in the file's size for
+// every workflow under the MaxSteps cap (see validate for the one bounded exception).
+func LoadWith(file string, data []byte, opts Options) (*Workflow, error) {
+	return (&loader{file: file, maxSteps: MaxSteps}).load(data, opts)
+}
+
+func (l *loader) load(data []byte, opts Options) (*Workflow, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, l.yamlError(err)
@@ -135,7 +170,7 @@ func Load(file string, data []byte, kinds KindChecker) (*Workflow, error) {
 	w := &Workflow{Source: string(data), MaxEpochs: DefaultMaxEpochs}
 	l.workflow(doc.Content[0], w)
 	if len(l.errs) == 0 {
-		l.validate(w, kinds)
+		l.validate(w, opts)
 	}
 	if len(l.errs) > 0 {
 		return nil, l.errs
@@ -172,8 +207,10 @@ func (es Errors) Error() string {
 }
 
 type loader struct {
-	file string
-	errs Errors
+	file     string
+	errs     Errors
+	maxSteps int // MaxSteps; tests lift it to measure validation beyond the cap
+	ops      int // work done by validate's graph passes, for the test of linear time
 }
 
 func (l *loader) errAt(line, col int, msg, hint string) *Error {
@@ -313,7 +350,7 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			w.Schedule = l.schedule(v)
 		case "steps":
 			stepsNode = v
-			l.steps(v, w)
+			l.steps(k, v, w)
 		}
 	})
 	if n.Kind == yaml.MappingNode {
@@ -331,17 +368,17 @@ func (l *loader) inputs(n *yaml.Node, w *Workflow) {
 		l.fail(n, "e.g. `inputs: {date: {type: string}}`", "inputs must be a mapping of names to {type, default}")
 		return
 	}
+	seen := map[string]bool{} // not a scan of w.Inputs: that is quadratic in a large file
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		in := Input{Name: k.Value, Type: "string"}
 		if !validName(in.Name) {
 			l.fail(k, "use a-z, 0-9, '-' and '_'", "input name %q is not allowed", in.Name)
 		}
-		for _, prev := range w.Inputs {
-			if prev.Name == in.Name {
-				l.fail(k, "remove one of them", "input %q is declared twice", in.Name)
-			}
+		if seen[in.Name] {
+			l.fail(k, "remove one of them", "input %q is declared twice", in.Name)
 		}
+		seen[in.Name] = true
 		var typeNode, defNode *yaml.Node
 		l.mapping(v, "input "+in.Name, []string{"type", "default", "description"}, func(key string, _, v *yaml.Node) {
 			switch key {
@@ -433,9 +470,16 @@ func CheckCron(spec string) (err error) {
 	return nil
 }
 
-func (l *loader) steps(n *yaml.Node, w *Workflow) {
+func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
 		l.fail(n, "each step starts with `- name: ...`", "steps must be a non-empty list")
+		return
+	}
+	if len(n.Content) > l.maxSteps {
+		// Refused before any step is read: the point of the cap is that an oversized
+		// file costs no more than its parse.
+		l.fail(key, "split it into workflows, or make many items of the same work one step with foreach",
+			"the workflow has %d steps; at most %d are allowed", len(n.Content), l.maxSteps)
 		return
 	}
 	w.byName = map[string]*Step{}
@@ -459,6 +503,7 @@ func (l *loader) steps(n *yaml.Node, w *Workflow) {
 					l.fail(v, "", "with: %v", err)
 				} else {
 					st.With = normalize(with).(map[string]any)
+					st.withNode = v
 					collectTemplates(v, "with", &st.templates)
 				}
 			case "needs":
