@@ -206,7 +206,7 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 		// An accepted item commit is its own history: the Item record carries its
 		// sequence, and View merges items into the events (one write less per item).
 		if e.Kind != KindCommit || e.Item == ItemWhole {
-			tx.event(c, idx, e, "accepted", "")
+			tx.event(c, idx, e, "accepted", acceptedDetail(c, e))
 		}
 	case errors.As(err, &fe):
 		tx.event(c, idx, e, "fenced: "+fe.Reason, "")
@@ -233,6 +233,18 @@ func (tx *applyTx) event(c *cachedRun, idx int, e *Entry, outcome, detail string
 		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
 		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At,
 	})
+}
+
+// acceptedDetail is what the history says of an accepted entry beyond "accepted": the
+// item count of a foreach step's start, so that a step that ran over an empty list reads
+// "0 items" rather than looking like it did nothing by mistake.
+func acceptedDetail(c *cachedRun, e *Entry) string {
+	if e.Kind == KindStart && e.Item == ItemWhole {
+		if st := c.steps[e.Step]; st != nil && st.Foreach {
+			return fmt.Sprintf("%d items", e.Items)
+		}
+	}
+	return ""
 }
 
 func (tx *applyTx) fenced(c *cachedRun, e *Entry, reason string) *FencedError {

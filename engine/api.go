@@ -108,7 +108,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		}
 		return "", err
 	}
-	at := time.Now()
+	at := e.cfg.Now()
 	if !opts.ScheduledAt.IsZero() {
 		at = opts.ScheduledAt
 	}

@@ -45,6 +45,10 @@ type Config struct {
 	CronGrace time.Duration
 	// Logger receives the engine's logs (default: discard).
 	Logger *slog.Logger
+	// Now is the wall clock that manual runs' {{ now }}, {{ today }} and {{ yesterday }}
+	// defaults are rendered at (default time.Now). Tests pin it: a default that depends
+	// on today's date must not make a test depend on it.
+	Now func() time.Time
 	// StepObserver, if set, is told of every finished step attempt (for metrics).
 	StepObserver func(kind string, d time.Duration, err error)
 	// Unsafe switches guards off, for negative-control tests only.
@@ -94,6 +98,9 @@ func (c *Config) validate() error {
 	}
 	if c.Registry.Has(DrillStepKind) {
 		return fmt.Errorf("engine: step kind %s is reserved for flowctl drill zombie", DrillStepKind)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -474,9 +474,11 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %w", err))
 	}
 	items, ok := v.([]any)
-	if !ok {
-		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %s is not a list", st.Foreach))
+	if !ok && v != nil {
+		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %s is %s, not a list", st.Foreach, jsonKind(v)))
 	}
+	// null (a nil slice marshalled by a Go step) is an empty list, as ranging over a nil
+	// slice is in Go: zero items, and the step succeeds with an empty output list.
 	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
 	done, err := x.e.store.Items(x.run.ID, st.Name)
 	if err != nil {
@@ -558,6 +560,21 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 	}
 	x.finish(st.Name, decodeOutput(agg))
 	return nil
+}
+
+// jsonKind names a decoded JSON value's kind for error messages.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "an object"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case float64, json.Number, int, int64:
+		return "a number"
+	}
+	return fmt.Sprintf("a %T", v)
 }
 
 func render(src string, scope map[string]any) (any, error) {

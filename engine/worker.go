@@ -170,12 +170,16 @@ func (e *Engine) loseClaim() bool {
 // runClaimed executes an epoch this node claimed and holds the lease of.
 func (e *Engine) runClaimed(run string, epoch int64, lease *epoch.Lease, log *slog.Logger, fresh bool) {
 	x, err := newRunExec(e, run, epoch, lease)
-	x.fresh = fresh
 	if err != nil {
+		// newRunExec returns no runExec with its error: nothing to run, so the lease goes
+		// back at once and the scheduler reclaims the epoch; flowd keeps serving.
 		log.Error("cannot run", "err", err)
-		_ = lease.Release(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(ctx)
 		return
 	}
+	x.fresh = fresh
 	e.mu.Lock()
 	if e.mu.stopping {
 		e.mu.Unlock()

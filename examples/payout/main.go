@@ -53,6 +53,9 @@ type options struct {
 	nodeBin string
 	// walletOptions are extra wallet options (tests: wallet.WithoutGuards).
 	walletOptions []wallet.Option
+	// now is the single node's clock for the workflow's {{ yesterday }} default (default
+	// time.Now; tests pin it so that no test depends on today's date).
+	now func() time.Time
 }
 
 func main() {
@@ -220,7 +223,7 @@ func startSingleNode(ctx context.Context, o options) (func(), *api.Client, error
 		return nil, nil, err
 	}
 	e, err := engine.New(engine.Config{NodeID: "payout-demo", DataDir: filepath.Join(o.dataDir, "flow"), NATSListen: "-",
-		Workers: 4, Registry: reg, Lease: epoch.Config{TTL: o.leaseTTL}, Logger: slog.New(slog.DiscardHandler)})
+		Workers: 4, Registry: reg, Lease: epoch.Config{TTL: o.leaseTTL}, Logger: slog.New(slog.DiscardHandler), Now: o.now})
 	if err != nil {
 		return nil, nil, err
 	}

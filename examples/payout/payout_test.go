@@ -54,24 +54,45 @@ func TestPayoutDemo(t *testing.T) {
 	}
 }
 
-// Without --date the workflow's default applies: yesterday in Asia/Jakarta.
+// Without --date the workflow's default applies: yesterday in Asia/Jakarta, not in UTC.
+// The clock is pinned where the two differ: 2026-11-28 18:30 UTC is already 2026-11-29
+// 01:30 in Jakarta, so yesterday there is 2026-11-28 (in UTC it would be 2026-11-27).
 func TestPayoutDefaultDateIsYesterdayInJakarta(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	jakarta, err := time.LoadLocation("Asia/Jakarta")
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := time.Now().In(jakarta).AddDate(0, 0, -1).Format("2006-01-02")
+	now := time.Date(2026, 11, 28, 18, 30, 0, 0, time.UTC)
 	rounds, err := run(ctx, options{dataDir: t.TempDir(), walletAddr: "127.0.0.1:0", drivers: 20, rounds: 1,
-		leaseTTL: 2 * time.Second, walletLatency: -1, out: &out})
-	after := time.Now().In(jakarta).AddDate(0, 0, -1).Format("2006-01-02")
+		leaseTTL: 2 * time.Second, walletLatency: -1, out: &out, now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if d := rounds[0].Date; d != before && d != after {
-		t.Fatalf("paid %s, want yesterday in Jakarta (%s)", d, after)
+	if d := rounds[0].Date; d != "2026-11-28" {
+		t.Fatalf("paid %s, want 2026-11-28 (yesterday in Jakarta at %s)", d, now)
+	}
+}
+
+// A day on which nobody is owed anything (2026-11-30 with 20 drivers: no trips) pays 0
+// drivers cleanly: the compute step's empty list, and a foreach over it, succeed.
+func TestPayoutEmptyDay(t *testing.T) {
+	if want := expectedLedger("2026-11-30", 20); want.Drivers != 0 {
+		t.Fatalf("the data set owes %d drivers on 2026-11-30; the test needs an empty day", want.Drivers)
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rounds, err := run(ctx, options{date: "2026-11-30", dataDir: t.TempDir(), walletAddr: "127.0.0.1:0", drivers: 20, rounds: 1,
+		leaseTTL: 2 * time.Second, walletLatency: -1, out: &out})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(rounds) != 1 || !rounds[0].ok() || rounds[0].Run.Status != "succeeded" {
+		t.Fatalf("rounds %+v, want one clean payout of nobody\n%s", rounds, out.String())
+	}
+	for _, line := range []string{"drivers paid:      0 (owed: 0)", ": succeeded"} {
+		if !strings.Contains(out.String(), line) {
+			t.Fatalf("summary lacks %q:\n%s", line, out.String())
+		}
 	}
 }
 

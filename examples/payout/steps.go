@@ -69,7 +69,7 @@ func registerSteps(reg *steps.Registry) error {
 			ID    string `json:"id"`
 			Cents int64  `json:"cents"`
 		}
-		var out []pay
+		out := []pay{} // a day nobody is owed anything is an empty list, not null
 		var total int64
 		for id, c := range earnings {
 			out = append(out, pay{id, c})
