@@ -17,8 +17,8 @@ import (
 	"time"
 )
 
-// KillGrace is how long a cancelled exec step's process group has between SIGTERM and
-// SIGKILL.
+// KillGrace is the default time a cancelled exec step's process group has between
+// SIGTERM and SIGKILL (Exec.KillGrace).
 const KillGrace = 2 * time.Second
 
 // Exec runs a command (argv, never through a shell unless argv says `sh -c`).
@@ -27,10 +27,32 @@ const KillGrace = 2 * time.Second
 //
 // The environment is flowd's plus `env` plus FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM,
 // FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY. A JSON object on stdout is the output; any other
-// stdout becomes {"stdout": "..."}. The command runs in its own process group, which is
-// sent SIGTERM on cancel or timeout and SIGKILL KillGrace later.
+// stdout becomes {"stdout": "..."}.
+//
+// What stops the process: the command runs in its own process group, which is sent
+// SIGTERM when ctx ends (a cancelled run, a step or run timeout, a lost lease, a drain)
+// and SIGKILL a grace later: KillGrace, or Input.StopGrace when that is shorter (the
+// engine sets it from the lease TTL, so that a lost lease's process is dead before the
+// run can move to another node). On Linux the command also gets SIGKILL when this
+// process dies (Pdeathsig, set from a thread locked for the child's whole life), and
+// the poison pill kills every live group first (KillProcessGroups). docs/workflow-spec.md.
 type Exec struct {
 	MaxOutput int
+	// KillGrace is the time between SIGTERM and SIGKILL when the step is stopped
+	// (default: the KillGrace constant, 2s; Input.StopGrace lowers it).
+	KillGrace time.Duration
+}
+
+// grace is the time the process group gets between SIGTERM and SIGKILL.
+func (x Exec) grace(in Input) time.Duration {
+	g := x.KillGrace
+	if g <= 0 {
+		g = KillGrace
+	}
+	if in.StopGrace > 0 && in.StopGrace < g {
+		g = in.StopGrace
+	}
+	return g
 }
 
 // Run runs the command.
@@ -67,18 +89,20 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 	stdout.limit = x.MaxOutput
 	var stderr tailBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = procAttr()
+	waited, err := start(cmd)
+	if err != nil {
 		return nil, Permanentf("exec: start %s: %v", argv[0], err)
 	}
 	pgid := cmd.Process.Pid
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	// Whatever the group left behind (children of the command still running after it
+	// exited, or after SIGTERM) is killed before the step returns.
+	defer groupDone(pgid)
 	select {
 	case err = <-waited:
 	case <-ctx.Done():
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		t := time.NewTimer(KillGrace)
+		t := time.NewTimer(x.grace(in))
 		select {
 		case <-waited:
 		case <-t.C:
@@ -86,10 +110,8 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 			<-waited
 		}
 		t.Stop()
-		_ = syscall.Kill(-pgid, syscall.SIGKILL) // whatever the group left behind
 		return nil, fmt.Errorf("exec: %s: %w (process group stopped)", argv[0], context.Cause(ctx))
 	}
-	_ = syscall.Kill(-pgid, syscall.SIGKILL) // children left running in the group
 	if stdout.over {
 		return nil, Permanentf("exec: %s wrote more than %d bytes to stdout: write large results elsewhere and print a reference", argv[0], x.MaxOutput)
 	}
