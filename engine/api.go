@@ -139,7 +139,10 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
 	// the submit may be refused as a repeat while the assign, judged on its own, would
 	// give the existing run an epoch past its workflow's limits.
-	if term := e.Leading(); (generated || e.fastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil {
+	// The short path is an assign like the scheduler's: only with room under admission
+	// and no older run waiting for one (admission.go).
+	if term := e.Leading(); (generated || e.fastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
+		defer e.admitted()
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
 	if _, err := e.clog.Write(ctx, submit); err != nil {

@@ -55,6 +55,14 @@ type Engine struct {
 	noOwnRuns                     atomic.Bool  // test: the leader never assigns a run to itself
 	lostClaims                    atomic.Int32 // test: this many claim writes are not made and fail as of unknown outcome
 
+	// admission (admission.go): assigns written and not yet applied, whether runs wait
+	// for room, a test's override of how many runs may wait assigned for a worker, and
+	// the guard's off switch (its negative control).
+	admitting   atomic.Int64
+	backlogged  atomic.Bool // the scheduler's last pass left runs waiting for room
+	queueAheadN atomic.Int32
+	noAdmission atomic.Bool
+
 	mu struct {
 		sync.Mutex
 		started, stopping bool

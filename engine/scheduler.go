@@ -92,24 +92,36 @@ func (s *scheduler) write(ctx context.Context, e checkpoint.Entry) (uint64, erro
 	return s.e.clog.Write(ctx, e)
 }
 
+// assignPending assigns the oldest pending runs, as many as admission allows
+// (admission.go): the rest wait in the state without an epoch.
 func (s *scheduler) assignPending(ctx context.Context) {
+	room := s.e.admissionRoom()
+	if room <= 0 {
+		s.e.backlogged.Store(s.e.store.QueuedRuns() > 0)
+		return
+	}
+	// Runs left when the room ran out wait for it: StartRun's short path may not pass
+	// them (admit). Runs skipped for their concurrency limit do not count.
+	defer func() { s.e.backlogged.Store(room <= 0 && s.e.store.QueuedRuns() > 0) }()
 	var active map[string]int // runs per workflow holding an epoch, for concurrency limits
 	var batch []*checkpoint.Run
-	err := s.e.store.EachUnassigned(func(r *checkpoint.Run) bool {
+	err := s.e.store.EachQueued(func(r *checkpoint.Run) bool {
 		if limit := s.concurrency(r); limit > 0 {
 			if active == nil {
-				active = s.activeByWorkflow()
+				active = s.e.store.HeldByWorkflow()
 			}
 			if active[r.Workflow] >= limit {
 				return true
 			}
 			active[r.Workflow]++
 		}
-		if batch = append(batch, r); len(batch) == 256 {
+		batch = append(batch, r)
+		if len(batch) == min(room, 256) {
+			room -= len(batch)
 			s.assignAll(ctx, batch)
 			batch = nil
 		}
-		return ctx.Err() == nil
+		return room > 0 && ctx.Err() == nil
 	})
 	if err != nil {
 		s.e.log.Error("list pending runs", "err", err)
@@ -123,6 +135,9 @@ func (s *scheduler) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	if len(runs) == 0 || s.term.Check() != nil {
 		return
 	}
+	// Counted as admitted until applied: the state counts them from then on.
+	s.e.admitting.Add(int64(len(runs)))
+	defer s.e.admitting.Add(-int64(len(runs)))
 	tickets := make([]*checkpoint.Ticket, len(runs))
 	for i, r := range runs {
 		t, err := s.e.clog.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch,
@@ -177,19 +192,6 @@ func (s *scheduler) concurrency(r *checkpoint.Run) int {
 		return 0
 	}
 	return spec.Concurrency
-}
-
-func (s *scheduler) activeByWorkflow() map[string]int {
-	n := map[string]int{}
-	for _, st := range []checkpoint.RunStatus{checkpoint.StatusRunning, checkpoint.StatusPending} {
-		_ = s.e.store.EachRun(checkpoint.ListOptions{Status: st, Limit: 1000}, func(r *checkpoint.Run) bool {
-			if r.Status == checkpoint.StatusRunning || !r.NeedsAssign() {
-				n[r.Workflow]++
-			}
-			return true
-		})
-	}
-	return n
 }
 
 // assign gives a run a new epoch (replacing expect) and queues its task.
@@ -285,7 +287,16 @@ func (s *scheduler) reconcile(ctx context.Context) {
 			delete(s.suspects, id) // finished, or moved on
 		}
 	}
-	_ = s.e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusPending}, func(r *checkpoint.Run) bool {
+	// Only the assigned runs, not every pending one: with a backlog of a million runs
+	// waiting for admission, a scan of them all every pass would starve running runs.
+	for _, id := range s.e.store.AssignedRuns() {
+		if ctx.Err() != nil {
+			return
+		}
+		r, err := s.e.store.Run(id)
+		if err != nil || r.Status != checkpoint.StatusPending {
+			continue
+		}
 		if !r.NeedsAssign() && r.Epoch > 0 && time.Since(r.UpdatedAt) > ttl {
 			// Assigned, never claimed: the task may be lost. Re-queueing the same
 			// epoch is safe: a task is only ever claimed once per epoch. The task
@@ -294,6 +305,5 @@ func (s *scheduler) reconcile(ctx context.Context) {
 			// lease puts its task back (handleTask).
 			_ = publishTask(ctx, s.e.js, task{Run: r.ID, Epoch: r.Epoch})
 		}
-		return ctx.Err() == nil
-	})
+	}
 }

@@ -25,8 +25,40 @@ type task struct {
 	Epoch int64  `json:"epoch"`
 }
 
+// tasksMaxBytes caps FLOW_TASKS. Tasks and leases both live in JetStream memory
+// storage, whose budget the server checks against what is actually stored (64 MiB on
+// the embedded server): a tasks stream without a cap could take it all, and every lease
+// write would then fail with "insufficient resources" (issue 12). Admission keeps tasks
+// to a few per worker slot, ~150 bytes each; the cap is the guard behind it, and what
+// it leaves is the leases' own budget. A publish past it is refused (DiscardNew) and the
+// reconcile queues the task again later. docs/decisions.md.
+const tasksMaxBytes int64 = 8 << 20
+
+// tasksCap is the cap for this server: tasksMaxBytes, or an eighth of the account's
+// memory limit when that is smaller (an external NATS with a tight budget).
+func tasksCap(ctx context.Context, js jetstream.JetStream) int64 {
+	info, err := js.AccountInfo(ctx)
+	if err != nil || info.Limits.MaxMemory <= 0 {
+		return tasksMaxBytes
+	}
+	return max(min(tasksMaxBytes, info.Limits.MaxMemory/8), 64<<10)
+}
+
 func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.Consumer, error) {
-	if _, err := natsnode.EnsureStream(ctx, js, jetstream.StreamConfig{
+	if err := ensureTasksStream(ctx, js, replicas, tasksCap(ctx, js)); err != nil {
+		return nil, err
+	}
+	return openTasksConsumer(ctx, js, ttl)
+}
+
+// ensureTasksStream creates the tasks stream with the cap maxBytes (<= 0: none, for
+// the negative control of the cap's test), or sets the cap on an existing stream made
+// before it had one.
+func ensureTasksStream(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
+	if maxBytes <= 0 {
+		maxBytes = -1
+	}
+	cfg := jetstream.StreamConfig{
 		Name:        tasksStream,
 		Description: "flow tasks: runs assigned an epoch, for a worker to take",
 		Subjects:    []string{tasksSubject},
@@ -36,9 +68,24 @@ func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl ti
 		Storage:    jetstream.MemoryStorage,
 		Replicas:   replicas,
 		Duplicates: time.Minute,
-	}); err != nil {
-		return nil, fmt.Errorf("engine: task stream: %w", err)
+		MaxBytes:   maxBytes,
+		Discard:    jetstream.DiscardNew,
 	}
+	s, err := natsnode.EnsureStream(ctx, js, cfg)
+	if err != nil {
+		return fmt.Errorf("engine: task stream: %w", err)
+	}
+	if info := s.CachedInfo(); info != nil && (info.Config.MaxBytes != cfg.MaxBytes || info.Config.Discard != cfg.Discard) {
+		// A stream from before the cap (EnsureStream never updates): set it once.
+		info.Config.MaxBytes, info.Config.Discard = cfg.MaxBytes, cfg.Discard
+		if _, err := js.UpdateStream(ctx, info.Config); err != nil {
+			return fmt.Errorf("engine: task stream: set its size cap: %w", err)
+		}
+	}
+	return nil
+}
+
+func openTasksConsumer(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (jetstream.Consumer, error) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, tasksStream, jetstream.ConsumerConfig{
 		Durable:   tasksConsumer,
 		AckPolicy: jetstream.AckExplicitPolicy,

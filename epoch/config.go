@@ -39,6 +39,11 @@ type Config struct {
 	FastFail bool
 	// Exit is called by the poison pill; default os.Exit.
 	Exit func(code int)
+	// BeforeExit, if set, is called by the poison pill just before Exit: what must not
+	// outlive the process goes here. The engine kills its exec steps' process groups
+	// (steps.KillProcessGroups): the kernel kills a step's own process when flowd dies,
+	// but not the children that process started.
+	BeforeExit func()
 	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
 	// full jitter).
 	Backoff backoff.Policy

@@ -161,7 +161,8 @@ func (k *keeper) run() {
 
 // poisonPill exits the process, with FastFail, once 70% of the TTL has passed since
 // the last successful renewal was sent, unless the holder let go first (Release): for
-// steps that do not stop when their context is cancelled.
+// steps that do not stop when their context is cancelled. BeforeExit runs first (the
+// engine kills its step processes' groups there).
 func (k *keeper) poisonPill() {
 	if !k.cfg.FastFail {
 		return
@@ -173,6 +174,11 @@ func (k *keeper) poisonPill() {
 	case <-k.stop:
 	case <-t.C:
 		k.cfg.Logger.Error("poison pill: no lease renewal by 70% of the TTL; exiting", "what", k.what)
+		if k.cfg.BeforeExit != nil {
+			// Before the exit, not after: what the process started must be dead before
+			// the lease can move (at the TTL), and nothing runs after Exit.
+			k.cfg.BeforeExit()
+		}
 		k.cfg.Exit(DefaultExitCode)
 	}
 }

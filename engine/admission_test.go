@@ -1,0 +1,217 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/natsnode"
+)
+
+// With many more pending runs than workers, the leader gives an epoch only to as many
+// as the workers can take: after every message of the log, the runs holding an epoch
+// (assigned and waiting, or running) are at most the worker slots plus queueAhead. The
+// others wait without an epoch and are assigned oldest submission first; every run
+// succeeds. Negative control: with admission off, the leader assigns the whole backlog
+// at once (issue 12's ~500k tasks), and the bound is broken.
+func TestAdmissionBoundsEpochs(t *testing.T) {
+	const workers, ahead, runs = 2, 3, 120
+	for _, admission := range []bool{true, false} {
+		t.Run(fmt.Sprintf("admission=%v", admission), func(t *testing.T) {
+			e := startEngine(t, func(c *Config) { c.Workers = workers })
+			defer stopEngine(e)
+			e.queueAheadN.Store(ahead)
+			e.noAdmission.Store(!admission)
+			apply(t, e, "name: one\nsteps:\n  - name: a\n    uses: noop\n")
+			ctx := ctxT(t, 60*time.Second)
+			ids := make([]string, runs)
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 32)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("r-%04d", i)
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					// Given IDs take the scheduler's path: every assign is the
+					// scheduler's, so the order below is the scheduler's alone.
+					if _, err := e.StartRun(ctx, "one", nil, RunOptions{ID: ids[i]}); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			for _, id := range ids {
+				if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
+					t.Fatalf("run %s: %v %v", id, err, r)
+				}
+			}
+			peak := replayPeakHeld(t, e)
+			bound := workers + ahead
+			if admission && peak > bound {
+				t.Fatalf("%d runs held an epoch at once, over %d worker slots + %d queued ahead", peak, workers, ahead)
+			}
+			if !admission && peak <= bound {
+				t.Fatalf("without admission the peak was %d, within the bound %d: the test shows nothing", peak, bound)
+			}
+			t.Logf("peak runs holding an epoch: %d (bound %d)", peak, bound)
+			if !admission {
+				return
+			}
+			// Oldest submission first: the first epochs follow the submits' order (and,
+			// within one log message, the run IDs').
+			var rs []*checkpoint.Run
+			for _, id := range ids {
+				r, err := e.store.Run(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rs = append(rs, r)
+			}
+			slices.SortFunc(rs, func(a, b *checkpoint.Run) int {
+				return cmp.Or(cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID))
+			})
+			for i := 1; i < len(rs); i++ {
+				if rs[i].Epochs[0].Epoch < rs[i-1].Epochs[0].Epoch {
+					t.Fatalf("run %s (submitted at %d) was assigned at %d, before %s (submitted at %d, assigned at %d)",
+						rs[i].ID, rs[i].CreatedSeq, rs[i].Epochs[0].Epoch, rs[i-1].ID, rs[i-1].CreatedSeq, rs[i-1].Epochs[0].Epoch)
+				}
+			}
+		})
+	}
+}
+
+// replayPeakHeld applies e's whole log to a fresh store, message by message, and
+// returns the most runs that held an epoch at once.
+func replayPeakHeld(t *testing.T, e *Engine) int {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	s, err := checkpoint.OpenStore(filepath.Join(t.TempDir(), "replay"), checkpoint.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	stream, err := e.js.Stream(ctx, checkpoint.DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := stream.CachedInfo().State.LastSeq
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := 0
+	for seq := uint64(0); seq < last; {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq = md.Sequence.Stream
+		if _, err := s.ApplyMessage(seq, msg.Data()); err != nil {
+			t.Fatal(err)
+		}
+		assigned, running := s.Held()
+		peak = max(peak, assigned+running)
+	}
+	return peak
+}
+
+// Tasks cannot take the memory leases need: with FLOW_TASKS full to its cap, a held
+// lease keeps renewing and a new one is taken. Negative control: without the cap, tasks
+// fill the server's memory budget and the lease is lost and no new one can be taken
+// (issue 12: "every lease renewal fails (insufficient resources)").
+func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
+	for _, capped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("capped=%v", capped), func(t *testing.T) {
+			srv, err := natsnode.Start(natsnode.Config{DataDir: t.TempDir(), MaxMemory: 4 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown()
+			nc, err := srv.Connect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := ctxT(t, 30*time.Second)
+			cfg := epoch.Config{TTL: 600 * time.Millisecond, AllowShortTTL: true, Counters: &epoch.Counters{}}
+			leases, err := epoch.NewLeases(ctx, js, cfg, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, err := leases.Acquire(ctx, "run-held", 1, "node-a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = held.Release(context.Background()) }()
+			var maxBytes int64 // 0: no cap
+			if capped {
+				maxBytes = 1 << 20
+			}
+			if err := ensureTasksStream(ctx, js, 1, maxBytes); err != nil {
+				t.Fatal(err)
+			}
+			// Fill the stream until the server refuses a task.
+			junk := []byte(strings.Repeat("x", 32<<10))
+			var refused error
+			for i := 0; refused == nil; i++ {
+				if i > 1000 {
+					t.Fatal("32 MiB of tasks accepted on a 4 MiB server")
+				}
+				_, refused = js.Publish(ctx, tasksSubject, junk, jetstream.WithMsgID(fmt.Sprint("junk-", i)))
+			}
+			info, err := js.Stream(ctx, tasksStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("tasks stream full at %d bytes: %v", info.CachedInfo().State.Bytes, refused)
+			// Three renewals of the held lease after the stream filled, and a new lease.
+			ok := cfg.Counters.RenewalsOK.Load()
+			deadline := time.Now().Add(3 * time.Second)
+			for cfg.Counters.RenewalsOK.Load() < ok+3 && held.Err() == nil && time.Now().Before(deadline) {
+				select {
+				case <-held.Done():
+				case <-time.After(20 * time.Millisecond): // polling a counter, with a deadline
+				}
+			}
+			actx, cancel := context.WithTimeout(ctx, time.Second) // Acquire retries until its context ends
+			_, acqErr := leases.Acquire(actx, "run-new", 2, "node-a")
+			cancel()
+			if capped {
+				if err := held.Err(); err != nil {
+					t.Fatalf("the held lease was lost with the tasks stream full: %v", err)
+				}
+				if cfg.Counters.RenewalsOK.Load() < ok+3 {
+					t.Fatal("the held lease did not renew within 3s")
+				}
+				if acqErr != nil {
+					t.Fatalf("no new lease with the tasks stream full: %v", acqErr)
+				}
+				return
+			}
+			if acqErr == nil || !errors.Is(held.Err(), epoch.ErrLeaseLost) {
+				t.Fatalf("without the cap: new lease error %v, held lease %v; want both to fail", acqErr, held.Err())
+			}
+		})
+	}
+}
