@@ -31,6 +31,9 @@ const (
 	DefaultNoteDelay       = 5 * time.Millisecond
 	duplicateWindow        = 2 * time.Minute
 	envelopeHeadroom       = 4 << 10
+	// minOutputBytes is the smallest output limit worth running with: below it a
+	// server's max_payload is refused at start rather than fitted.
+	minOutputBytes = 4 << 10
 )
 
 // LogConfig configures a Log.
@@ -207,9 +210,18 @@ func OpenLog(ctx context.Context, cfg LogConfig) (*Log, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	maxPayload := int(cfg.JS.Conn().MaxPayload())
-	if cfg.MaxOutputBytes+envelopeHeadroom > maxPayload {
-		return nil, fmt.Errorf("%w: MaxOutputBytes %d does not fit the server's max_payload %d: lower the output limit or raise max_payload on the NATS server",
-			ErrInvalidEntry, cfg.MaxOutputBytes, maxPayload)
+	// An output of the limit must fit one message with its entry's other fields and
+	// the envelope: a headroom for each.
+	if fit := maxPayload - 2*envelopeHeadroom; cfg.MaxOutputBytes > fit {
+		// A stock nats-server allows 1 MiB messages, exactly the default output limit:
+		// fit the limit to the server rather than refuse to start, and say so.
+		if fit < minOutputBytes {
+			return nil, fmt.Errorf("%w: the NATS server's max_payload %d leaves no room for step outputs (flow needs at least %d bytes): raise max_payload on the server (e.g. max_payload: 8MB)",
+				ErrInvalidEntry, maxPayload, minOutputBytes+2*envelopeHeadroom)
+		}
+		cfg.Logger.Warn("step outputs are limited by the NATS server's max_payload; raise max_payload on the server (e.g. 8MB) to allow larger ones",
+			"max_output_bytes", fit, "asked", cfg.MaxOutputBytes, "max_payload", maxPayload)
+		cfg.MaxOutputBytes = fit
 	}
 	_, err := natsnode.EnsureStream(ctx, cfg.JS, jetstream.StreamConfig{
 		Name:        cfg.Stream,
@@ -382,6 +394,10 @@ func (l *Log) ConsumerRestarts() int64 { return l.restarts.Load() }
 
 // Store is the state this log applies to.
 func (l *Log) Store() *Store { return l.cfg.Store }
+
+// MaxOutputBytes is the largest step output the log accepts: the configured limit, or
+// less when the NATS server's max_payload does not leave room for it (OpenLog warns).
+func (l *Log) MaxOutputBytes() int { return l.cfg.MaxOutputBytes }
 
 // Append validates and queues an entry for the next log message. The returned ticket's
 // Await gives the outcome.

@@ -1,12 +1,16 @@
 package engine
 
 import (
+	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/natsnode"
 )
 
 // A foreach over an empty list, or over null (what a Go step returns for a nil slice),
@@ -86,4 +90,77 @@ func TestRunClaimedThatCannotRunReleasesTheLease(t *testing.T) {
 		t.Fatalf("lease not free after runClaimed gave up: %v", err)
 	}
 	_ = next.Release(ctx)
+}
+
+// syncBuffer is a log sink tests read while the engine writes to it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// flowd starts on a stock nats-server (`nats-server -js`: 1 MiB max_payload, fsync every
+// 2 minutes): the output limit is fitted to the server with a warning naming both
+// numbers, the missing fsync is warned of, and a run's outputs up to the fitted limit
+// commit while one over it fails its step with ErrOutputTooLarge's message.
+func TestStartsOnAStockNATSServer(t *testing.T) {
+	srv, err := natsnode.Start(natsnode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", MaxPayload: 1 << 20, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	var logs syncBuffer
+	e := startEngine(t, func(c *Config) {
+		c.NATSURL = srv.ClientURL()
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	fit := e.clog.MaxOutputBytes()
+	if fit >= 1<<20 || fit < 1<<19 {
+		t.Fatalf("output limit %d on a 1 MiB server, want it fitted under 1 MiB", fit)
+	}
+	for _, want := range []string{"max_payload=1048576", fmt.Sprintf("max_output_bytes=%d", fit), "sync_interval: always"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("start logs lack %q:\n%s", want, logs.String())
+		}
+	}
+	apply(t, e, `
+name: big
+inputs:
+  n: {type: int}
+steps:
+  - name: out
+    uses: exec
+    with:
+      command: [sh, -c, 'printf "{\"s\": \"%s\"}" "$(head -c "$N" /dev/zero | tr "\\0" x)"']
+      env: {N: "{{ inputs.n }}"}
+`)
+	const wrap = len(`{"s": ""}`)
+	if v := runToEnd(t, e, "big", map[string]any{"n": fit - wrap}); v.Run.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("an output of the fitted limit: %s %s", v.Run.Status, v.Run.Error)
+	}
+	v := runToEnd(t, e, "big", map[string]any{"n": fit - wrap + 1})
+	if v.Run.Status != checkpoint.StatusFailed || !strings.Contains(v.Run.Error, "limit is") {
+		t.Fatalf("an output one byte over the fitted limit: %s %q, want failed naming the limit", v.Run.Status, v.Run.Error)
+	}
+}
+
+// On its own embedded server (fsync on every write, 8 MiB messages) flowd warns of
+// neither: the warnings above are about the server, not noise on every start.
+func TestEmbeddedServerStartsWithoutWarnings(t *testing.T) {
+	var logs syncBuffer
+	startEngine(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	if s := logs.String(); strings.Contains(s, "max_payload") || strings.Contains(s, "sync_interval") {
+		t.Fatalf("embedded start warned:\n%s", s)
+	}
 }

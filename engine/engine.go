@@ -122,6 +122,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("engine: jetstream: %w", err)
 	}
 	e.replicas = natsnode.Replicas(e.nc)
+	if e.srv == nil {
+		e.warnIfUnsynced()
+	}
 	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe, OnStatus: e.statusChanged}); err != nil {
 		return err
 	}
@@ -155,6 +158,20 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	return nil
 }
 
+// warnIfUnsynced says at start what flow cannot promise on an external NATS server that
+// does not fsync every write. It warns rather than refuses: a stock nats-server syncs
+// every 2 minutes, and a user trying flow on one should get a running node and the facts.
+func (e *Engine) warnIfUnsynced() {
+	switch natsnode.ServerSyncPolicy(e.nc, 2*time.Second) {
+	case natsnode.SyncPeriodic:
+		e.log.Warn("the NATS server does not fsync every write: a commit it acknowledged can be lost on a power cut; " +
+			"set sync_interval: always in its jetstream block (docs/operations.md, \"Durability\")")
+	case natsnode.SyncUnknown:
+		e.log.Warn("cannot tell whether the NATS server fsyncs every write (its monitoring answers the system account only); " +
+			"unless its jetstream block sets sync_interval: always, a commit it acknowledged can be lost on a power cut (docs/operations.md, \"Durability\")")
+	}
+}
+
 func (e *Engine) natsURL() string {
 	if e.srv != nil {
 		if u := e.srv.ClientURL(); u != "" {
@@ -172,6 +189,7 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log}); err != nil {
 		return err
 	}
+	e.cfg.MaxOutputBytes = e.clog.MaxOutputBytes() // fitted to the server's max_payload
 	electionCfg := e.cfg.Lease
 	electionCfg.Unsafe = epoch.Unsafe{} // the negative controls are for run leases
 	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, electionCfg, e.replicas); err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -86,5 +87,42 @@ func TestRestartKeepsStreamsAndListens(t *testing.T) {
 	}
 	if _, err := Connect("nats://127.0.0.1:1", "test", nats.MaxReconnects(0), nats.RetryOnFailedConnect(false)); err == nil || !strings.Contains(err.Error(), "is NATS running") {
 		t.Fatalf("connect to nothing: %v", err)
+	}
+}
+
+// ServerSyncPolicy reads the server's own answer when the connection may ask (a system
+// account user), and says SyncUnknown when it may not (a stock server's default user).
+func TestServerSyncPolicy(t *testing.T) {
+	for _, synced := range []bool{true, false} {
+		sys := server.NewAccount("SYS")
+		opts := &server.Options{
+			JetStream: true, StoreDir: t.TempDir(), SyncAlways: synced, Host: "127.0.0.1", Port: server.RANDOM_PORT,
+			NoSigs: true, NoLog: true, Accounts: []*server.Account{sys}, SystemAccount: "SYS",
+			Users: []*server.User{{Username: "sys", Password: "sys-pass", Account: sys}, {Username: "app", Password: "app-pass"}},
+		}
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("server not ready")
+		}
+		want := SyncPeriodic
+		if synced {
+			want = SyncEveryWrite
+		}
+		for user, expect := range map[string]SyncPolicy{"sys": want, "app": SyncUnknown} {
+			nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user+"-pass"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ServerSyncPolicy(nc, 2*time.Second); got != expect {
+				t.Errorf("SyncAlways=%v, user %s: policy %d, want %d", synced, user, got, expect)
+			}
+			nc.Close()
+		}
+		srv.Shutdown()
+		srv.WaitForShutdown()
 	}
 }
