@@ -32,9 +32,10 @@ func (e *Engine) running() error {
 	return nil
 }
 
-// ValidateWorkflow parses a workflow file with this engine's step kinds.
+// ValidateWorkflow parses a workflow file with this engine's step kinds, checking each
+// step's with with its kind's checker (registered Go kinds' included).
 func (e *Engine) ValidateWorkflow(file string, data []byte) (*workflow.Workflow, error) {
-	return workflow.Load(file, data, e.cfg.Registry.Has)
+	return workflow.LoadWith(file, data, workflow.Options{Kinds: e.cfg.Registry.Has, With: e.cfg.Registry.CheckWith})
 }
 
 // ApplyWorkflow validates a workflow and records it; a changed source makes a new

@@ -253,7 +253,7 @@ func (a *app) validate(file string) error {
 		return usage("%v", err)
 	}
 	reg := steps.NewRegistry(0)
-	w, err := workflow.Load(file, data, reg.Has)
+	w, err := workflow.LoadWith(file, data, workflow.Options{Kinds: reg.Has, With: reg.CheckWith})
 	if err != nil {
 		return usage("%v", err)
 	}
