@@ -108,5 +108,10 @@ func (c *Config) validate() error {
 	if c.Lease.Logger == nil {
 		c.Lease.Logger = c.Logger
 	}
+	if c.Lease.BeforeExit == nil {
+		// The poison pill kills the steps' process groups before the process exits:
+		// Pdeathsig kills only a step's own process, not what it started.
+		c.Lease.BeforeExit = func() { steps.KillProcessGroups() }
+	}
 	return c.Lease.Validate()
 }

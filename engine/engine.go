@@ -63,6 +63,12 @@ type Engine struct {
 	queueAheadN atomic.Int32
 	noAdmission atomic.Bool
 
+	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
+	// test switch that keeps a cancelled run's epoch running (the negative control of
+	// TestCancelStopsTheStepProcess; false in production).
+	runsEnded        atomic.Uint64
+	keepEndedRunning atomic.Bool
+
 	mu struct {
 		sync.Mutex
 		started, stopping bool
@@ -262,11 +268,13 @@ func (e *Engine) Stop(ctx context.Context) error {
 	return nil
 }
 
-// statusChanged wakes the WaitRun callers of a run that ended (applier goroutine).
+// statusChanged wakes the WaitRun callers of a run that ended, and stops this node's
+// execution of a run cancelled from outside (applier goroutine).
 func (e *Engine) statusChanged(run string, status checkpoint.RunStatus) {
 	if !status.Terminal() {
 		return
 	}
+	e.stopEnded(run, status)
 	e.mu.Lock()
 	ws := e.mu.waiters[run]
 	delete(e.mu.waiters, run)

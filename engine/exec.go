@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -43,12 +44,18 @@ type runExec struct {
 	stolen      bool
 	completed   bool // the run's completion was written with its last commit
 	drillZombie bool // the zombie drill: writes skip the local lease check
+	// ended: the log ended the run from outside (cancelled, dead-lettered): nothing more
+	// is written, the steps are stopped (cancel.go). endedSeen is e.runsEnded when the run
+	// was read, so that execute can tell whether one ended since.
+	ended     atomic.Bool
+	endedSeen uint64
 	// fresh: the epoch was assigned in the submit's own message (the leader's own
 	// run), so no step can have a checkpoint yet: execute skips reading them.
 	fresh bool
 }
 
 func newRunExec(e *Engine, id string, ep int64, lease *epoch.Lease) (*runExec, error) {
+	endedSeen := e.runsEnded.Load() // before the read: checkEnded covers what follows
 	r, err := e.store.Run(id)
 	if err != nil {
 		return nil, err
@@ -58,7 +65,7 @@ func newRunExec(e *Engine, id string, ep int64, lease *epoch.Lease) (*runExec, e
 		return nil, err
 	}
 	x := &runExec{e: e, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
-		log: e.log.With("run", id, "epoch", ep, "workflow", r.Workflow)}
+		log: e.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen}
 	// The epoch's work ends when the lease ends (kill switch) or the run is drained.
 	x.ctx, x.cancel = context.WithCancelCause(lease.Context())
 	return x, nil
@@ -117,6 +124,9 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 	}
 	if x.isStolen() {
 		return fail(errStolen)
+	}
+	if x.ended.Load() {
+		return fail(errRunEnded)
 	}
 	x.mu.Lock()
 	drill := x.drillZombie
@@ -190,7 +200,7 @@ func (x *runExec) othersDone(step string) bool {
 
 // note appends an entry without waiting for its outcome (step starts, retry notes).
 func (x *runExec) note(e checkpoint.Entry) {
-	if x.isStolen() || x.lease.Check() != nil {
+	if x.isStolen() || x.ended.Load() || x.lease.Check() != nil {
 		return
 	}
 	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
@@ -214,6 +224,7 @@ func (x *runExec) execute() {
 			_ = x.lease.Release(ctx)
 		}()
 	}()
+	x.checkEnded() // a cancel applied before this run was registered in e.mu.running
 	if x.wf.Timeout > 0 {
 		deadline := x.run.CreatedAt.Add(time.Duration(x.wf.Timeout))
 		var cancel context.CancelFunc
@@ -278,6 +289,8 @@ func (x *runExec) execute() {
 		return
 	case completed: // with the last commit; a drain meanwhile has nothing to hand back
 		x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
+		return
+	case x.ended.Load(): // cancelled or dead-lettered: the log has its status already
 		return
 	case errors.Is(context.Cause(x.ctx), errDrain):
 		x.handBack()
@@ -433,7 +446,8 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		x.e.stats.StepAttempts.Add(1)
 		began := time.Now()
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
-			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log})
+			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
+			StopGrace: x.e.stopGrace()})
 		if obs := x.e.cfg.StepObserver; obs != nil {
 			obs(st.Uses, time.Since(began), err)
 		}
