@@ -355,7 +355,7 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 	}
 	stepsScope := map[string]any{}
 	x.mu.Lock()
-	for _, n := range x.wf.Ancestors(st.Name) {
+	for _, n := range x.wf.Reads(st.Name) { // not Ancestors: quadratic per run in a chain
 		stepsScope[n] = map[string]any{"output": x.outputs[n]}
 	}
 	x.mu.Unlock()

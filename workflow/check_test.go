@@ -211,3 +211,55 @@ func mustRead(t *testing.T, file string) string {
 	}
 	return string(data)
 }
+
+// BenchmarkAncestorsChain is what a run of a MaxSteps chain spends on Ancestors (the
+// engine's scope of each step): n(n-1)/2 names, the outputs a chain's scopes hold.
+func BenchmarkAncestorsChain(b *testing.B) {
+	w, err := Load("w.yaml", []byte(chain(MaxSteps, false)), builtins)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		for _, st := range w.Steps {
+			w.Ancestors(st.Name)
+		}
+	}
+}
+
+// Reads is what a step's scope must hold: the steps its templates read, not every
+// ancestor; the same for a workflow decoded from its JSON form.
+func TestReads(t *testing.T) {
+	w, err := Load("w.yaml", []byte(`name: x
+steps:
+  - name: a
+    uses: noop
+  - name: b
+    uses: noop
+    needs: [a]
+  - name: c
+    uses: noop
+    needs: [b]
+    foreach: "{{ steps.a.output.list }}"
+    if: "{{ not steps.b.output.skip }}"
+    with: {x: ["{{ steps.a.output.v }}", {y: "n={{ steps.b.output.n }}"}], z: plain, n: 1}
+  - name: d
+    uses: noop
+    needs: [c]
+`), builtins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []*Workflow{w, d} {
+		if got := fmt.Sprint(w.Reads("c"), w.Reads("d"), w.Reads("a"), w.Reads("nope")); got != "[a b] [] [] []" {
+			t.Fatalf("reads = %s", got)
+		}
+	}
+}
