@@ -128,12 +128,10 @@ type Options struct {
 	With  WithChecker // nil: with is not checked
 }
 
-// MaxSteps is the most steps one workflow may have. The engine's work per run grows
-// with steps × their ancestors (each step's template scope holds its ancestors'
-// outputs) and the run record, the history and the UI's DAG grow with the steps, so a
-// bound keeps one workflow from costing a node seconds per run; 1,000 is an order of
-// magnitude above hand-written DAGs. Many items of one kind of work are one step with
-// foreach, not many steps.
+// MaxSteps is the most steps one workflow may have. A run's checkpoints, its record and
+// history, and the UI's DAG all grow with the steps, so a bound keeps one workflow from
+// costing a node seconds per run; 1,000 is an order of magnitude above hand-written
+// DAGs. Many items of one kind of work are one step with foreach, not many steps.
 const MaxSteps = 1000
 
 // validName is the one rule for workflow, step and input names (the log's).
@@ -619,10 +617,20 @@ func CheckType(typ string, v any) error {
 	case "string":
 		_, ok = v.(string)
 	case "int":
-		f, isNum := v.(float64)
-		ok = isNum && f == float64(int64(f))
+		switch n := v.(type) {
+		case int64, int:
+			ok = true
+		case float64:
+			ok = n == float64(int64(n))
+		case json.Number:
+			_, err := n.Int64()
+			ok = err == nil
+		}
 	case "number":
-		_, ok = v.(float64)
+		switch v.(type) {
+		case float64, int64, int, json.Number:
+			ok = true
+		}
 	case "bool":
 		_, ok = v.(bool)
 	case "list":
