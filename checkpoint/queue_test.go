@@ -19,7 +19,7 @@ func TestQueueMatchesAScan(t *testing.T) {
 	iteration := 0
 	rapid.Check(t, func(t *rapid.T) {
 		iteration++
-		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 150).Draw(t, "messages"))
+		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
 		path := filepath.Join(dir, fmt.Sprint(iteration))
 		s, err := OpenStore(path, StoreOptions{})
 		if err != nil {
