@@ -16,6 +16,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/steps"
 )
 
 // procAlive reports whether pid is a live process (a zombie counts as dead).
@@ -43,7 +44,7 @@ func pollUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // Invariant 8, cancel: an exec step is running on node A (a process that will write a
-// marker, its side effect, a second later); an operator cancels the run through node B.
+// marker, its side effect, two seconds later); an operator cancels the run through node B.
 // Node A learns it from the log, the step's process group is stopped at once (the
 // process is gone, the marker never appears), the lease is released, and A writes
 // nothing more for that epoch. The control keeps A's epoch running after the cancel
@@ -66,7 +67,7 @@ name: side-effect
 steps:
   - name: pay
     uses: exec
-    with: {command: [sh, -c, "echo $$ > %s; sleep 1; touch %s"]}
+    with: {command: [sh, -c, "echo $$ > %s; sleep 2; touch %s"]}
 `, pidFile, marker))
 			ctx := ctxT(t, 30*time.Second)
 			id, err := a.StartRun(ctx, "side-effect", nil, RunOptions{})
@@ -163,7 +164,8 @@ steps:
 	}
 	pollUntil(t, 5*time.Second, "the stubborn process to be killed", func() bool { return !procAlive(pid) })
 	grace := e.stopGrace()
-	if took := time.Since(cancelled); grace != testLease.TTL/4 || took < grace || took > testLease.TTL {
-		t.Fatalf("killed %s after the cancel with a grace of %s; want the grace %s, and dead within the TTL %s", took, grace, testLease.TTL/4, testLease.TTL)
+	// Under the 2s default, whatever the load on the machine: the grace was cut.
+	if took := time.Since(cancelled); grace != testLease.TTL/4 || took < grace || took >= steps.KillGrace {
+		t.Fatalf("killed %s after the cancel with a grace of %s; want the grace %s, and dead before Exec's default grace %s", took, grace, testLease.TTL/4, steps.KillGrace)
 	}
 }
