@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -167,5 +168,42 @@ steps:
 	// Under the 2s default, whatever the load on the machine: the grace was cut.
 	if took := time.Since(cancelled); grace != testLease.TTL/4 || took < grace || took >= steps.KillGrace {
 		t.Fatalf("killed %s after the cancel with a grace of %s; want the grace %s, and dead before Exec's default grace %s", took, grace, testLease.TTL/4, steps.KillGrace)
+	}
+}
+
+// A cancel applied after newRunExec read the run but before the run was registered in
+// e.mu.running finds nothing to stop; execute's first act (checkEnded) catches it. The
+// control: with no run ended meanwhile, checkEnded leaves the epoch alone (and reads
+// nothing).
+func TestCancelBeforeRegistrationIsCaught(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.DisableScheduler = true }) // the run stays pending: no owner races the test
+	apply(t, e, "name: idle\nsteps:\n  - name: a\n    uses: noop\n")
+	ctx := ctxT(t, 20*time.Second)
+	for _, cancelled := range []bool{true, false} {
+		id, err := e.StartRun(ctx, "idle", nil, RunOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := e.leases.Acquire(ctx, id, 1, e.cfg.NodeID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := newRunExec(e, id, 1, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cancelled {
+			if err := e.Cancel(ctx, id, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x.checkEnded()
+		if x.ended.Load() != cancelled || (x.ctx.Err() != nil) != cancelled {
+			t.Fatalf("cancelled %v: ended %v, context %v", cancelled, x.ended.Load(), context.Cause(x.ctx))
+		}
+		if cancelled && !errors.Is(context.Cause(x.ctx), errRunEnded) {
+			t.Fatalf("cause %v", context.Cause(x.ctx))
+		}
+		_ = lease.Release(ctx)
 	}
 }
