@@ -7,6 +7,12 @@ import (
 	"syscall"
 )
 
+// noDeathSignal switches Pdeathsig off (Linux). It is empty in every build but the
+// negative control of the kill -9 test, which sets it at link time
+// (-ldflags "-X github.com/flowrun/flow/steps.noDeathSignal=1") to show that without
+// the signal a step outlives a SIGKILLed flowd.
+var noDeathSignal string
+
 // groups is the set of process groups of exec steps running in this process. It is
 // process-wide on purpose: its one reader is the poison pill, which ends the whole
 // process, every engine in it included, and must take their steps with it.

@@ -2,12 +2,6 @@ package steps
 
 import "syscall"
 
-// noDeathSignal switches Pdeathsig off. It is empty in every build but the negative
-// control of the kill -9 test, which sets it at link time
-// (-ldflags "-X github.com/flowrun/flow/steps.noDeathSignal=1") to show that without
-// the signal a step outlives a SIGKILLed flowd.
-var noDeathSignal string
-
 // procAttr puts the command in its own process group (so that stopping it stops what
 // it started) and, on Linux, makes the kernel SIGKILL it when this process dies, so
 // that a kill -9 of flowd does not leave the step running while a new epoch runs the
