@@ -111,15 +111,23 @@ const (
 	TickCaughtUp       = "caught-up"
 )
 
-// ValidID reports whether s can name a run or an owner: 1-128 letters, digits, '.',
-// '_' or '-', starting with a letter or digit. (Run IDs are also JetStream KV keys, the
-// run leases', which cannot hold ':'.)
+// IDRule says what ValidID accepts, for error messages.
+const IDRule = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, with no '.' at the end or two in a row"
+
+// ValidID reports whether s can name a run or an owner (IDRule). Run IDs are JetStream
+// KV keys (the run leases') and subject tokens, so they follow both rules: no ':' or
+// other punctuation, and no empty token between dots ("a." and "a..b" are refused: as
+// keys they are invalid, and such a run once stayed pending forever).
 func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 128 || !alnum(s[0]) {
+	if len(s) == 0 || len(s) > 128 || !alnum(s[0]) || s[len(s)-1] == '.' {
 		return false
 	}
 	for i := 1; i < len(s); i++ {
-		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+		c := s[i]
+		if !alnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+		if c == '.' && s[i-1] == '.' {
 			return false
 		}
 	}
@@ -154,10 +162,10 @@ func (e *Entry) Validate() error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
 	if e.Kind != KindCronTick && e.Kind != KindWorkflow && !ValidID(e.Run) {
-		return bad("run ID %q must be 1-128 letters, digits, '.', '_' or '-'", e.Run)
+		return bad("run ID %q: %s", e.Run, IDRule)
 	}
 	if e.Owner != "" && !ValidID(e.Owner) {
-		return bad("owner %q must be 1-128 letters, digits, '.', '_' or '-'", e.Owner)
+		return bad("owner %q: %s", e.Owner, IDRule)
 	}
 	if e.Worker != "" && e.Kind != KindAssign {
 		return bad("only an assign names a worker")
@@ -191,7 +199,7 @@ func (e *Entry) Validate() error {
 			return bad("term is required on a scheduler entry")
 		}
 		if e.Worker != "" && !ValidID(e.Worker) {
-			return bad("worker %q must be 1-128 letters, digits, '.', '_' or '-'", e.Worker)
+			return bad("worker %q: %s", e.Worker, IDRule)
 		}
 		switch e.Reason {
 		case "", ReasonLeaseExpired, ReasonReconciled:

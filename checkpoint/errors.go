@@ -37,6 +37,24 @@ var (
 	ErrAppendUncertain = errors.New("checkpoint: append outcome unknown")
 )
 
+// NotFoundError names what was not found; errors.Is(err, ErrNotFound) holds for it. Its
+// message names the thing, not the package: `run "nope" not found`.
+type NotFoundError struct {
+	What    string // "run", "workflow"
+	Name    string
+	Version int // a workflow's version, 0 for none
+}
+
+func (e *NotFoundError) Error() string {
+	if e.Version > 0 {
+		return fmt.Sprintf("%s %q version %d not found", e.What, e.Name, e.Version)
+	}
+	return fmt.Sprintf("%s %q not found", e.What, e.Name)
+}
+
+// Is makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
 // FencedError describes a rejected commit (or other epoch-fenced entry).
 type FencedError struct {
 	Run          string

@@ -33,7 +33,7 @@ func (s *Store) Run(id string) (*Run, error) {
 		return nil, err
 	}
 	if !found {
-		return nil, fmt.Errorf("%w: run %q", ErrNotFound, id)
+		return nil, &NotFoundError{What: "run", Name: id}
 	}
 	return &r, nil
 }
@@ -50,7 +50,7 @@ func (s *Store) Status(id string) (RunStatus, error) {
 			return "", fmt.Errorf("checkpoint: read status of %q: %w", id, err)
 		}
 	}
-	return "", fmt.Errorf("%w: run %q", ErrNotFound, id)
+	return "", &NotFoundError{What: "run", Name: id}
 }
 
 // View returns a run with its steps, item checkpoints, fenced commits and events.
@@ -64,7 +64,7 @@ func (s *Store) View(id string) (*RunView, error) {
 		return nil, err
 	}
 	if !found {
-		return nil, fmt.Errorf("%w: run %q", ErrNotFound, id)
+		return nil, &NotFoundError{What: "run", Name: id}
 	}
 	v := &RunView{Run: r}
 	for _, name := range r.Steps {
@@ -233,7 +233,7 @@ func (s *Store) Workflow(name string, version int) (*WorkflowVersion, error) {
 		}
 		w, err := latestWorkflow(s.db, name)
 		if err == nil && w == nil {
-			err = fmt.Errorf("%w: workflow %q", ErrNotFound, name)
+			err = &NotFoundError{What: "workflow", Name: name}
 		}
 		if err != nil {
 			return nil, err
@@ -248,7 +248,7 @@ func (s *Store) Workflow(name string, version int) (*WorkflowVersion, error) {
 		return nil, err
 	}
 	if !found {
-		return nil, fmt.Errorf("%w: workflow %q version %d", ErrNotFound, name, version)
+		return nil, &NotFoundError{What: "workflow", Name: name, Version: version}
 	}
 	return &w, nil
 }

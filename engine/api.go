@@ -123,7 +123,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		id = NewRunID()
 	}
 	if !checkpoint.ValidID(id) {
-		return "", fmt.Errorf("%w: run ID %q: use 1-128 letters, digits, '.', '_' or '-'", ErrBadInput, id)
+		return "", fmt.Errorf("%w: run ID %q: %s", ErrBadInput, id, checkpoint.IDRule)
 	}
 	trigger := opts.Trigger
 	if trigger == "" {
@@ -291,9 +291,8 @@ func convertInput(in workflow.Input, v any) (any, error) {
 		var err error
 		switch in.Type {
 		case "int":
-			var n int64
-			n, err = strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-			conv = float64(n)
+			// int64, never float64: 9007199254740993 must arrive as itself.
+			conv, err = strconv.ParseInt(strings.TrimSpace(s), 10, 64)
 		case "number":
 			conv, err = strconv.ParseFloat(strings.TrimSpace(s), 64)
 		case "bool":
@@ -306,8 +305,19 @@ func convertInput(in workflow.Input, v any) (any, error) {
 		}
 		v = conv
 	}
-	if n, ok := v.(int); ok {
-		v = float64(n)
+	switch n := v.(type) {
+	case int:
+		v = int64(n)
+	case json.Number: // from a Go client's JSON: keep an int exact
+		if in.Type == "int" {
+			i, err := n.Int64()
+			if err != nil {
+				return nil, fmt.Errorf("%w: input %s=%s is not an int (64-bit)", ErrBadInput, in.Name, n)
+			}
+			v = i
+		} else if f, err := n.Float64(); err == nil {
+			v = f
+		}
 	}
 	if err := workflow.CheckType(in.Type, v); err != nil {
 		return nil, fmt.Errorf("%w: input %s: %v", ErrBadInput, in.Name, err)

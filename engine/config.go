@@ -67,7 +67,7 @@ func (c *Config) validate() error {
 		c.NodeID = h
 	}
 	if !checkpoint.ValidID(c.NodeID) {
-		return fmt.Errorf("engine: node ID %q: use 1-128 letters, digits, '.', '_' or '-'", c.NodeID)
+		return fmt.Errorf("engine: node ID %q: %s", c.NodeID, checkpoint.IDRule)
 	}
 	if c.DataDir == "" {
 		c.DataDir = "flow-data"

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -162,5 +163,84 @@ func TestEmbeddedServerStartsWithoutWarnings(t *testing.T) {
 	startEngine(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	if s := logs.String(); strings.Contains(s, "max_payload") || strings.Contains(s, "sync_interval") {
 		t.Fatalf("embedded start warned:\n%s", s)
+	}
+}
+
+// An int input and a step output's integers reach later steps exactly, past 2^53:
+// through float64, 9007199254740993 became 9007199254740992.
+func TestInt64StaysExactEndToEnd(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: exact
+inputs:
+  n: {type: int}
+steps:
+  - name: echo
+    uses: exec
+    with:
+      command: [sh, -c, 'printf "{\"n\": %s, \"big\": 9007199254740995}" "$N"']
+      env: {N: "{{ inputs.n }}"}
+  - name: again
+    needs: [echo]
+    uses: noop
+    with: {n: "{{ steps.echo.output.n }}", big: "{{ steps.echo.output.big }}", text: "n={{ inputs.n }}"}
+`)
+	const n = "9007199254740993"
+	for _, given := range []any{n, json.Number(n)} {
+		v := runToEnd(t, e, "exact", map[string]any{"n": given})
+		if v.Run.Status != checkpoint.StatusSucceeded {
+			t.Fatalf("run %s: %s", v.Run.Status, v.Run.Error)
+		}
+		if string(v.Run.Inputs) != `{"n":`+n+`}` {
+			t.Fatalf("stored inputs %s, want n exactly %s", v.Run.Inputs, n)
+		}
+		var again json.RawMessage
+		for _, s := range v.Steps {
+			if s.Name == "again" {
+				again = s.Output
+			}
+		}
+		for _, want := range []string{`"n":` + n, `"big":9007199254740995`, `"text":"n=` + n + `"`} {
+			if !strings.Contains(string(again), want) {
+				t.Fatalf("given %T: output %s lacks %s", given, again, want)
+			}
+		}
+	}
+}
+
+// Tasks naming a run that cannot exist (forged: IDs that are no KV key, no epoch) are
+// dropped once, not redelivered in a loop that keeps workers busy; real runs go on.
+func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.Workers = 2 })
+	waitLeader(t, e)
+	ctx := ctxT(t, 30*time.Second)
+	for _, body := range []string{`{"run":"a.","epoch":5}`, `{"run":"a..b","epoch":5}`, `{"run":"x","epoch":0}`, `not json`,
+		`{"run":"a.","epoch":6}`, `{"run":"b.","epoch":7}`, `{"run":"c..d","epoch":8}`, `{"run":"e.","epoch":9}`} {
+		if _, err := e.js.Publish(ctx, tasksSubject, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(t, e, ChainWorkflow("chain", 2))
+	if v := runToEnd(t, e, "chain", nil); v.Run.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("a real run beside forged tasks: %s %s", v.Run.Status, v.Run.Error)
+	}
+	for {
+		info, err := e.tasks.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			if info.NumRedelivered != 0 {
+				t.Fatalf("forged tasks were redelivered %d times before they were dropped", info.NumRedelivered)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("forged tasks still pending after 30s (pending %d, unacked %d, redelivered %d): they loop",
+				info.NumPending, info.NumAckPending, info.NumRedelivered)
+		case <-e.clog.Changed():
+		case <-time.After(50 * time.Millisecond): // consumer state is not in the log: look again
+		}
 	}
 }

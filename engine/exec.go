@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -348,8 +349,7 @@ func (x *runExec) doneCount() int {
 
 // scope is what st's templates see.
 func (x *runExec) scope(st *workflow.Step) map[string]any {
-	var inputs map[string]any
-	_ = json.Unmarshal(x.run.Inputs, &inputs)
+	inputs, _ := decodeJSON(x.run.Inputs).(map[string]any)
 	if inputs == nil {
 		inputs = map[string]any{}
 	}
@@ -362,7 +362,7 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 	return map[string]any{
 		"inputs": inputs,
 		"steps":  stepsScope,
-		"run":    map[string]any{"id": x.run.ID, "epoch": float64(x.epoch)},
+		"run":    map[string]any{"id": x.run.ID, "epoch": x.epoch},
 	}
 }
 
@@ -638,12 +638,24 @@ func renderValue(v any, scope map[string]any) (any, error) {
 }
 
 func decodeOutput(raw json.RawMessage) any {
-	if len(raw) == 0 {
-		return map[string]any{}
+	if v := decodeJSON(raw); v != nil {
+		return v
 	}
+	return map[string]any{}
+}
+
+// decodeJSON decodes inputs and outputs for templates with numbers as json.Number, so
+// that an int64 (an ID, an amount in cents) reaches the next step exactly: through
+// float64, 9007199254740993 became ...992. nil for empty or invalid JSON.
+func decodeJSON(raw []byte) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
 	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return map[string]any{}
+	if err := d.Decode(&v); err != nil {
+		return nil
 	}
 	return v
 }

@@ -88,8 +88,10 @@ func (e *Engine) degraded() bool {
 // acks the task and runs the epoch.
 func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	var t task
-	if err := json.Unmarshal(msg.Data(), &t); err != nil {
-		e.log.Error("dropping a malformed task", "err", err)
+	if err := json.Unmarshal(msg.Data(), &t); err != nil || !checkpoint.ValidID(t.Run) || t.Epoch <= 0 {
+		// Only the leader writes tasks, for runs of the state (whose IDs apply checked):
+		// anything else was forged or corrupted, and redelivering it would loop.
+		e.log.Error("dropping a malformed task", "err", err, "task", string(msg.Data()))
 		_ = msg.Term()
 		return
 	}
@@ -102,7 +104,9 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	})
 	cancel()
 	if err != nil {
-		_ = msg.Nak()
+		// Not applied here yet (or a task of no run): look again a little later, not at
+		// once, so that such a task cannot keep a worker busy in a loop.
+		_ = msg.NakWithDelay(e.retryDelay())
 		return
 	}
 	r, err := e.store.Run(t.Run)
@@ -120,9 +124,13 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 			// run to the reconcile's re-queue, which the stream's duplicate window
 			// swallows for a minute (TestTaskWithItsLeaseHeldIsRetried).
 			e.stats.TasksDeferred.Add(1)
-			_ = msg.NakWithDelay(max(e.leases.Config().TTL/4, 50*time.Millisecond))
+			_ = msg.NakWithDelay(e.retryDelay())
+		} else if errors.Is(err, epoch.ErrInvalidRun) {
+			log.Error("dropping a task whose run cannot hold a lease", "err", err)
+			_ = msg.Term() // permanent: a redelivery would fail the same way, forever
+			return
 		} else {
-			_ = msg.Nak()
+			_ = msg.NakWithDelay(e.retryDelay()) // NATS in trouble: not a hot loop meanwhile
 		}
 		log.Info("task not taken", "err", err)
 		return
@@ -146,12 +154,18 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 			// an owner) and is acked then; if not, it is claimed again. Acked now, the
 			// run would wait for the reconcile's re-queue, which the task stream's
 			// duplicate window swallows for a minute (TestClaimOfUnknownOutcomeIsRetried).
-			_ = msg.NakWithDelay(max(e.leases.Config().TTL/4, 50*time.Millisecond))
+			_ = msg.NakWithDelay(e.retryDelay())
 		}
 		return
 	}
 	_ = msg.Ack()
 	e.runClaimed(t.Run, t.Epoch, lease, log, false)
+}
+
+// retryDelay is how long a task that could not be taken now waits before it is
+// delivered again: a quarter of the lease TTL, so a retry comes well within the TTL.
+func (e *Engine) retryDelay() time.Duration {
+	return max(e.leases.Config().TTL/4, 50*time.Millisecond)
 }
 
 // loseClaim takes one of the claims a test asked to lose (lostClaims).

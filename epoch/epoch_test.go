@@ -418,3 +418,24 @@ func TestTakeoverDetectedAtNextRenewal(t *testing.T) {
 		t.Fatalf("noticed after %s; want within one renew interval (%s)", d, ls.cfg.RenewInterval)
 	}
 }
+
+// A run ID that cannot be a KV key fails Acquire at once with ErrInvalidRun (permanent),
+// instead of retrying until the caller's deadline and being retried again by the task.
+func TestAcquireInvalidRunIsPermanent(t *testing.T) {
+	srv := startNATS(t)
+	_, js := connect(t, srv.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	_, err = ls.Acquire(ctx, "a.", 1, "w")
+	if !errors.Is(err, ErrInvalidRun) {
+		t.Fatalf("Acquire(\"a.\") = %v, want ErrInvalidRun", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Acquire waited for its deadline (%s) before failing", time.Since(began))
+	}
+}

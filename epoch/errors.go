@@ -12,6 +12,9 @@ var (
 	ErrNotLeader = errors.New("epoch: not the leader")
 	// ErrLeaseHeld: another owner (or another epoch) holds the run's lease.
 	ErrLeaseHeld = errors.New("epoch: lease held by another owner")
+	// ErrInvalidRun: the run's ID cannot be a lease key. Permanent: retrying cannot help,
+	// so a task naming such a run is dropped, never redelivered in a loop.
+	ErrInvalidRun = errors.New("epoch: run ID cannot be a lease key")
 	// ErrInvalidConfig: a Config that cannot work.
 	ErrInvalidConfig = errors.New("epoch: invalid config")
 )

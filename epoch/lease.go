@@ -99,6 +99,9 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 		if err == nil {
 			return ls.start(ctx, val, raw, rev, sent), nil
 		}
+		if errors.Is(err, jetstream.ErrInvalidKey) {
+			return nil, fmt.Errorf("%w: %q", ErrInvalidRun, run)
+		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isRevisionMismatch(err) {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("epoch: acquire lease of %s: %w", run, ctx.Err())

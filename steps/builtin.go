@@ -244,6 +244,8 @@ func text(v any) string {
 		return x
 	case float64:
 		return strconv.FormatFloat(x, 'f', -1, 64)
+	case json.Number:
+		return x.String()
 	case nil:
 		return ""
 	default:

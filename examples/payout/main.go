@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -348,7 +349,8 @@ func terminal(status string) bool {
 }
 
 func inputOf(r api.Run, name string) string {
-	m, _ := r.Inputs.(map[string]any)
+	var m map[string]any
+	_ = json.Unmarshal(r.Inputs, &m)
 	s, _ := m[name].(string)
 	return s
 }

@@ -216,6 +216,10 @@ func classify(err error) (string, string) {
 	case errors.As(err, &ae):
 		return ae.code, ae.msg
 	case errors.Is(err, checkpoint.ErrNotFound):
+		var nf *checkpoint.NotFoundError
+		if errors.As(err, &nf) {
+			return CodeNotFound, nf.Error() // the thing, without the layers it passed through
+		}
 		return CodeNotFound, err.Error()
 	case errors.Is(err, engine.ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
 		return CodeBadRequest, strings.TrimPrefix(err.Error(), "engine: bad input: ")
@@ -230,7 +234,7 @@ func needID(r *Req) error {
 		return badRequest("a run ID is required")
 	}
 	if !checkpoint.ValidID(r.ID) {
-		return badRequest("%q is not a run ID", r.ID)
+		return badRequest("%q is not a run ID: %s", r.ID, checkpoint.IDRule)
 	}
 	return nil
 }

@@ -36,25 +36,25 @@ type Req struct {
 
 // Run is the contract's JSON shape of a run.
 type Run struct {
-	ID           string   `json:"id"`
-	Workflow     string   `json:"workflow"`
-	Version      int      `json:"version"`
-	Status       string   `json:"status"`
-	Trigger      string   `json:"trigger"`
-	ScheduledAt  string   `json:"scheduled_at,omitempty"`
-	Epoch        int64    `json:"epoch"`
-	EpochChanges int      `json:"epoch_changes"`
-	MaxEpochs    int      `json:"max_epochs"`
-	Owner        string   `json:"owner,omitempty"`
-	Error        string   `json:"error,omitempty"`
-	FailedStep   string   `json:"failed_step,omitempty"`
-	DeadLetter   string   `json:"dead_letter_reason,omitempty"`
-	CreatedAt    string   `json:"created_at"`
-	UpdatedAt    string   `json:"updated_at"`
-	Inputs       any      `json:"inputs,omitempty"`
-	Steps        []Step   `json:"steps,omitempty"`
-	Epochs       []Epoch  `json:"epochs"`
-	Fenced       []Fenced `json:"fenced"`
+	ID           string          `json:"id"`
+	Workflow     string          `json:"workflow"`
+	Version      int             `json:"version"`
+	Status       string          `json:"status"`
+	Trigger      string          `json:"trigger"`
+	ScheduledAt  string          `json:"scheduled_at,omitempty"`
+	Epoch        int64           `json:"epoch"`
+	EpochChanges int             `json:"epoch_changes"`
+	MaxEpochs    int             `json:"max_epochs"`
+	Owner        string          `json:"owner,omitempty"`
+	Error        string          `json:"error,omitempty"`
+	FailedStep   string          `json:"failed_step,omitempty"`
+	DeadLetter   string          `json:"dead_letter_reason,omitempty"`
+	CreatedAt    string          `json:"created_at"`
+	UpdatedAt    string          `json:"updated_at"`
+	Inputs       json.RawMessage `json:"inputs,omitempty"`
+	Steps        []Step          `json:"steps,omitempty"`
+	Epochs       []Epoch         `json:"epochs"`
+	Fenced       []Fenced        `json:"fenced"`
 }
 
 // Step is one step of a run.
@@ -175,8 +175,8 @@ func FromRun(r *checkpoint.Run, v *checkpoint.RunView) Run {
 		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs,
 		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
 		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []Epoch{}, Fenced: []Fenced{}}
-	if len(r.Inputs) > 0 {
-		_ = json.Unmarshal(r.Inputs, &out.Inputs)
+	if len(r.Inputs) > 0 && json.Valid(r.Inputs) {
+		out.Inputs = r.Inputs // as stored: decoding into any would round an int64 through float64
 	}
 	for _, e := range r.Epochs {
 		out.Epochs = append(out.Epochs, Epoch{Epoch: e.Epoch, Owner: e.Owner, Reason: e.Reason, At: ts(e.At)})

@@ -155,7 +155,7 @@ func Load(args []string, env []string) (*Config, error) {
 	}
 	c.NodeID = get("node-id")
 	if c.NodeID != "" && !checkpoint.ValidID(c.NodeID) {
-		bad("node-id", "%q: use 1-128 letters, digits, '.', '_' or '-'", c.NodeID)
+		bad("node-id", "%q: %s", c.NodeID, checkpoint.IDRule)
 	}
 	c.NATSURL = get("nats-url")
 	if c.NATSURL != "" && !strings.Contains(c.NATSURL, "://") {
