@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,19 +16,9 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/proctest"
 	"github.com/flowrun/flow/steps"
 )
-
-// procAlive reports whether pid is a live process (a zombie counts as dead).
-func procAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
-}
 
 // pollUntil polls cond (other processes' state, a KV key: nothing to wait on) until it
 // holds or d passes.
@@ -105,7 +94,7 @@ steps:
 				}
 				return
 			}
-			pollUntil(t, 2*time.Second, "the step's process to be stopped", func() bool { return !procAlive(pid) })
+			pollUntil(t, 2*time.Second, "the step's process to be stopped", func() bool { return !proctest.Alive(pid) })
 			pollUntil(t, 5*time.Second, "the lease released", leaseGone)
 			// The process is dead and the marker is its last act: it cannot appear now.
 			if _, err := os.Stat(marker); err == nil {
@@ -163,7 +152,7 @@ steps:
 	if err := e.Cancel(ctx, id, ""); err != nil {
 		t.Fatal(err)
 	}
-	pollUntil(t, 5*time.Second, "the stubborn process to be killed", func() bool { return !procAlive(pid) })
+	pollUntil(t, 5*time.Second, "the stubborn process to be killed", func() bool { return !proctest.Alive(pid) })
 	grace := e.stopGrace()
 	// Under the 2s default, whatever the load on the machine: the grace was cut.
 	if took := time.Since(cancelled); grace != testLease.TTL/4 || took < grace || took >= steps.KillGrace {

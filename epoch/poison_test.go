@@ -11,19 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flowrun/flow/internal/proctest"
 	"github.com/flowrun/flow/steps"
 )
-
-// procAlive reports whether pid is a live process (a zombie counts as dead).
-func procAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
-}
 
 // The poison pill kills the process groups of running exec steps before it exits
 // (BeforeExit, which the engine sets to steps.KillProcessGroups): a step that ignores
@@ -65,7 +55,7 @@ func TestPoisonPillKillsStepGroupsBeforeExit(t *testing.T) {
 			cfg.Exit = func(int) {
 				var alive []bool
 				for _, pid := range pids {
-					alive = append(alive, procAlive(pid))
+					alive = append(alive, proctest.Alive(pid))
 				}
 				aliveAtExit <- alive
 			}
@@ -95,7 +85,7 @@ func TestPoisonPillKillsStepGroupsBeforeExit(t *testing.T) {
 			// Exit, so allow it that moment in the check below, not the kill.)
 			for i, pid := range pids {
 				if !control && alive[i] {
-					waitFor(t, time.Second, "process "+strconv.Itoa(pid)+" killed before exit", func() bool { return !procAlive(pid) })
+					waitFor(t, time.Second, "process "+strconv.Itoa(pid)+" killed before exit", func() bool { return !proctest.Alive(pid) })
 				}
 				if control && !alive[i] {
 					t.Fatalf("control: process %d was dead at exit without BeforeExit", pid)

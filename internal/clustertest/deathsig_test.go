@@ -7,13 +7,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/internal/proctest"
 )
 
 var (
@@ -44,17 +44,6 @@ func flowdWithoutDeathsig(t *testing.T) string {
 		t.Fatal(noDeathsigErr)
 	}
 	return noDeathsigBin
-}
-
-// procAlive reports whether pid is a live process (a zombie counts as dead).
-func procAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
 // Invariant 8, kill -9: a flowd process runs an exec step and is SIGKILLed. The step's
@@ -114,7 +103,7 @@ func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 				WaitFor(t, 10*time.Second, "the orphaned step to act", func() bool { _, err := os.Stat(marker); return err == nil })
 				return
 			}
-			WaitFor(t, 2*time.Second, "the step's process to die with flowd", func() bool { return !procAlive(pid) })
+			WaitFor(t, 2*time.Second, "the step's process to die with flowd", func() bool { return !proctest.Alive(pid) })
 			t.Logf("the step's process was gone %s after the SIGKILL of flowd", time.Since(killed).Round(time.Millisecond))
 			// It acts only after seeing flowd gone, which is after the kernel sent it SIGKILL.
 			if _, err := os.Stat(marker); err == nil {
