@@ -202,8 +202,11 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 				}
 			}
 			actx, cancel := context.WithTimeout(ctx, time.Second) // Acquire retries until its context ends
-			_, acqErr := leases.Acquire(actx, "run-new", 2, "node-a")
+			fresh, acqErr := leases.Acquire(actx, "run-new", 2, "node-a")
 			cancel()
+			if acqErr == nil {
+				defer func() { _ = fresh.Release(context.Background()) }()
+			}
 			if capped {
 				if err := held.Err(); err != nil {
 					t.Fatalf("the held lease was lost with the tasks stream full: %v", err)
