@@ -127,7 +127,8 @@ func TestDaemonHealthAndMetrics(t *testing.T) {
 	}
 	_, body := get(t, base+"/metrics")
 	// (No scheduler on this node: the test writes the scheduler's entries itself.)
-	for _, want := range []string{`flow_commits_total{result="fenced"} 1`, "flow_is_leader 0", `flow_runs{status="running"} 1`, "flow_epoch_changes_total 2"} {
+	for _, want := range []string{`flow_commits_total{result="fenced"} 1`, "flow_is_leader 0", `flow_runs{status="running"} 1`, "flow_epoch_changes_total 2",
+		"flow_runs_waiting 0", "flow_runs_assigned 0"} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/metrics lacks %q:\n%s", want, body)
 		}

@@ -37,6 +37,8 @@ func newMetrics() *metrics {
 		"flow_terms_won_total":              "Leader terms won by this node.",
 		"flow_lease_degraded_seconds_total": "Time run leases spent degraded.",
 		"flow_runs":                         "Runs by status, in this node's state.",
+		"flow_runs_waiting":                 "Pending runs waiting for an epoch (the backlog admission holds back), in this node's state.",
+		"flow_runs_assigned":                "Runs assigned an epoch and waiting for a worker to claim it.",
 		"flow_dlq_size":                     "Runs in the dead-letter queue.",
 		"flow_apply_lag_messages":           "Log messages not yet applied by this node.",
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
@@ -107,6 +109,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			gauge("flow_dlq_size", float64(n))
 		}
 	}
+	gauge("flow_runs_waiting", float64(e.Store().QueuedRuns()))
+	assigned, _ := e.Store().Held()
+	gauge("flow_runs_assigned", float64(assigned))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if last, err := e.Log().LastSeq(ctx); err == nil {
