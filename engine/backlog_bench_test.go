@@ -31,6 +31,10 @@ import (
 //   - the same with a backlog of 10,000, to separate what the queue's size costs from
 //     what 64 busy workers cost.
 //
+// FLOW_BENCH_NO_ADMISSION=1 switches admission off: the code before issue 12, where
+// every pending run got an epoch and a task at once (keep the backlog small: ~500k runs
+// then fill the memory budget the leases need).
+//
 // Run: FLOW_BACKLOG_RUNS=1000000 go test -run '^$' -bench Backlog -benchtime 1x -timeout 2h -v ./engine
 func BenchmarkBacklog(b *testing.B) {
 	n := 1000000

@@ -24,10 +24,13 @@ import (
 // Run: go test -run '^$' -bench 'W1|W2|Queued' -benchtime 1x ./engine
 
 func benchEngine(b testing.TB, workers int) *Engine {
-	return startEngine(b, func(c *Config) {
+	e := startEngine(b, func(c *Config) {
 		c.Workers = workers
 		c.Lease.TTL = 10 * time.Second
 	})
+	// FLOW_BENCH_NO_ADMISSION=1: admission off (the code before issue 12), to compare.
+	e.noAdmission.Store(os.Getenv("FLOW_BENCH_NO_ADMISSION") == "1")
+	return e
 }
 
 func BenchmarkW1(b *testing.B) {
