@@ -204,7 +204,7 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 	if e.leases, err = epoch.NewLeases(sctx, e.js, e.cfg.Lease, e.replicas); err != nil {
 		return err
 	}
-	if e.tasks, err = openTasks(sctx, e.js, e.replicas, e.leases.Config().TTL); err != nil {
+	if e.tasks, err = openTasks(sctx, e.js, e.replicas, e.leases.Config().TTL, e.log); err != nil {
 		return err
 	}
 	return dlq.Open(sctx, e.js, e.replicas)

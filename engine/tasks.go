@@ -3,7 +3,9 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -34,6 +36,10 @@ type task struct {
 // reconcile queues the task again later. docs/decisions.md.
 const tasksMaxBytes int64 = 8 << 20
 
+// errTasksCapNotSet: an existing tasks stream could not be given its cap (for instance
+// while it holds more than the cap, during an upgrade under a backlog).
+var errTasksCapNotSet = errors.New("engine: the tasks stream's size cap could not be set")
+
 // tasksCap is the cap for this server: tasksMaxBytes, or an eighth of the account's
 // memory limit when that is smaller (an external NATS with a tight budget).
 func tasksCap(ctx context.Context, js jetstream.JetStream) int64 {
@@ -44,8 +50,12 @@ func tasksCap(ctx context.Context, js jetstream.JetStream) int64 {
 	return max(min(tasksMaxBytes, info.Limits.MaxMemory/8), 64<<10)
 }
 
-func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.Consumer, error) {
-	if err := ensureTasksStream(ctx, js, replicas, tasksCap(ctx, js)); err != nil {
+func openTasks(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration, log *slog.Logger) (jetstream.Consumer, error) {
+	if err := ensureTasksStream(ctx, js, replicas, tasksCap(ctx, js)); errors.Is(err, errTasksCapNotSet) {
+		// The node can still work: the cap is a guard behind admission, not the
+		// mechanism. Refusing to start would turn an upgrade into an outage.
+		log.Warn("the tasks stream keeps no size cap; leases share its memory budget (docs/decisions.md, Admission)", "err", err)
+	} else if err != nil {
 		return nil, err
 	}
 	return openTasksConsumer(ctx, js, ttl)
@@ -79,7 +89,7 @@ func ensureTasksStream(ctx context.Context, js jetstream.JetStream, replicas int
 		// A stream from before the cap (EnsureStream never updates): set it once.
 		info.Config.MaxBytes, info.Config.Discard = cfg.MaxBytes, cfg.Discard
 		if _, err := js.UpdateStream(ctx, info.Config); err != nil {
-			return fmt.Errorf("engine: task stream: set its size cap: %w", err)
+			return fmt.Errorf("%w: %w", errTasksCapNotSet, err)
 		}
 	}
 	return nil
