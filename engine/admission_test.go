@@ -225,3 +225,35 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 		})
 	}
 }
+
+// A tasks stream made before the cap gets it at the next start.
+func TestTasksStreamFromBeforeTheCapGetsIt(t *testing.T) {
+	srv, err := natsnode.Start(natsnode.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	if err := ensureTasksStream(ctx, js, 1, 0); err != nil { // the stream as it was
+		t.Fatal(err)
+	}
+	if err := ensureTasksStream(ctx, js, 1, tasksMaxBytes); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, tasksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.MaxBytes != tasksMaxBytes || c.Discard != jetstream.DiscardNew {
+		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, tasksMaxBytes)
+	}
+}
