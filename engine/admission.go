@@ -45,7 +45,7 @@ func (e *Engine) admit() bool {
 		e.admitting.Add(1)
 		return true
 	}
-	if e.backlogged.Load() {
+	if e.backlogged.Load() && !e.admitPastWaiting.Load() {
 		return false
 	}
 	for {

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/steps"
 )
 
 // With many more pending runs than workers, the leader gives an epoch only to as many
@@ -255,5 +257,74 @@ func TestTasksStreamFromBeforeTheCapGetsIt(t *testing.T) {
 	}
 	if c := s.CachedInfo().Config; c.MaxBytes != tasksMaxBytes || c.Discard != jetstream.DiscardNew {
 		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, tasksMaxBytes)
+	}
+}
+
+// A run started on the leader does not pass runs waiting for room, even at a moment when
+// there is room (the scheduler has not yet run since it freed): it is assigned after
+// them. Negative control: with the check off, the short path gives it an epoch in its
+// submit's message, ahead of runs submitted before it.
+func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
+	for _, guard := range []bool{true, false} {
+		t.Run(fmt.Sprintf("guard=%v", guard), func(t *testing.T) {
+			release := make(chan struct{})
+			reg := steps.NewRegistry(0)
+			if err := reg.Register("block", steps.Func(func(ctx context.Context, _ steps.Input) (json.RawMessage, error) {
+				select {
+				case <-release:
+					return json.RawMessage(`{}`), nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			})); err != nil {
+				t.Fatal(err)
+			}
+			e := startEngine(t, func(c *Config) { c.Workers, c.Registry = 1, reg })
+			defer stopEngine(e)
+			defer close(release)
+			waitLeader(t, e)
+			e.queueAheadN.Store(1)
+			e.admitPastWaiting.Store(!guard)
+			apply(t, e, "name: blocks\nsteps:\n  - name: a\n    uses: block\n")
+			ctx := ctxT(t, 30*time.Second)
+			// One run on the only worker, one assigned waiting for it, three waiting for room.
+			ids := []string{"w1", "w2", "w3", "w4", "w5"}
+			for _, id := range ids {
+				if _, err := e.StartRun(ctx, "blocks", nil, RunOptions{ID: id}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := waitFor(ctx, e.clog, func() bool {
+				a, r := e.store.Held()
+				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.backlogged.Load()
+			}); err != nil {
+				t.Fatal("the backlog did not form:", err)
+			}
+			// Room appears; the scheduler has not run since (nothing was applied).
+			e.queueAheadN.Store(10)
+			late, err := e.StartRun(ctx, "blocks", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := waitFor(ctx, e.clog, func() bool {
+				r, err := e.store.Run(late)
+				return err == nil && r.Epoch > 0
+			}); err != nil {
+				t.Fatal(err)
+			}
+			lateRun, _ := e.store.Run(late)
+			passed := 0
+			for _, id := range ids[2:] {
+				if r, err := e.store.Run(id); err == nil && (r.Epoch == 0 || r.Epoch > lateRun.Epoch) {
+					passed++
+				}
+			}
+			if guard && passed > 0 {
+				t.Fatalf("the late run (epoch %d) passed %d runs waiting before it", lateRun.Epoch, passed)
+			}
+			if !guard && passed == 0 {
+				t.Fatal("with the check off the late run did not pass the waiting runs: the control shows nothing")
+			}
+		})
 	}
 }

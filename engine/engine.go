@@ -62,6 +62,7 @@ type Engine struct {
 	backlogged  atomic.Bool // the scheduler's last pass left runs waiting for room
 	queueAheadN atomic.Int32
 	noAdmission atomic.Bool
+	admitPastWaiting atomic.Bool // test: the short path may pass runs waiting for room (negative control)
 
 	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
 	// test switch that keeps a cancelled run's epoch running (the negative control of
