@@ -58,10 +58,10 @@ type Engine struct {
 	// admission (admission.go): assigns written and not yet applied, whether runs wait
 	// for room, a test's override of how many runs may wait assigned for a worker, and
 	// the guard's off switch (its negative control).
-	admitting   atomic.Int64
-	backlogged  atomic.Bool // the scheduler's last pass left runs waiting for room
-	queueAheadN atomic.Int32
-	noAdmission atomic.Bool
+	admitting        atomic.Int64
+	backlogged       atomic.Bool // the scheduler's last pass left runs waiting for room
+	queueAheadN      atomic.Int32
+	noAdmission      atomic.Bool
 	admitPastWaiting atomic.Bool // test: the short path may pass runs waiting for room (negative control)
 
 	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
