@@ -90,7 +90,7 @@ func (tx *applyTx) commit() error {
 		tx.s.scheduleChanged()
 	}
 	for _, c := range tx.order {
-		tx.s.noteUnassigned(c.run)
+		tx.s.noteQueue(c.run)
 		if c.origStatus != c.run.Status && tx.s.onStatus != nil {
 			tx.s.onStatus(c.run.ID, c.run.Status)
 		}

@@ -5,12 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-
-	"pgregory.net/rapid"
 )
 
 // a run with two steps, assigned and claimed by owner a.
@@ -456,52 +452,5 @@ func TestScheduleChangedOnlyForWorkflowsAndTicks(t *testing.T) {
 	mustApply(t, s, Entry{Kind: KindCronTick, Term: 1, At: t0, Tick: &CronTick{Workflow: "wf", At: t0, Outcome: TickMissed}})
 	if !closed(ch) {
 		t.Fatal("a recorded tick did not wake the cron planner")
-	}
-}
-
-// The store's set of runs needing an assign, kept by the applier, always equals what a
-// scan of every pending run finds, after each message of a random log and after the
-// store is reopened (the set is rebuilt at open).
-func TestUnassignedMatchesAScan(t *testing.T) {
-	dir := t.TempDir()
-	iteration := 0
-	rapid.Check(t, func(t *rapid.T) {
-		iteration++
-		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 150).Draw(t, "messages"))
-		path := filepath.Join(dir, fmt.Sprint(iteration))
-		s, err := OpenStore(path, StoreOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, m := range msgs {
-			if _, err := s.ApplyMessage(uint64(i+1), m); err != nil {
-				t.Fatal(err)
-			}
-			checkUnassigned(t, s, i+1)
-		}
-		s.Close()
-		if s, err = OpenStore(path, StoreOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
-		checkUnassigned(t, s, -1)
-	})
-}
-
-func checkUnassigned(t *rapid.T, s *Store, seq int) {
-	var want, got []string
-	if err := s.EachRun(ListOptions{Status: StatusPending}, func(r *Run) bool {
-		if r.NeedsAssign() {
-			want = append(want, r.ID)
-		}
-		return true
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.EachUnassigned(func(r *Run) bool { got = append(got, r.ID); return true }); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("after message %d (-1: reopened) the store's unassigned runs are %v, a scan finds %v", seq, got, want)
 	}
 }

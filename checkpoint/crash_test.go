@@ -95,6 +95,7 @@ func randomLog(seed uint64, n int) [][]byte {
 			switch {
 			case rs == nil:
 				e = submitEntry(id, StepSpec{Name: "a"}, StepSpec{Name: "b", Foreach: true}, StepSpec{Name: "c"})
+				e.Submit.Workflow = fmt.Sprintf("wf%d", len(runs)%3) // three workflows, for the admission queue's lines
 				runs[id] = &runState{}
 			default:
 				epoch := rs.epoch

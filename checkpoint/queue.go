@@ -2,33 +2,47 @@ package checkpoint
 
 import (
 	"cmp"
+	"container/heap"
 	"errors"
 	"slices"
 	"sync"
 )
 
 // runQueue is what the scheduler's admission needs of the state, kept in memory by the
-// applier after each commit (noteUnassigned) and rebuilt at open:
+// applier after each commit (noteQueue) and rebuilt at open:
 //
-//   - the runs that need an assign (Run.NeedsAssign), in submission order (CreatedSeq),
-//     so that the leader assigns the oldest first and stops after a few, whatever the
-//     backlog: a million pending runs cost a pass nothing;
+//   - the runs that need an assign (Run.NeedsAssign), in submission order (CreatedSeq)
+//     per workflow, so that the leader assigns the oldest first and stops after a few,
+//     whatever the backlog: a million pending runs cost a pass nothing; and a workflow
+//     whose concurrency limit holds its runs back is passed over in one step, not run by
+//     run (EachQueued);
 //   - the runs that hold an epoch and are not terminal: pending with a usable epoch
 //     (assigned, waiting for a worker) or running. Their number is what the leader's
 //     admission bounds (docs/operations.md).
 //
-// Deleting from the middle of the ordered slice would cost a copy of it per assign, so
+// Deleting from the middle of an ordered slice would cost a copy of it per assign, so
 // assigned runs only leave the map; their slice entries are skipped and dropped from
-// the head as the head moves, and the slice is compacted once most of it is stale.
+// the head as the head moves, and a line is compacted once most of it is stale.
 type runQueue struct {
 	mu    sync.Mutex
-	seq   map[string]uint64 // queued run -> its CreatedSeq
-	order []queued          // sorted by (seq, id); entries absent from seq are stale
-	stale int               // entries of order absent from seq
+	seq   map[string]queuedRun // queued run -> where it waits
+	lines map[string]*line     // per workflow: its queued runs in order
 	held  map[string]heldRun
 	// assigned and running count held's two kinds: the scheduler asks after every
 	// applied message.
 	assigned, running int
+}
+
+type queuedRun struct {
+	seq      uint64
+	workflow string
+}
+
+// line is one workflow's queued runs, sorted by (seq, id); entries absent from the
+// queue's seq map (or there with another workflow or seq) are stale.
+type line struct {
+	order []queued
+	stale int
 }
 
 type queued struct {
@@ -49,7 +63,8 @@ func cmpQueued(a, b queued) int {
 }
 
 func (q *runQueue) init() {
-	q.seq = map[string]uint64{}
+	q.seq = map[string]queuedRun{}
+	q.lines = map[string]*line{}
 	q.held = map[string]heldRun{}
 }
 
@@ -69,34 +84,37 @@ func (q *runQueue) note(r *Run) {
 		q.held[r.ID] = heldRun{workflow: r.Workflow}
 		q.count(q.held[r.ID], 1)
 	}
-	if !r.NeedsAssign() {
-		if _, ok := q.seq[r.ID]; ok {
-			delete(q.seq, r.ID)
-			q.stale++
-			q.compact()
-		}
+	at := queuedRun{r.CreatedSeq, r.Workflow}
+	old, waiting := q.seq[r.ID]
+	if waiting && (!r.NeedsAssign() || old != at) { // leaves its line (old != at cannot happen: a run's workflow and CreatedSeq never change; stay correct anyway)
+		delete(q.seq, r.ID)
+		l := q.lines[old.workflow]
+		l.stale++
+		q.compact(old.workflow, l)
+		waiting = false
+	}
+	if !r.NeedsAssign() || waiting {
 		return
 	}
-	if s, ok := q.seq[r.ID]; ok && s == r.CreatedSeq {
-		return
+	q.seq[r.ID] = at
+	l := q.lines[r.Workflow]
+	if l == nil {
+		l = &line{}
+		q.lines[r.Workflow] = l
 	}
-	if _, ok := q.seq[r.ID]; ok { // cannot happen (CreatedSeq never changes); stay correct anyway
-		q.stale++
-	}
-	q.seq[r.ID] = r.CreatedSeq
 	e := queued{r.CreatedSeq, r.ID}
 	// New submits come in log order and append; a run handed back or retried goes back
 	// to its place among the older ones.
-	if n := len(q.order); n == 0 || cmpQueued(q.order[n-1], e) < 0 {
-		q.order = append(q.order, e)
+	if n := len(l.order); n == 0 || cmpQueued(l.order[n-1], e) < 0 {
+		l.order = append(l.order, e)
 		return
 	}
-	i, found := slices.BinarySearchFunc(q.order, e, cmpQueued)
+	i, found := slices.BinarySearchFunc(l.order, e, cmpQueued)
 	if found { // its stale entry of an earlier wait: live again
-		q.stale--
+		l.stale--
 		return
 	}
-	q.order = slices.Insert(q.order, i, e)
+	l.order = slices.Insert(l.order, i, e)
 }
 
 func (q *runQueue) count(h heldRun, d int) {
@@ -107,84 +125,139 @@ func (q *runQueue) count(h heldRun, d int) {
 	}
 }
 
-// live reports whether an entry of order is a queued run (lock held).
-func (q *runQueue) live(e queued) bool {
-	s, ok := q.seq[e.id]
-	return ok && s == e.seq
+// live reports whether an entry of workflow's line is a queued run (lock held).
+func (q *runQueue) live(workflow string, e queued) bool {
+	at, ok := q.seq[e.id]
+	return ok && at == queuedRun{e.seq, workflow}
 }
 
-// compact drops stale entries at the head, and all of them once they are most of the
-// slice (lock held).
-func (q *runQueue) compact() {
+// compact drops stale entries at the head of a line, and all of them once they are
+// most of it; an empty line is forgotten (lock held).
+func (q *runQueue) compact(workflow string, l *line) {
 	i := 0
-	for i < len(q.order) && !q.live(q.order[i]) {
+	for i < len(l.order) && !q.live(workflow, l.order[i]) {
 		i++
 	}
 	if i > 0 {
-		q.order = q.order[i:]
-		q.stale -= i
+		l.order = l.order[i:]
+		l.stale -= i
 	}
-	if q.stale > 1024 && q.stale > len(q.order)/2 {
-		out := make([]queued, 0, len(q.seq))
-		for _, e := range q.order {
-			if q.live(e) {
+	if len(l.order) == 0 {
+		delete(q.lines, workflow)
+		return
+	}
+	if l.stale > 1024 && l.stale > len(l.order)/2 {
+		out := make([]queued, 0, len(l.order)-l.stale)
+		for _, e := range l.order {
+			if q.live(workflow, e) {
 				out = append(out, e)
 			}
 		}
-		q.order, q.stale = out, 0
+		l.order, l.stale = out, 0
 	}
 }
 
-// page returns up to n queued run IDs after the entry after (nil: from the start), in
-// submission order, and the last entry returned.
-func (q *runQueue) page(after *queued, n int) ([]string, queued) {
+// next returns workflow's first queued run after the entry after (nil: from the start).
+func (q *runQueue) next(workflow string, after *queued) (queued, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	l := q.lines[workflow]
+	if l == nil {
+		return queued{}, false
+	}
 	i := 0
 	if after != nil {
-		i, _ = slices.BinarySearchFunc(q.order, *after, cmpQueued)
-		if i < len(q.order) && cmpQueued(q.order[i], *after) == 0 {
+		i, _ = slices.BinarySearchFunc(l.order, *after, cmpQueued)
+		if i < len(l.order) && cmpQueued(l.order[i], *after) == 0 {
 			i++
 		}
 	}
-	var ids []string
-	var last queued
-	for ; i < len(q.order) && len(ids) < n; i++ {
-		if e := q.order[i]; q.live(e) {
-			ids = append(ids, e.id)
-			last = e
+	for ; i < len(l.order); i++ {
+		if e := l.order[i]; q.live(workflow, e) {
+			return e, true
 		}
 	}
-	return ids, last
+	return queued{}, false
 }
 
-// EachQueued calls fn for each run that needs an assign (Run.NeedsAssign), oldest
-// submission (CreatedSeq) first, until fn returns false. It reads only as many runs as
-// fn asks for, however many are pending.
-func (s *Store) EachQueued(fn func(*Run) bool) error {
-	var after *queued
-	for {
-		ids, last := s.queue.page(after, 64)
-		if len(ids) == 0 {
-			return nil
-		}
-		for _, id := range ids {
-			r, err := s.Run(id)
-			if err != nil {
-				if errors.Is(err, ErrNotFound) {
-					continue
-				}
-				return err
-			}
-			if !r.NeedsAssign() { // assigned since the IDs were taken
-				continue
-			}
-			if !fn(r) {
-				return nil
-			}
-		}
-		after = &last
+// workflows returns the workflows with queued runs.
+func (q *runQueue) workflows() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	names := make([]string, 0, len(q.lines))
+	for name := range q.lines {
+		names = append(names, name)
 	}
+	return names
+}
+
+// heads is a heap of each workflow's next queued run: EachQueued's merge of the lines.
+type heads []head
+
+type head struct {
+	workflow string
+	at       queued
+}
+
+func (h heads) Len() int           { return len(h) }
+func (h heads) Less(i, j int) bool { return cmpQueued(h[i].at, h[j].at) < 0 }
+func (h heads) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *heads) Push(x any)        { *h = append(*h, x.(head)) }
+func (h *heads) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// QueueVerdict is what EachQueued's caller makes of a run.
+type QueueVerdict int
+
+const (
+	// QueueNext goes on with the next queued run.
+	QueueNext QueueVerdict = iota
+	// QueueSkipWorkflow passes over the rest of this run's workflow (its concurrency
+	// limit is reached: none of its later runs can be assigned either) without reading
+	// them, and goes on with the other workflows.
+	QueueSkipWorkflow
+	// QueueStop ends the walk.
+	QueueStop
+)
+
+// EachQueued calls fn for each run that needs an assign (Run.NeedsAssign), oldest
+// submission (CreatedSeq, then ID) first across all workflows, until fn says stop. It
+// reads only the runs fn is given: as many as fn takes, plus one per workflow it skips,
+// however many are pending.
+func (s *Store) EachQueued(fn func(*Run) QueueVerdict) error {
+	var h heads
+	for _, wf := range s.queue.workflows() {
+		if at, ok := s.queue.next(wf, nil); ok {
+			h = append(h, head{wf, at})
+		}
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		top := heap.Pop(&h).(head)
+		verdict := QueueNext
+		r, err := s.Run(top.at.id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return err
+		case r.NeedsAssign(): // else assigned since its entry was read
+			verdict = fn(r)
+		}
+		switch verdict {
+		case QueueStop:
+			return nil
+		case QueueSkipWorkflow:
+			continue
+		}
+		if at, ok := s.queue.next(top.workflow, &top.at); ok {
+			heap.Push(&h, head{top.workflow, at})
+		}
+	}
+	return nil
 }
 
 // QueuedRuns is how many runs need an assign.

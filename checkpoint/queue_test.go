@@ -63,7 +63,7 @@ func checkQueue(t *rapid.T, s *Store, seq int) {
 	for _, r := range want {
 		wantIDs = append(wantIDs, r.ID)
 	}
-	if err := s.EachQueued(func(r *Run) bool { got = append(got, r.ID); return true }); err != nil {
+	if err := s.EachQueued(func(r *Run) QueueVerdict { got = append(got, r.ID); return QueueNext }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(got, wantIDs) {
@@ -96,20 +96,115 @@ func TestQueueOrderAndCompaction(t *testing.T) {
 	back := pending("r00007", 7)
 	back.Epoch, back.HandedBack = 10007, true
 	rq.note(back)
-	ids, _ := rq.page(nil, 3)
+	ids := lineIDs(&rq, "", 3)
 	if want := []string{"r00007", "r03001", "r03002"}; !slices.Equal(ids, want) {
 		t.Fatalf("head %v, want %v", ids, want)
 	}
-	if len(rq.order) > 2002+1024 {
-		t.Fatalf("order holds %d entries for 2001 queued runs: stale entries were not dropped", len(rq.order))
+	if n := len(rq.lines[""].order); n > 2002+1024 {
+		t.Fatalf("the line holds %d entries for 2001 queued runs: stale entries were not dropped", n)
 	}
 	if rq.assigned != 2999 {
 		t.Fatalf("assigned %d, want 2999", rq.assigned)
 	}
-	// Paging resumes after the last entry returned.
-	first, last := rq.page(nil, 1000)
-	second, _ := rq.page(&last, 5000)
-	if all := append(first, second...); len(all) != 2001 || !slices.IsSortedFunc(all[1:], cmp.Compare[string]) {
-		t.Fatalf("paged %d runs (want 2001) or out of order", len(all))
+	if all := lineIDs(&rq, "", 5000); len(all) != 2001 || !slices.IsSortedFunc(all[1:], cmp.Compare[string]) {
+		t.Fatalf("walked %d runs (want 2001) or out of order", len(all))
 	}
+	// Once every run is assigned, the line is forgotten.
+	for i := 1; i <= 5000; i++ {
+		r := pending(fmt.Sprintf("r%05d", i), uint64(i))
+		r.Epoch = int64(20000 + i)
+		rq.note(r)
+	}
+	if len(rq.lines) != 0 || len(rq.seq) != 0 {
+		t.Fatalf("%d lines, %d queued runs left after every run was assigned", len(rq.lines), len(rq.seq))
+	}
+}
+
+// lineIDs walks up to n queued runs of workflow's line.
+func lineIDs(rq *runQueue, workflow string, n int) []string {
+	var ids []string
+	var after *queued
+	for len(ids) < n {
+		e, ok := rq.next(workflow, after)
+		if !ok {
+			break
+		}
+		ids = append(ids, e.id)
+		after = &e
+	}
+	return ids
+}
+
+// EachQueued merges the workflows' lines oldest first, and a workflow skipped (its
+// concurrency limit reached) costs one read: after a random log over three workflows,
+// with a random number of runs taken per workflow before it is skipped and a random
+// point to stop, the runs EachQueued reads are exactly those a scan in submission order
+// says the scheduler must look at, and no more.
+func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
+	dir := t.TempDir()
+	iteration := 0
+	rapid.Check(t, func(t *rapid.T) {
+		iteration++
+		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
+		s, err := OpenStore(filepath.Join(dir, fmt.Sprint(iteration)), StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		for i, m := range msgs {
+			if _, err := s.ApplyMessage(uint64(i+1), m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		limit := map[string]int{}
+		for _, wf := range []string{"wf0", "wf1", "wf2"} {
+			limit[wf] = rapid.IntRange(0, 6).Draw(t, "limit "+wf)
+		}
+		stopAfter := rapid.IntRange(1, 40).Draw(t, "stop after")
+
+		// The model: every queued run in submission order.
+		var queued []*Run
+		if err := s.EachRun(ListOptions{Status: StatusPending}, func(r *Run) bool {
+			if r.NeedsAssign() {
+				queued = append(queued, r)
+			}
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(queued, func(a, b *Run) int { return cmp.Or(cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID)) })
+		var want []string
+		taken, skipped, total := map[string]int{}, map[string]bool{}, 0
+		for _, r := range queued {
+			if skipped[r.Workflow] || total == stopAfter {
+				continue
+			}
+			want = append(want, r.ID)
+			if taken[r.Workflow] >= limit[r.Workflow] {
+				skipped[r.Workflow] = true
+				continue
+			}
+			taken[r.Workflow]++
+			total++
+		}
+
+		var got []string
+		taken, total = map[string]int{}, 0
+		if err := s.EachQueued(func(r *Run) QueueVerdict {
+			got = append(got, r.ID)
+			if taken[r.Workflow] >= limit[r.Workflow] {
+				return QueueSkipWorkflow
+			}
+			taken[r.Workflow]++
+			if total++; total == stopAfter {
+				return QueueStop
+			}
+			return QueueNext
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("limits %v, stop after %d: EachQueued read %v, want %v", limit, stopAfter, got, want)
+		}
+	})
 }

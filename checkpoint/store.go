@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -113,7 +112,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	s.queue.init()
 	for _, st := range []RunStatus{StatusPending, StatusRunning} {
 		if err := s.EachRun(ListOptions{Status: st}, func(r *Run) bool {
-			s.noteUnassigned(r)
+			s.noteQueue(r)
 			return true
 		}); err != nil {
 			db.Close()
@@ -123,38 +122,9 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	return s, nil
 }
 
-// noteUnassigned records whether r needs an assign or holds an epoch, after r's state
+// noteQueue records whether r needs an assign or holds an epoch, after r's state
 // changed.
-func (s *Store) noteUnassigned(r *Run) { s.queue.note(r) }
-
-// EachUnassigned calls fn, in run ID order, for each run that needs an assign
-// (Run.NeedsAssign), until fn returns false: the pending runs the scheduler must give an
-// epoch, without reading the others.
-func (s *Store) EachUnassigned(fn func(*Run) bool) error {
-	s.queue.mu.Lock()
-	ids := make([]string, 0, len(s.queue.seq))
-	for id := range s.queue.seq {
-		ids = append(ids, id)
-	}
-	s.queue.mu.Unlock()
-	slices.Sort(ids)
-	for _, id := range ids {
-		r, err := s.Run(id)
-		if errors.Is(err, ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if !r.NeedsAssign() { // assigned since the IDs were taken
-			continue
-		}
-		if !fn(r) {
-			return nil
-		}
-	}
-	return nil
-}
+func (s *Store) noteQueue(r *Run) { s.queue.note(r) }
 
 // Close closes the store. Safe to call twice.
 func (s *Store) Close() error {

@@ -279,7 +279,13 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			})); err != nil {
 				t.Fatal(err)
 			}
-			e := startEngine(t, func(c *Config) { c.Workers, c.Registry = 1, reg })
+			// Nothing but an applied message may wake the scheduler while the late run is
+			// started (else it may assign the waiting runs first and the control shows
+			// nothing): no reconcile tick, no lease renewal within the test.
+			e := startEngine(t, func(c *Config) {
+				c.Workers, c.Registry = 1, reg
+				c.Lease.TTL, c.ReconcileInterval = time.Minute, time.Hour
+			})
 			defer stopEngine(e)
 			defer close(release)
 			waitLeader(t, e)

@@ -229,3 +229,71 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 	})
 	return res
 }
+
+// BenchmarkBacklogLimited is the other half of issue 12's point 7: a backlog that waits
+// rather than runs. FLOW_BACKLOG_RUNS (default 1,000,000) runs of a workflow with
+// `concurrency: 16` whose step sleeps for an hour are queued on one node with 64
+// workers: 16 run (and sleep) for the whole benchmark, the rest wait for the limit. W2
+// (200 runs x 10 no-op steps, one at a time, end to end) is measured on the idle node,
+// then with the backlog waiting. The queue must cost the scheduler nothing per waiting
+// run: a workflow at its limit is passed over in one read (checkpoint.EachQueued).
+//
+// Run: FLOW_BACKLOG_RUNS=1000000 go test -run '^$' -bench BacklogLimited -benchtime 1x -timeout 2h -v ./engine
+func BenchmarkBacklogLimited(b *testing.B) {
+	n := 1000000
+	if v := os.Getenv("FLOW_BACKLOG_RUNS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 200 {
+			b.Fatalf("FLOW_BACKLOG_RUNS=%q: use a whole number of at least 200", v)
+		}
+	}
+	const limit = 16
+	for i := 0; i < b.N; i++ {
+		e := benchEngine(b, 64)
+		apply(b, e, ChainWorkflow("w2", 10))
+		apply(b, e, fmt.Sprintf("name: limited\nconcurrency: %d\nsteps:\n  - name: wait\n    uses: sleep\n    with: {duration: 1h}\n", limit))
+		ctx := ctxT(b, 2*time.Hour)
+		idle := w2Runs(b, e, ctx, 200)
+		b.Logf("W2 idle: run p50 %.2f ms, exec p50 %.2f ms, step p50 %.2f ms", ms(idle.runP50), ms(idle.execP50), ms(idle.stepP50))
+
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for g := 0; g < 64; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := next.Add(1); k <= int64(n) && ctx.Err() == nil; k = next.Add(1) {
+					if _, err := e.StartRun(ctx, "limited", nil, RunOptions{}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		submit := time.Since(start)
+		if err := waitFor(ctx, e.clog, func() bool {
+			_, running := e.store.Held()
+			return running == limit && e.store.QueuedRuns() == n-limit
+		}); err != nil {
+			a, r := e.store.Held()
+			b.Fatalf("the backlog did not settle at %d running, %d waiting: %d assigned, %d running, %d waiting: %v",
+				limit, n-limit, a, r, e.store.QueuedRuns(), err)
+		}
+		b.Logf("backlog of %d limited runs submitted in %s; %d running, %d waiting; peak RSS %d MiB",
+			n, submit.Round(time.Second), limit, e.store.QueuedRuns(), peakRSS()>>20)
+		// Three rounds: the first follows the million writes of the submission, which
+		// Pebble is still compacting; the later ones see the backlog at rest.
+		var during w2Result
+		for round := 1; round <= 3; round++ {
+			during = w2Runs(b, e, ctx, 200)
+			b.Logf("W2 beside the waiting backlog, round %d: run p50 %.2f ms, exec p50 %.2f ms, step p50 %.2f ms (%+.0f%% run p50 against idle)",
+				round, ms(during.runP50), ms(during.execP50), ms(during.stepP50), 100*(ms(during.runP50)/ms(idle.runP50)-1))
+		}
+		b.ReportMetric(ms(idle.runP50), "w2-idle-run-p50-ms")
+		b.ReportMetric(ms(during.runP50), "w2-backlog-run-p50-ms")
+		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+		b.ReportMetric(float64(e.Counters().LeasesLost.Load()), "leases-lost")
+	}
+}

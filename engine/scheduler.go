@@ -105,13 +105,15 @@ func (s *scheduler) assignPending(ctx context.Context) {
 	defer func() { s.e.backlogged.Store(room <= 0 && s.e.store.QueuedRuns() > 0) }()
 	var active map[string]int // runs per workflow holding an epoch, for concurrency limits
 	var batch []*checkpoint.Run
-	err := s.e.store.EachQueued(func(r *checkpoint.Run) bool {
+	err := s.e.store.EachQueued(func(r *checkpoint.Run) checkpoint.QueueVerdict {
 		if limit := s.concurrency(r); limit > 0 {
 			if active == nil {
 				active = s.e.store.HeldByWorkflow()
 			}
 			if active[r.Workflow] >= limit {
-				return true
+				// Its later runs cannot go either: pass over them without reading them,
+				// so that a million runs held back by a limit cost a pass one read.
+				return checkpoint.QueueSkipWorkflow
 			}
 			active[r.Workflow]++
 		}
@@ -121,7 +123,10 @@ func (s *scheduler) assignPending(ctx context.Context) {
 			s.assignAll(ctx, batch)
 			batch = nil
 		}
-		return room > 0 && ctx.Err() == nil
+		if room <= 0 || ctx.Err() != nil {
+			return checkpoint.QueueStop
+		}
+		return checkpoint.QueueNext
 	})
 	if err != nil {
 		s.e.log.Error("list pending runs", "err", err)
