@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/supervise"
 
 	"github.com/flowrun/flow/internal/backoff"
 )
@@ -51,9 +52,13 @@ type LogConfig struct {
 	MaxOutputBytes int
 	// MaxBatchEntries bounds the entries packed into one message (default 256).
 	MaxBatchEntries int
-	// StallTimeout is how long the applier may make no progress while the stream holds
-	// messages it has not applied before its consumer is recreated (default 10s).
+	// StallTimeout is how long the applier may go without applying a message or seeing
+	// that it has applied the stream's last one before its consumer is presumed silent
+	// and recreated (default 10s).
 	StallTimeout time.Duration
+	// Supervisor keeps the applier's consumer alive (internal/supervise); default: a
+	// supervisor of the Log's own.
+	Supervisor *supervise.Supervisor
 	// NoOwnApply leaves every message to the applier, including this node's own (for
 	// benchmarks comparing the two).
 	NoOwnApply bool
@@ -111,10 +116,14 @@ type Log struct {
 	stopped             chan struct{} // closed when Stop begins
 	failed              chan struct{} // closed when the applier stops on an error
 	wg                  sync.WaitGroup
-	iterMu              sync.Mutex                // guards iter and applierDone
-	iter                jetstream.MessagesContext // the applier's consumer
-	applierDone         chan struct{}             // closed when that applier returned
-	restarts            atomic.Int64              // consumers recreated by the watchdog
+	applierDone         <-chan struct{} // closed when the supervised applier has ended
+	// firstConsumer is Start's consumer until the applier takes it (owned by the
+	// applier's goroutine, then by Stop once applierDone is closed).
+	firstConsumer jetstream.MessagesContext
+	consumers           atomic.Int64    // consumers the applier has opened
+	// deaf makes the current consumer hear nothing until the supervisor replaces it:
+	// TestStalledApplierIsRestarted's silence, never set otherwise.
+	deaf atomic.Bool
 }
 
 type request struct {
@@ -252,27 +261,32 @@ func OpenLog(ctx context.Context, cfg LogConfig) (*Log, error) {
 }
 
 // Start starts the writer and the applier. The applier replays from the store's
-// applied sequence.
+// applied sequence; its consumer is a supervised part ("log-consumer"), opened again
+// whenever it ends or falls silent.
 func (l *Log) Start(ctx context.Context) error {
 	err := ErrStopped
 	l.startOnce.Do(func() {
 		ctx, l.cancel = context.WithCancel(context.WithoutCancel(ctx))
-		var it jetstream.MessagesContext
-		if it, err = l.consume(ctx); err != nil {
+		// The first consumer is opened here so that a log that cannot be read fails Start.
+		if l.firstConsumer, err = l.consume(ctx); err != nil {
 			return
 		}
-		l.iterMu.Lock()
-		l.iter = it
-		l.applierDone = make(chan struct{})
-		l.iterMu.Unlock()
 		l.wq.Lock()
 		l.wq.ctx = ctx
 		l.wq.Unlock()
-		l.wg.Add(4)
+		l.wg.Add(2)
 		go l.runDecoder(ctx)
 		go l.runWriter(ctx)
-		go l.runApplier(it, l.applierDone)
-		go l.runWatchdog(ctx)
+		sup := l.cfg.Supervisor
+		if sup == nil {
+			sup = supervise.New(supervise.WithLogger(l.log))
+		}
+		l.applierDone = sup.Go(ctx, supervise.Part{Name: "log-consumer", Silence: l.cfg.StallTimeout,
+			Run: func(ctx context.Context, alive func()) error {
+				it := l.firstConsumer
+				l.firstConsumer = nil
+				return l.runConsumer(ctx, it, alive)
+			}})
 	})
 	return err
 }
@@ -293,70 +307,58 @@ func (l *Log) consume(ctx context.Context) (jetstream.MessagesContext, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: consume %s: %w", l.cfg.Stream, err)
 	}
+	l.consumers.Add(1)
 	return it, nil
 }
 
-// runWatchdog recreates the applier's consumer when the applier has made no progress
-// for StallTimeout although the stream holds messages it has not applied. Measured on
-// a 2-core machine: after one NATS server of three was killed, a node's ordered
-// consumer once stayed silent for minutes (no error, no heartbeat reset), and with it
-// every write of the node, the leader's included.
-func (l *Log) runWatchdog(ctx context.Context) {
-	defer l.wg.Done()
-	tick := time.NewTicker(min(time.Second, l.cfg.StallTimeout/2))
-	defer tick.Stop()
-	last, since := l.cfg.Store.Applied(), time.Now()
+// runConsumer is one life of the applier's consumer (it, or a new one when nil). It is
+// alive while it applies messages or sees that it has applied the stream's last one; a
+// consumer that hears nothing while the stream moves on (measured on a 2-core machine
+// after one NATS server of three was killed: silent for minutes, no error, no heartbeat
+// reset; or a silent partition) is ended by the supervisor after StallTimeout and
+// opened again from the first unapplied sequence.
+func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
+	if it == nil {
+		var err error
+		if it, err = l.consume(ctx); err != nil {
+			return err
+		}
+	}
+	defer it.Stop()
+	l.deaf.Store(false)
+	done := make(chan error, 1)
+	go func() { done <- l.runApplier(ctx, it, alive) }()
+	probe := time.NewTicker(max(l.cfg.StallTimeout/4, 10*time.Millisecond))
+	defer probe.Stop()
+	l.probeCaughtUp(ctx, alive)
+	lastApplied := l.cfg.Store.Applied()
 	for {
 		select {
+		case err := <-done:
+			return err
 		case <-ctx.Done():
-			return
-		case <-l.failed:
-			return
-		case <-tick.C:
+			it.Stop()
+			<-done
+			return ctx.Err()
+		case <-probe.C:
+			if a := l.cfg.Store.Applied(); a != lastApplied {
+				lastApplied = a // the applier is moving (and calling alive): no need to ask
+				continue
+			}
+			l.probeCaughtUp(ctx, alive)
 		}
-		if a := l.cfg.Store.Applied(); a != last {
-			last, since = a, time.Now()
-			continue
-		}
-		if time.Since(since) < l.cfg.StallTimeout {
-			continue
-		}
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		end, err := l.LastSeq(ictx)
-		cancel()
-		if err != nil || end <= last {
-			since = time.Now() // caught up, or the stream is unreachable: nothing to redo
-			continue
-		}
-		l.log.Warn("log applier stalled; recreating its consumer", "applied", last, "stream_last", end, "for", time.Since(since).Round(time.Second))
-		if err := l.restartApplier(ctx); err != nil {
-			l.log.Warn("log consumer not recreated; will retry", "err", err)
-		}
-		since = time.Now()
 	}
 }
 
-// restartApplier stops the applier, waits for it, and starts a new one on a new consumer.
-func (l *Log) restartApplier(ctx context.Context) error {
-	l.iterMu.Lock()
-	defer l.iterMu.Unlock()
-	select {
-	case <-l.stopped:
-		return ErrStopped
-	default:
+// probeCaughtUp calls alive if the stream holds nothing this node has not applied:
+// silence is then nothing to hear.
+func (l *Log) probeCaughtUp(ctx context.Context, alive func()) {
+	pctx, cancel := context.WithTimeout(ctx, min(l.cfg.StallTimeout/2, 2*time.Second))
+	end, err := l.LastSeq(pctx)
+	cancel()
+	if err == nil && end <= l.cfg.Store.Applied() && !l.deaf.Load() {
+		alive()
 	}
-	l.iter.Stop()
-	<-l.applierDone
-	it, err := l.consume(ctx)
-	if err != nil {
-		// Keep an iterator for Stop and try again at the next stall.
-		return err
-	}
-	l.iter, l.applierDone = it, make(chan struct{})
-	l.wg.Add(1)
-	go l.runApplier(it, l.applierDone)
-	l.restarts.Add(1)
-	return nil
 }
 
 // Stop stops the writer and the applier and waits for them. Unresolved tickets get
@@ -370,11 +372,12 @@ func (l *Log) Stop() {
 		if l.cancel != nil {
 			l.cancel()
 		}
-		l.iterMu.Lock()
-		if l.iter != nil {
-			l.iter.Stop()
+		if l.applierDone != nil {
+			<-l.applierDone
+			if l.firstConsumer != nil { // stopped before the applier ever ran
+				l.firstConsumer.Stop()
+			}
 		}
-		l.iterMu.Unlock()
 		l.wg.Wait()
 	})
 }
@@ -389,8 +392,8 @@ func (l *Log) Err() error {
 // Failed is closed when the applier stops on an error.
 func (l *Log) Failed() <-chan struct{} { return l.failed }
 
-// ConsumerRestarts is how many times the watchdog recreated the applier's consumer.
-func (l *Log) ConsumerRestarts() int64 { return l.restarts.Load() }
+// ConsumerRestarts is how many times the applier's consumer was opened again.
+func (l *Log) ConsumerRestarts() int64 { return max(l.consumers.Load()-1, 0) }
 
 // Store is the state this log applies to.
 func (l *Log) Store() *Store { return l.cfg.Store }
@@ -935,41 +938,49 @@ func (l *Log) abandon(id string, err error) {
 	}
 }
 
-func (l *Log) runApplier(it jetstream.MessagesContext, done chan struct{}) {
-	defer l.wg.Done()
-	defer close(done)
+// runApplier applies what it consumes until the consumer ends. A fatal error (the
+// state may be half-applied) ends it for good: supervise.Fatal.
+func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
 	for {
 		msg, err := it.Next()
 		select {
 		case <-l.failed: // applyOwn failed: the state may be half-applied, apply nothing more
-			return
+			return supervise.Fatal(l.Err())
 		default:
 		}
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("checkpoint: log consumer closed: %w", err)
 			}
-			select {
-			case <-l.stopped:
-				return
-			default:
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			// The ordered consumer recreates itself after connection trouble.
-			l.log.Warn("log consumer error; continuing", "err", err)
+			// Missed heartbeats and the like: the ordered consumer recreates itself
+			// after connection trouble, and the supervisor does if it does not.
+			l.log.Debug("log consumer error; continuing", "err", err)
 			continue
+		}
+		if l.deaf.Load() {
+			<-ctx.Done() // the test's silent consumer: hears nothing until replaced
+			return ctx.Err()
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			l.fail(fmt.Errorf("checkpoint: log message without metadata: %w", err))
-			return
+			err = fmt.Errorf("checkpoint: log message without metadata: %w", err)
+			l.fail(err)
+			return supervise.Fatal(err)
 		}
 		seq := meta.Sequence.Stream
 		results, err := l.cfg.Store.ApplyMessage(seq, msg.Data())
 		if err != nil {
 			l.log.Error("applier stopped", "seq", seq, "err", err)
 			l.fail(err)
-			return
+			return supervise.Fatal(err)
 		}
+		alive()
 		if results == nil {
 			continue // its writer here applied it already (applyOwn)
 		}

@@ -360,9 +360,10 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	}
 }
 
-// An applier whose consumer went silent is restarted by the watchdog once the stream
-// holds messages it has not applied for StallTimeout; with the watchdog effectively off
-// (an hour) the node stays behind: the control shows the watchdog is what recovers it.
+// An applier whose consumer went silent is replaced by its supervisor once it has
+// neither applied a message nor seen itself caught up for StallTimeout; with the
+// silence allowed an hour the node stays behind: the control shows the supervision is
+// what recovers it.
 func TestStalledApplierIsRestarted(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
@@ -382,11 +383,9 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		if err := watched.WaitApplied(ctx, last); err != nil {
 			t.Fatal(err)
 		}
-		// The consumer goes silent: its iterator stops delivering (as a consumer stuck
-		// on a lost server does), and another node writes.
-		watched.iterMu.Lock()
-		watched.iter.Stop()
-		watched.iterMu.Unlock()
+		// The consumer goes silent (as a consumer stuck on a lost server does, or one
+		// behind a silent partition: no error, nothing heard), and another node writes.
+		watched.deaf.Store(true)
 		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
@@ -398,7 +397,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 			t.Fatalf("stalled applier not recovered: %v (restarts %d)", err, watched.ConsumerRestarts())
 		}
 		if !c.recovers && err == nil {
-			t.Fatal("the applier caught up without the watchdog: the test does not stall it")
+			t.Fatal("the applier caught up without its supervisor: the test does not stall it")
 		}
 		watched.Stop()
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/supervise"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -38,6 +39,11 @@ type Engine struct {
 	leases   *epoch.Leases
 	tasks    jetstream.Consumer
 	replicas int
+	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
+	// election, the lease watcher, the task fetcher (and the API service, which
+	// internal/api adds). internal/supervise.
+	sup         *supervise.Supervisor
+	tasksOpened atomic.Bool // the task fetcher has used e.tasks (a restart looks it up again)
 
 	cancel  context.CancelFunc
 	runCtx  context.Context // the workers' context, cancelled by Stop
@@ -85,6 +91,8 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{})}
+	e.sup = supervise.New(supervise.WithLogger(e.log))
+	e.cfg.Lease.Supervisor = e.sup
 	if err := cfg.Registry.Register(DrillStepKind, steps.Func(e.drillPause)); err != nil {
 		return nil, err
 	}
@@ -118,9 +126,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		e.nc, err = e.srv.Connect(nats.Name(e.cfg.NodeID))
+		e.nc, err = e.srv.Connect(append(e.connOptions(), nats.Name(e.cfg.NodeID))...)
 	} else {
-		e.nc, err = natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID)
+		e.nc, err = natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID, e.connOptions()...)
 	}
 	if err != nil {
 		return err
@@ -156,11 +164,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.cancel, e.runCtx = cancel, runCtx
 	e.slots = make(chan struct{}, e.cfg.Workers)
 	if !e.cfg.DisableScheduler {
-		e.wg.Add(1)
-		go e.runLeadership(runCtx)
+		e.supervise(runCtx, supervise.Part{Name: "election", Silence: e.silence(), Run: e.runLeadership})
 	}
-	e.wg.Add(1)
-	go e.runWorkers(runCtx)
+	e.supervise(runCtx, supervise.Part{Name: "tasks", Silence: e.silence(), Run: e.runWorkers})
 	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
 	return nil
 }
@@ -193,7 +199,7 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if e.clog, err = checkpoint.OpenLog(sctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
-		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log}); err != nil {
+		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log, Supervisor: e.sup}); err != nil {
 		return err
 	}
 	e.cfg.MaxOutputBytes = e.clog.MaxOutputBytes() // fitted to the server's max_payload
@@ -350,13 +356,16 @@ func (e *Engine) Leading() *epoch.Term {
 	return e.mu.term
 }
 
-// runLeadership campaigns, runs the scheduler while leading, and campaigns again.
-func (e *Engine) runLeadership(ctx context.Context) {
-	defer e.wg.Done()
+// runLeadership campaigns, runs the scheduler while leading, and campaigns again. It
+// is the supervised part "election": it is alive while the campaign hears the server
+// (the leader's renewals, the answers to its bids) or while its term is trusted, and
+// a campaign that fails or falls silent is started again, so a node that lost its term
+// bids again whatever happened to its watch meanwhile (issue 17).
+func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 	for ctx.Err() == nil {
-		term, err := e.elector.Campaign(ctx)
+		term, err := e.elector.Campaign(ctx, epoch.Heard(alive))
 		if err != nil {
-			return
+			return err
 		}
 		if term.Term() <= e.store.HighestTerm() {
 			// The leader bucket was recreated: its revisions restarted below terms the
@@ -368,6 +377,24 @@ func (e *Engine) runLeadership(ctx context.Context) {
 		e.mu.term = term
 		e.mu.Unlock()
 		e.log.Info("leading", "term", term.Term())
+		trusted := make(chan struct{})
+		go func() { // alive while the term is renewed; it ends when the term does
+			defer close(trusted)
+			tick := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
+			defer tick.Stop()
+			for {
+				select {
+				case <-term.Done():
+					return
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					if term.Check() == nil {
+						alive()
+					}
+				}
+			}
+		}()
 		s := newScheduler(e, term)
 		s.run(ctx)
 		e.mu.Lock()
@@ -376,5 +403,44 @@ func (e *Engine) runLeadership(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = term.Resign(rctx)
 		cancel()
+		<-trusted
+	}
+	return ctx.Err()
+}
+
+// supervise runs p under the engine's supervisor until ctx ends; Stop waits for it.
+func (e *Engine) supervise(ctx context.Context, p supervise.Part) {
+	done := e.sup.Go(ctx, p)
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); <-done }()
+}
+
+// silence is how long a supervised part of the engine may hear nothing from NATS
+// before it is presumed cut off and started again: a lease TTL (a node that hears
+// nothing for that long has lost its leases anyway), and at least the task fetch's
+// wait with some room.
+func (e *Engine) silence() time.Duration { return max(e.leases.Config().TTL, 4*time.Second) }
+
+// connOptions make a silent connection noticed within a lease TTL: a ping every
+// quarter TTL, and the connection is declared stale (and replaced) after two go
+// unanswered. nats.go's defaults (2 minutes, 2 pings) would leave a node cut off by a
+// silent partition believing itself connected for four minutes. Reconnects are logged
+// and counted (flow_nats_reconnects_total).
+func (e *Engine) connOptions() []nats.Option {
+	ping := max(e.cfg.Lease.TTL/4, 100*time.Millisecond)
+	return []nats.Option{
+		nats.PingInterval(ping), nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			e.log.Warn("NATS connection lost; reconnecting", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			e.log.Info("NATS connection recovered", "server", nc.ConnectedUrlRedacted())
+		}),
 	}
 }
+
+// LeaseTTL is the lease TTL this node runs with.
+func (e *Engine) LeaseTTL() time.Duration { return e.cfg.Lease.TTL }
+
+// Supervisor reports the health of the node's long-lived NATS interactions.
+func (e *Engine) Supervisor() *supervise.Supervisor { return e.sup }

@@ -16,15 +16,34 @@ import (
 )
 
 // runWorkers pulls tasks while a slot is free and no lease of this node is degraded.
-func (e *Engine) runWorkers(ctx context.Context) {
-	defer e.wg.Done()
+// It is the supervised part "tasks": alive when a fetch comes back (with a task or
+// with the server's "nothing for you"), and while it waits for room of its own (a free
+// slot, a degraded lease renewing); a fetch loop that hears nothing is started again
+// on a consumer looked up afresh. The runs it starts belong to the engine (runCtx),
+// not to this loop: restarting it stops no step.
+func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
+	tasks := e.tasks
+	if e.tasksOpened.Swap(true) {
+		// A restart: the durable consumer may be gone (a stream recreated).
+		var err error
+		if tasks, err = openTasksConsumer(ctx, e.js, e.leases.Config().TTL); err != nil {
+			return err
+		}
+	} else if _, err := tasks.Info(ctx); err != nil {
+		return fmt.Errorf("engine: task consumer: %w", err)
+	}
+	alive() // the server answered for the consumer
 	slots := e.slots // shared with the leader's own runs (submitAndAssign)
+	idle := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
+	defer idle.Stop()
 	for {
 		select {
 		case slots <- struct{}{}:
+		case <-idle.C:
+			alive() // every slot busy: nothing to ask NATS for
+			continue
 		case <-ctx.Done():
-			e.waitRuns()
-			return
+			return ctx.Err()
 		}
 		for e.degraded() && ctx.Err() == nil {
 			// A lease that cannot renew means trouble reaching NATS: take no new work.
@@ -38,7 +57,7 @@ func (e *Engine) runWorkers(ctx context.Context) {
 		}
 		e.holdingBack.Store(false)
 		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		batch, err := e.tasks.Fetch(1, jetstream.FetchContext(fctx))
+		batch, err := tasks.Fetch(1, jetstream.FetchContext(fctx))
 		got := false
 		if err != nil && ctx.Err() == nil {
 			e.log.Warn("task fetch failed", "err", err)
@@ -50,8 +69,11 @@ func (e *Engine) runWorkers(ctx context.Context) {
 				go func() {
 					defer e.wg.Done()
 					defer func() { <-slots }()
-					e.handleTask(ctx, msg)
+					e.handleTask(e.runCtx, msg)
 				}()
+			}
+			if batch.Error() == nil {
+				alive() // the server answered
 			}
 		}
 		cancel()
@@ -59,13 +81,13 @@ func (e *Engine) runWorkers(ctx context.Context) {
 			<-slots
 		}
 		if ctx.Err() != nil {
-			e.waitRuns()
-			return
+			return ctx.Err()
+		}
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err // a new life looks the consumer up again
 		}
 	}
 }
-
-func (e *Engine) waitRuns() {}
 
 func (e *Engine) degraded() bool {
 	if e.ignoreDegraded.Load() {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/supervise"
 )
 
 // Defaults.
@@ -51,6 +52,9 @@ type Config struct {
 	Counters *Counters
 	// Logger, if set, receives ownership changes.
 	Logger *slog.Logger
+	// Supervisor keeps the lease watcher's KV watch alive (internal/supervise); default:
+	// one of the watcher's own.
+	Supervisor *supervise.Supervisor
 	// Unsafe switches guards off, for negative-control tests only.
 	Unsafe Unsafe
 }

@@ -89,11 +89,26 @@ type leaderValue struct {
 	Term int64  `json:"term,omitempty"`
 }
 
+// CampaignOption configures one Campaign.
+type CampaignOption func(*campaign)
+
+type campaign struct{ heard func() }
+
+// Heard is called whenever the campaign has heard from the server: a renewal of the
+// current leader's key, or the answer to a bid. A supervisor uses it to tell a quiet
+// campaign (a healthy leader renewing) from a deaf one (a silent partition).
+func Heard(fn func()) CampaignOption { return func(c *campaign) { c.heard = fn } }
+
 // Campaign blocks until this node wins a term, or ctx ends. Losers wait for the key
 // to be deleted or to lapse (by the server's marker, or on their own clock when no
 // renewal has been seen for a TTL), then retry with capped exponential backoff and
-// full jitter.
-func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
+// full jitter. A watch that hears nothing therefore only delays a bid by a TTL; a watch
+// that closes ends the campaign with an error (the caller starts a new one).
+func (e *Elector) Campaign(ctx context.Context, opts ...CampaignOption) (*Term, error) {
+	c := campaign{heard: func() {}}
+	for _, o := range opts {
+		o(&c)
+	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w, err := e.kv.Watch(wctx, leaderKey)
@@ -114,7 +129,8 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 			return nil, ctx.Err()
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
-			if err := e.waitForVacancy(ctx, w, lapse); err != nil {
+			c.heard() // the server answered the bid
+			if err := e.waitForVacancy(ctx, w, lapse, c.heard); err != nil {
 				return nil, err
 			}
 		} else {
@@ -139,7 +155,7 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 
 // waitForVacancy returns when the leader key was deleted, lapsed (marker), or has not
 // been renewed for a TTL on this node's clock.
-func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse *time.Timer) error {
+func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse *time.Timer, heard func()) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -151,6 +167,7 @@ func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, la
 			if !ok {
 				return fmt.Errorf("epoch: leader watch closed")
 			}
+			heard()
 			if entry == nil {
 				continue // end of the initial value
 			}

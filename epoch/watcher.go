@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/supervise"
 )
 
 // LeaseEventKind says how a lease ended.
@@ -30,16 +32,19 @@ type LeaseEvent struct {
 
 // LeaseWatcher is the leader's view of every run lease. Expiry is judged by the
 // server's TTL or by this watcher's own monotonic clock, never by comparing the
-// holder's wall clock with ours.
+// holder's wall clock with ours. Its KV watch is a supervised part ("lease-watcher"):
+// a watch that closes, or hears nothing while the bucket moves on, is replaced.
 type LeaseWatcher struct {
 	ls     *Leases
 	events chan LeaseEvent
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   <-chan struct{}
 
-	mu    sync.Mutex
-	live  map[string]watched
-	ready chan struct{} // closed once the initial values were read
+	mu        sync.Mutex
+	live      map[string]watched
+	ready     chan struct{} // closed once the initial values were read
+	readyDone bool
+	current   time.Time // when the watch last showed it was caught up with the bucket
 }
 
 type watched struct {
@@ -50,14 +55,15 @@ type watched struct {
 // Watch starts a LeaseWatcher. Stop it.
 func (ls *Leases) Watch(ctx context.Context) (*LeaseWatcher, error) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w, err := ls.kv.WatchAll(ctx)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("epoch: watch leases: %w", err)
-	}
 	lw := &LeaseWatcher{ls: ls, events: make(chan LeaseEvent, 1024), cancel: cancel,
-		done: make(chan struct{}), live: map[string]watched{}, ready: make(chan struct{})}
-	go lw.run(ctx, w)
+		live: map[string]watched{}, ready: make(chan struct{})}
+	sup := ls.cfg.Supervisor
+	if sup == nil {
+		sup = supervise.New(supervise.WithLogger(ls.cfg.Logger))
+	}
+	// Silence: a TTL. Every renewal is heard within a renewal interval, and an idle
+	// bucket is shown current by a round trip every quarter of that.
+	lw.done = sup.Go(ctx, supervise.Part{Name: "lease-watcher", Silence: ls.cfg.TTL, Run: lw.run})
 	return lw, nil
 }
 
@@ -75,34 +81,55 @@ func (lw *LeaseWatcher) Live(run string) (LeaseValue, bool) {
 	return w.value, ok
 }
 
-// Stop stops the watcher and waits for its goroutine. Safe to call twice.
+// Stop stops the watcher and waits for its goroutines. Safe to call twice.
 func (lw *LeaseWatcher) Stop() {
 	lw.cancel()
 	<-lw.done
 }
 
-func (lw *LeaseWatcher) run(ctx context.Context, w jetstream.KeyWatcher) {
-	defer close(lw.done)
+// run is one life of the watch: from a new KV watch (which delivers every lease's
+// latest value first) until ctx ends or the watch closes.
+func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
+	w, err := lw.ls.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("epoch: watch leases: %w", err)
+	}
 	defer func() { _ = w.Stop() }()
 	ttl := lw.ls.cfg.TTL
 	grace := ttl + lw.ls.cfg.RenewInterval
 	sweep := time.NewTicker(max(ttl/4, 10*time.Millisecond))
 	defer sweep.Stop()
-	readyClosed := false
+	var seenRev uint64 // the highest revision this watch delivered
+	var target uint64  // the bucket's last revision at the last probe
+	initial := true
+	markCurrent := func() {
+		lw.mu.Lock()
+		lw.current = time.Now()
+		lw.mu.Unlock()
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case entry, ok := <-w.Updates():
 			if !ok {
-				return
+				return fmt.Errorf("epoch: lease watch closed")
 			}
+			alive()
 			if entry == nil {
-				if !readyClosed {
+				initial = false
+				lw.mu.Lock()
+				lw.current = time.Now()
+				if !lw.readyDone {
 					close(lw.ready)
-					readyClosed = true
+					lw.readyDone = true
 				}
+				lw.mu.Unlock()
 				continue
+			}
+			seenRev = max(seenRev, entry.Revision())
+			if !initial && seenRev >= target {
+				markCurrent()
 			}
 			run := entry.Key()
 			if entry.Operation() == jetstream.KeyValuePut {
@@ -120,18 +147,43 @@ func (lw *LeaseWatcher) run(ctx context.Context, w jetstream.KeyWatcher) {
 			}
 			lw.end(ctx, run, kind)
 		case <-sweep.C:
-			lw.mu.Lock()
-			var lapsed []string
-			for run, w := range lw.live {
-				if time.Since(w.seen) > grace {
-					lapsed = append(lapsed, run)
+			if initial {
+				continue
+			}
+			// Is this watch current? The bucket's last revision against what it
+			// delivered: a watch that is behind (or deaf) must not judge lapses by its
+			// own clock, or every lease would look lapsed while it hears nothing.
+			pctx, cancel := context.WithTimeout(ctx, max(ttl/4, 100*time.Millisecond))
+			st, err := lw.ls.kv.Status(pctx)
+			cancel()
+			if bs, ok := st.(*jetstream.KeyValueBucketStatus); err == nil && ok {
+				target = bs.StreamInfo().State.LastSeq
+				if target <= seenRev {
+					alive()
+					markCurrent()
 				}
 			}
-			lw.mu.Unlock()
-			for _, run := range lapsed {
-				lw.end(ctx, run, LeaseLapsed)
-			}
+			lw.sweep(ctx, grace)
 		}
+	}
+}
+
+// sweep reports leases not seen renewed for grace, while the watch is current.
+func (lw *LeaseWatcher) sweep(ctx context.Context, grace time.Duration) {
+	lw.mu.Lock()
+	if time.Since(lw.current) > lw.ls.cfg.RenewInterval {
+		lw.mu.Unlock()
+		return
+	}
+	var lapsed []string
+	for run, w := range lw.live {
+		if time.Since(w.seen) > grace {
+			lapsed = append(lapsed, run)
+		}
+	}
+	lw.mu.Unlock()
+	for _, run := range lapsed {
+		lw.end(ctx, run, LeaseLapsed)
 	}
 }
 

@@ -133,7 +133,7 @@ func (d *Daemon) applyDir(ctx context.Context, dir string) error {
 	return nil
 }
 
-// readyz: NATS reachable, the applier healthy and caught up with the log.
+// readyz: NATS reachable, every supervised part healthy, the applier caught up with the log.
 func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -141,6 +141,9 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	if !d.engine.Conn().IsConnected() {
 		problems = append(problems, "NATS is not reachable")
 	}
+	// Each long-lived NATS interaction heard from within its silence limit (a node cut
+	// off by a silent partition is not ready until every part works again).
+	problems = append(problems, d.engine.Supervisor().Problems()...)
 	if err := d.engine.Log().Err(); err != nil {
 		problems = append(problems, "the applier stopped: "+err.Error())
 	}

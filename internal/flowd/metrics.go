@@ -44,6 +44,9 @@ func newMetrics() *metrics {
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
 		"flow_handed_back_total":            "Runs handed back on drain.",
 		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
+		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
+		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log consumer, election, lease watcher, tasks, API) was started again after it failed or fell silent.",
+		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
 	} {
 		var labels []string
 		switch name {
@@ -51,6 +54,8 @@ func newMetrics() *metrics {
 			labels = []string{"result"}
 		case "flow_runs":
 			labels = []string{"status"}
+		case "flow_part_healthy":
+			labels = []string{"part"}
 		}
 		m.descs[name] = prometheus.NewDesc(name, help, labels, nil)
 	}
@@ -120,4 +125,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
 	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
 	counter("flow_tasks_deferred_total", float64(e.Stats().TasksDeferred.Load()))
+	counter("flow_nats_reconnects_total", float64(e.Conn().Stats().Reconnects))
+	counter("flow_part_restarts_total", float64(e.Supervisor().Restarts()))
+	for _, p := range e.Supervisor().Status() {
+		up := 0.0
+		if p.Healthy {
+			up = 1
+		}
+		gauge("flow_part_healthy", up, p.Name)
+	}
 }
