@@ -120,7 +120,7 @@ type Log struct {
 	// firstConsumer is Start's consumer until the applier takes it (owned by the
 	// applier's goroutine, then by Stop once applierDone is closed).
 	firstConsumer jetstream.MessagesContext
-	consumers           atomic.Int64    // consumers the applier has opened
+	consumers     atomic.Int64 // consumers the applier has opened
 	// deaf makes the current consumer hear nothing until the supervisor replaces it:
 	// TestStalledApplierIsRestarted's silence, never set otherwise.
 	deaf atomic.Bool

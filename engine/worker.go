@@ -32,7 +32,7 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 	} else if _, err := tasks.Info(ctx); err != nil {
 		return fmt.Errorf("engine: task consumer: %w", err)
 	}
-	alive() // the server answered for the consumer
+	alive()          // the server answered for the consumer
 	slots := e.slots // shared with the leader's own runs (submitAndAssign)
 	idle := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
 	defer idle.Stop()

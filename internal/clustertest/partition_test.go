@@ -264,7 +264,6 @@ func (pr *Proc) Term(t testing.TB) {
 	}
 }
 
-
 // importantLines is the last n lines of a JSON log that are not debug.
 func importantLines(log string, n int) string {
 	var out []string
