@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -65,6 +66,11 @@ type partitioned struct {
 }
 
 func startPartitioned(t *testing.T, flowdBin string) *partitioned {
+	return startPartitionedWith(t, flowdBin, nil)
+}
+
+// startPartitionedWith calls beforeB while node-a is the only node (and leads).
+func startPartitionedWith(t *testing.T, flowdBin string, beforeB func(*partitioned)) *partitioned {
 	url := startNATSServer(t)
 	p := &partitioned{t: t, url: url, proxy: StartProxy(t, strings.TrimPrefix(url, "nats://"))}
 	p.aHTTP = fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
@@ -83,6 +89,9 @@ func startPartitioned(t *testing.T, flowdBin string) *partitioned {
 	p.cl = client(t, &Cluster{URLs: []string{url}})
 	// node-a starts alone, so it leads; node-b joins once it does.
 	p.waitLeader(30*time.Second, "node-a", 0)
+	if beforeB != nil {
+		beforeB(p)
+	}
 	p.b = StartFlowd(t, &Cluster{URLs: []string{url}}, "node-b", "--lease-ttl", ttl)
 	WaitFor(t, 30*time.Second, "node-b in the cluster", func() bool { return p.hasNode("node-b") })
 	return p
@@ -273,4 +282,127 @@ func importantLines(log string, n int) string {
 		}
 	}
 	return strings.Join(out[max(0, len(out)-n):], "\n")
+}
+
+// downstream is the service a run's http steps call: it records each request's epoch
+// and step in arrival order, and takes a while to answer.
+type downstream struct {
+	mu   sync.Mutex
+	reqs []downstreamReq
+}
+
+type downstreamReq struct {
+	epoch int64
+	step  string
+}
+
+func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ep, _ := strconv.ParseInt(r.Header.Get("Flow-Epoch"), 10, 64)
+	d.mu.Lock()
+	d.reqs = append(d.reqs, downstreamReq{ep, r.Header.Get("Flow-Step")})
+	d.mu.Unlock()
+	select { // the work the request asks for
+	case <-time.After(250 * time.Millisecond):
+	case <-r.Context().Done():
+		return
+	}
+	fmt.Fprintln(w, `{"ok": true}`)
+}
+
+func (d *downstream) requests() []downstreamReq {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]downstreamReq(nil), d.reqs...)
+}
+
+// The fencing half of the silent partition: node-a owns a run of http steps and is cut
+// off. Its kill switch stops its step work at 2/3 of the TTL, node-b takes the run over
+// with a new epoch, and not one request of the old epoch reaches the downstream service
+// after the new epoch's first; a late commit of the old epoch, if one arrives after the
+// heal, is fenced. Once healed, node-a is ready again within TTL + 5 s.
+func TestSilentPartitionOfARunsOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cuts a flowd process off NATS while it runs a run")
+	}
+	ds := &downstream{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: ds, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	var yaml strings.Builder
+	yaml.WriteString("name: downstream\nsteps:\n")
+	const steps = 24
+	for i := range steps {
+		fmt.Fprintf(&yaml, "  - name: s%02d\n    uses: http\n    with: {url: \"http://%s/s%02d\", method: POST, body: {n: %d}}\n", i, ln.Addr(), i, i)
+		if i > 0 {
+			fmt.Fprintf(&yaml, "    needs: [s%02d]\n", i-1)
+		}
+	}
+	const id = "owned-by-a"
+	p := startPartitionedWith(t, "", func(p *partitioned) {
+		// node-a alone: the run is its own.
+		if err := call(t, p.cl, "workflow.apply", api.Req{File: "downstream.yaml", YAML: yaml.String()}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(t, p.cl, "run.start", api.Req{Workflow: "downstream", ID: id}, nil); err != nil {
+			t.Fatal(err)
+		}
+		WaitFor(t, 20*time.Second, "node-a's first request downstream", func() bool { return len(ds.requests()) > 0 })
+	})
+	get := func() api.Run {
+		var r api.Run
+		_ = call(t, p.cl, "run.get", api.Req{ID: id}, &r)
+		return r
+	}
+	first := get()
+	if first.Owner != "node-a" {
+		t.Fatalf("the run is owned by %q, want node-a", first.Owner)
+	}
+	p.proxy.Cut(Up, Down)
+	WaitFor(t, 30*time.Second, "node-b owning the run with a new epoch", func() bool {
+		r := get()
+		return r.Owner == "node-b" && r.Epoch > first.Epoch
+	})
+	p.proxy.Heal()
+	healed := time.Now()
+	WaitFor(t, partitionTTL+5*time.Second, "node-a ready after the heal", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
+	t.Logf("node-a ready %s after the heal", time.Since(healed).Round(10*time.Millisecond))
+	var final api.Run
+	WaitFor(t, 60*time.Second, "the run to succeed", func() bool { final = get(); return final.Status == "succeeded" })
+
+	reqs := ds.requests()
+	firstNew := -1
+	perStep := map[string]int{}
+	for i, r := range reqs {
+		perStep[r.step]++
+		if r.epoch > first.Epoch && firstNew < 0 {
+			firstNew = i
+		}
+		if r.epoch == first.Epoch && firstNew >= 0 {
+			t.Errorf("request %d (step %s) of the old epoch %d reached the service after the new epoch's first (request %d)", i, r.step, r.epoch, firstNew)
+		}
+	}
+	if firstNew < 0 {
+		t.Fatalf("no request of a new epoch: the cut did not move the run (%d requests)", len(reqs))
+	}
+	repeated := 0
+	for step, n := range perStep {
+		if n > 1 {
+			repeated++
+			if n > 2 {
+				t.Errorf("step %s was requested %d times", step, n)
+			}
+		}
+	}
+	if len(perStep) != steps || repeated > 1 {
+		t.Errorf("%d steps requested, %d of them more than once: want %d, and at most the step in flight at the cut again", len(perStep), repeated, steps)
+	}
+	var v api.Verification
+	if err := call(t, p.cl, "run.verify", api.Req{ID: id}, &v); err != nil || !v.OK {
+		t.Errorf("run verify: %v %+v", err, v)
+	}
+	t.Logf("%d requests; the new epoch's first was #%d; epochs %d -> %d; %d fenced commits", len(reqs), firstNew, first.Epoch, final.Epoch, len(final.Fenced))
 }
