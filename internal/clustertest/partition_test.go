@@ -229,6 +229,9 @@ func TestSilentPartitionHeals(t *testing.T) {
 	if r, _ := strconv.Atoi(p.metric("flow_nats_reconnects_total")); r < 3 {
 		t.Errorf("flow_nats_reconnects_total = %d after three cuts, want >= 3", r)
 	}
+	if r, _ := strconv.Atoi(p.metric("flow_part_restarts_total")); r < 1 {
+		t.Errorf("flow_part_restarts_total = %d after three cuts, want >= 1", r)
+	}
 	if !strings.Contains(LogOf(p.a), `"msg":"part recovered"`) {
 		t.Errorf("node-a's log does not say which part recovered:\n%s", tail(LogOf(p.a)))
 	}
