@@ -172,36 +172,24 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 	every := n / 200
 	var w2ids []string
 	var mu sync.Mutex
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	start := time.Now()
-	for g := 0; g < 64; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				k := next.Add(1) - 1
-				if k >= int64(n) || ctx.Err() != nil {
-					return
-				}
-				name := "one"
-				if k%int64(every) == 0 {
-					name = "w2"
-				}
-				id, err := e.StartRun(ctx, name, nil, RunOptions{})
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if name == "w2" {
-					mu.Lock()
-					w2ids = append(w2ids, id)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	submitConcurrently(ctx, n, func(k int) error {
+		name := "one"
+		if k%every == 0 {
+			name = "w2"
+		}
+		id, err := e.StartRun(ctx, name, nil, RunOptions{})
+		if err != nil {
+			b.Error(err)
+			return err
+		}
+		if name == "w2" {
+			mu.Lock()
+			w2ids = append(w2ids, id)
+			mu.Unlock()
+		}
+		return nil
+	})
 	res.submit = time.Since(start)
 	if err := waitFor(ctx, e.clog, func() bool {
 		a, r := e.store.Held()
@@ -256,22 +244,14 @@ func BenchmarkBacklogLimited(b *testing.B) {
 		idle := w2Runs(b, e, ctx, 200)
 		b.Logf("W2 idle: run p50 %.2f ms, exec p50 %.2f ms, step p50 %.2f ms", ms(idle.runP50), ms(idle.execP50), ms(idle.stepP50))
 
-		var next atomic.Int64
-		var wg sync.WaitGroup
 		start := time.Now()
-		for g := 0; g < 64; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for k := next.Add(1); k <= int64(n) && ctx.Err() == nil; k = next.Add(1) {
-					if _, err := e.StartRun(ctx, "limited", nil, RunOptions{}); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		submitConcurrently(ctx, n, func(int) error {
+			_, err := e.StartRun(ctx, "limited", nil, RunOptions{})
+			if err != nil {
+				b.Error(err)
+			}
+			return err
+		})
 		submit := time.Since(start)
 		if err := waitFor(ctx, e.clog, func() bool {
 			_, running := e.store.Held()
@@ -296,4 +276,23 @@ func BenchmarkBacklogLimited(b *testing.B) {
 		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
 		b.ReportMetric(float64(e.Counters().LeasesLost.Load()), "leases-lost")
 	}
+}
+
+// submitConcurrently calls submit for k = 0..n-1 from 64 goroutines (each stops at its
+// first error) and returns when they have all stopped.
+func submitConcurrently(ctx context.Context, n int, submit func(k int) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 64; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := next.Add(1) - 1; k < int64(n) && ctx.Err() == nil; k = next.Add(1) - 1 {
+				if submit(int(k)) != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,34 +14,11 @@ import (
 	"github.com/flowrun/flow/internal/proctest"
 )
 
-var (
-	noDeathsigOnce sync.Once
-	noDeathsigBin  string
-	noDeathsigErr  error
-)
-
 // flowdWithoutDeathsig builds flowd with the parent-death signal of exec steps switched
 // off at link time (steps.noDeathSignal, empty in every other build): the negative
-// control of TestKilledFlowdTakesItsStepsWithIt. Only the link differs from Binaries'.
+// control of TestKilledFlowdTakesItsStepsWithIt.
 func flowdWithoutDeathsig(t *testing.T) string {
-	t.Helper()
-	noDeathsigOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "flow-clustertest-nodeathsig")
-		if err != nil {
-			noDeathsigErr = err
-			return
-		}
-		noDeathsigBin = filepath.Join(dir, "flowd")
-		out, err := exec.Command("go", "build", "-o", noDeathsigBin,
-			"-ldflags", "-X github.com/flowrun/flow/steps.noDeathSignal=1", "github.com/flowrun/flow/cmd/flowd").CombinedOutput()
-		if err != nil {
-			noDeathsigErr = fmt.Errorf("build flowd without Pdeathsig: %v\n%s", err, out)
-		}
-	})
-	if noDeathsigErr != nil {
-		t.Fatal(noDeathsigErr)
-	}
-	return noDeathsigBin
+	return FlowdLinkedWith(t, "github.com/flowrun/flow/steps.noDeathSignal=1")
 }
 
 // Invariant 8, kill -9: a flowd process runs an exec step and is SIGKILLed. The step's

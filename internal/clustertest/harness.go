@@ -41,6 +41,34 @@ func Binaries(t testing.TB) string {
 	return binDir
 }
 
+var (
+	linkedMu   sync.Mutex
+	linkedBins = map[string]string{} // by -X setting
+)
+
+// FlowdLinkedWith builds flowd with one package variable set at link time (-ldflags
+// "-X setting"), once per test process, and returns the binary's path: the negative
+// controls switch a guard off this way, so that only the link differs from Binaries'.
+func FlowdLinkedWith(t testing.TB, setting string) string {
+	t.Helper()
+	linkedMu.Lock()
+	defer linkedMu.Unlock()
+	if bin, ok := linkedBins[setting]; ok {
+		return bin
+	}
+	dir, err := os.MkdirTemp("", "flow-clustertest-linked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "flowd")
+	out, err := exec.Command("go", "build", "-o", bin, "-ldflags", "-X "+setting, "github.com/flowrun/flow/cmd/flowd").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build flowd with %s: %v\n%s", setting, err, out)
+	}
+	linkedBins[setting] = bin
+	return bin
+}
+
 // Proc is a child process the test controls.
 type Proc struct {
 	Name string

@@ -6,9 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,34 +20,11 @@ import (
 // stops moving bytes while every connection stays open. TTL is the nodes' lease TTL.
 const partitionTTL = 2 * time.Second
 
-var (
-	noRecoveryOnce sync.Once
-	noRecoveryBin  string
-	noRecoveryErr  error
-)
-
 // flowdWithoutRecovery builds flowd whose supervisor never starts a stopped part again
 // (supervise.noRecovery set at link time, empty in every other build): the negative
-// control of TestSilentPartitionHeals. Only the link differs from Binaries'.
+// control of TestSilentPartitionHeals.
 func flowdWithoutRecovery(t *testing.T) string {
-	t.Helper()
-	noRecoveryOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "flow-clustertest-norecovery")
-		if err != nil {
-			noRecoveryErr = err
-			return
-		}
-		noRecoveryBin = filepath.Join(dir, "flowd")
-		out, err := exec.Command("go", "build", "-o", noRecoveryBin,
-			"-ldflags", "-X github.com/flowrun/flow/internal/supervise.noRecovery=1", "github.com/flowrun/flow/cmd/flowd").CombinedOutput()
-		if err != nil {
-			noRecoveryErr = fmt.Errorf("build flowd without recovery: %v\n%s", err, out)
-		}
-	})
-	if noRecoveryErr != nil {
-		t.Fatal(noRecoveryErr)
-	}
-	return noRecoveryBin
+	return FlowdLinkedWith(t, "github.com/flowrun/flow/internal/supervise.noRecovery=1")
 }
 
 // partitioned is two flowd nodes on one nats-server: node-a through a Proxy (with its
