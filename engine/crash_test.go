@@ -127,12 +127,7 @@ func TestCrashResume(t *testing.T) {
 		t.Fatalf("the runs finished after %d kills; make them longer", len(killedAt))
 	}
 	cmd, lines := node.start()
-	for l := range lines {
-		if l == "all-done" {
-			break
-		}
-	}
-	_ = cmd.Wait()
+	waitAllDone(t, cmd, lines, 2*time.Minute)
 	got := recordLines(t, node.record)
 	kills := map[int]bool{}
 	for _, k := range killedAt {
@@ -203,12 +198,7 @@ func TestForeachResumesAfterKill(t *testing.T) {
 	_ = cmd.Wait()
 	atKill := len(recordLines(t, node.record))
 	cmd, lines = node.start()
-	for l := range lines {
-		if l == "all-done" {
-			break
-		}
-	}
-	_ = cmd.Wait()
+	waitAllDone(t, cmd, lines, 2*time.Minute)
 	// The checkpoints the killed epoch made are the items carrying its epoch (some were
 	// in the log but not yet applied to the state when the process died).
 	store, err := checkpoint.OpenStore(filepath.Join(node.dir, "state"), checkpoint.StoreOptions{})
@@ -259,4 +249,31 @@ func TestForeachResumesAfterKill(t *testing.T) {
 		t.Fatalf("resumed at item %d, the first unfinished is %d", minRan, firstUnfinished)
 	}
 	t.Logf("killed with %d of 1000 items checkpointed; resumed at item %d; %d items ran after the restart", len(done), firstUnfinished, len(ran))
+}
+
+// waitAllDone waits for the helper's "all-done" line and for its exit, within d; a
+// helper that hangs is killed and the test fails with what it was waiting for.
+func waitAllDone(t *testing.T, cmd *exec.Cmd, lines <-chan string, d time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for done := false; !done; {
+		select {
+		case l, ok := <-lines:
+			done = !ok || l == "all-done"
+		case <-deadline.C:
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("the node did not print all-done within %s", d)
+		}
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-deadline.C:
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the node printed all-done but did not exit within %s", d)
+	}
 }

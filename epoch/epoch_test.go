@@ -152,7 +152,7 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 	if !errors.Is(l.Err(), ErrReleased) {
 		t.Fatalf("released lease err = %v", l.Err())
 	}
-	ev := <-w.Events()
+	ev := recvEvent(t, w.Events(), 5*testTTL, "the released lease")
 	if ev.Kind != LeaseReleased || ev.Lease.Run != "run-1" {
 		t.Fatalf("event %+v; want released", ev)
 	}
@@ -209,7 +209,7 @@ func TestLeaseLapsesAndNewerEpochTakesOver(t *testing.T) {
 	if took < testTTL/2 || took > 3*testTTL {
 		t.Fatalf("newer epoch acquired after %s; want about one TTL (%s)", took, testTTL)
 	}
-	ev := <-w.Events()
+	ev := recvEvent(t, w.Events(), 5*testTTL, "the dead holder's lapse")
 	if ev.Kind != LeaseLapsed || ev.Lease.Owner != "dead" {
 		t.Fatalf("event %+v; want the dead holder's lease lapsed", ev)
 	}

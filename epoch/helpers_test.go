@@ -177,3 +177,16 @@ func (p *proxy) close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 }
+
+// recvEvent takes the next lease event within d, or fails the test naming what it
+// waited for.
+func recvEvent(t testing.TB, events <-chan LeaseEvent, d time.Duration, what string) LeaseEvent {
+	t.Helper()
+	select {
+	case ev := <-events:
+		return ev
+	case <-time.After(d):
+		t.Fatalf("no lease event within %s: waiting for %s", d, what)
+		return LeaseEvent{}
+	}
+}

@@ -31,11 +31,13 @@ type scenarioWorker struct {
 	paused chan struct{} // a step blocks here until closed (a long step, a GC pause)
 }
 
-// work runs the steps from the first without a checkpoint; it returns why it stopped.
-func (w *scenarioWorker) work(ctx context.Context, t *testing.T, pauseBefore string) string {
+// work runs the steps from the first without a checkpoint; it returns why it stopped
+// ("error: ..." for what should not happen: it runs on goroutines, where t.Fatal may
+// not be called).
+func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
 	steps, err := w.lg.Store().Steps("run-c")
 	if err != nil {
-		t.Fatal(err)
+		return "error: " + err.Error()
 	}
 	for _, st := range steps {
 		if st.Status == checkpoint.StepSucceeded {
@@ -53,7 +55,7 @@ func (w *scenarioWorker) work(ctx context.Context, t *testing.T, pauseBefore str
 			return stolenReason
 		}
 		if err != nil {
-			t.Fatal(err)
+			return "error: " + err.Error()
 		}
 	}
 	return "done"
@@ -119,7 +121,16 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombi
 	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "run-c", Epoch: e1, Owner: "zombie"})
 	zombie := &scenarioWorker{name: "zombie", lg: lg, lease: zl, epoch: e1, paused: make(chan struct{})}
 	stopped := make(chan string, 1)
-	go func() { stopped <- zombie.work(ctx, t, "s2") }() // commits s1, then stalls before s2
+	go func() { stopped <- zombie.work(ctx, "s2") }() // commits s1, then stalls before s2
+	zombieStopped := func() string {
+		select {
+		case stop := <-stopped:
+			return stop
+		case <-time.After(10 * testTTL):
+			t.Fatal("the zombie did not stop within 10 TTLs of waking")
+			return ""
+		}
+	}
 
 	// The leader: when the zombie's lease lapses, reclaim the run and hand it to "fresh".
 	select {
@@ -136,8 +147,7 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombi
 		}
 		// With its heartbeat, the long step kept its lease for 3 TTLs: nothing to steal.
 		close(zombie.paused)
-		stop := <-stopped
-		return stop, countAccepted(t, store), 0
+		return zombieStopped(), countAccepted(t, store), 0
 	}
 	e2 := int64(write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "run-c", Epoch: e1, Term: 1, Reason: checkpoint.ReasonLeaseExpired}))
 	fl, err := ls.Acquire(ctx, "run-c", e2, "fresh")
@@ -147,12 +157,12 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombi
 	defer fl.Release(ctx)
 	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "run-c", Epoch: e2, Owner: "fresh"})
 	fresh := &scenarioWorker{name: "fresh", lg: lg, lease: fl, epoch: e2}
-	if got := fresh.work(ctx, t, ""); got != "done" {
+	if got := fresh.work(ctx, ""); got != "done" {
 		t.Fatalf("the new owner stopped: %s", got)
 	}
 	// The zombie wakes up and carries on with s2.
 	close(zombie.paused)
-	stop := <-stopped
+	stop := zombieStopped()
 	v, err := store.View("run-c")
 	if err != nil {
 		t.Fatal(err)

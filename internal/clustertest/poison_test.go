@@ -89,7 +89,11 @@ steps:
 		}
 		return r
 	}
+	giveUp := time.Now().Add(3 * time.Minute)
 	for {
+		if time.Now().After(giveUp) {
+			t.Fatalf("the run was neither dead-lettered nor failed within 3 minutes (%d deaths): %+v\n%s", deaths, status(), tail(LogOf(node)))
+		}
 		select {
 		case <-node.done:
 			deaths++
