@@ -209,7 +209,7 @@ func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
 	e := startEngine(t, checkpoint.Unsafe{})
 	paused := newSilent(t, e, "workflow.list")
 	c := dial(t, e)
-	c.Timeout, c.AttemptTimeout = 8*time.Second, 1500*time.Millisecond
+	c.Timeout, c.AttemptTimeout = 9*time.Second, 3*time.Second
 	type result struct {
 		wfs []Workflow
 		err error
@@ -237,7 +237,7 @@ func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
 	var r result
 	select {
 	case r = <-done:
-	case <-time.After(12 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("the call did not return")
 	}
 	if r.err != nil || r.wfs == nil {
