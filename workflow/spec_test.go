@@ -1,8 +1,13 @@
 package workflow
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,26 +163,86 @@ func TestTemplates(t *testing.T) {
 	}
 }
 
-// FuzzLoad: the loader never panics, and what it accepts it accepts again.
+// FuzzLoad: the loader never panics; it is deterministic (the same bytes give the same
+// workflow or the same errors, in the same order); every rejection is a list of clean
+// errors that each point into the file; and what it accepts is whole: named after the
+// file's bytes (digest), steps that exist and need only earlier-validated steps, and a
+// form that survives its JSON round trip (how a run stores it).
 func FuzzLoad(f *testing.F) {
 	if data, err := os.ReadFile("testdata/contract.yaml"); err == nil {
 		f.Add(data)
 	}
-	f.Add([]byte("name: x\n" + okSteps))
-	f.Add([]byte("name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ not inputs.x }}\"\n"))
-	f.Add([]byte("name: x\nschedule: {cron: \"*/5 * * * * *\"}\n" + okSteps))
-	f.Add([]byte("&a [*a]"))
+	for _, seed := range []string{
+		"name: x\n" + okSteps,
+		"name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ not inputs.x }}\"\n",
+		"name: x\nschedule: {cron: \"*/5 * * * * *\"}\n" + okSteps,
+		"name: x\nschedule: {cron: \"@daily\", timezone: Asia/Jakarta, overlap: queue, catchup: all}\n" + okSteps,
+		"name: x\ninputs:\n  n: {type: int, default: 3}\n  l: {type: list, default: [1, 2]}\n  o: {type: object}\n" + okSteps,
+		"name: x\nsteps:\n  - name: a\n    uses: exec\n    with: {command: [echo, \"{{ inputs.who }}\"]}\n",
+		"name: x\nsteps:\n  - name: a\n    uses: noop\n  - name: b\n    needs: [a]\n    foreach: \"{{ steps.a.output.items }}\"\n    parallelism: 2\n    uses: noop\n    with: {v: \"{{ item }}\"}\n",
+		"name: x\nsteps:\n  - name: a\n    needs: [b]\n    uses: noop\n  - name: b\n    needs: [a]\n    uses: noop\n", // a cycle
+		"name: x\nsteps:\n  - name: a\n    uses: nope\n    timeout: soon\n    retry: {max_attempts: 0}\n",
+		"name: x\nmax_epochs: 2\ntimeout: 1h\nconcurrency: 1\ndescription: d\n" + okSteps,
+		"name: x\nsteps:\n  - name: a\n    uses: noop\n  - name: a\n    uses: noop\n",
+		"name: x\nname: y\n" + okSteps,
+		"name: x\nsteps:\n  - name: a\n    uses: noop\n    with: {x: \"{{ steps.zz.output }}\"}\n",
+		"name: x\nsteps: {a: 1}\n",
+		"- 1\n- 2\n",
+		"name: x\nsteps:\n\t- name: a\n",
+		"",
+		"&a [*a]",
+	} {
+		f.Add([]byte(seed))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w, err := Load("fuzz.yaml", data, builtins)
+		w2, err2 := Load("fuzz.yaml", data, builtins)
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("loaded twice: %v, then %v", err, err2)
+		}
 		if err != nil {
+			if err.Error() != err2.Error() {
+				t.Fatalf("the same bytes, different errors:\n%v\nthen\n%v", err, err2)
+			}
 			var es Errors
-			if !errors.As(err, &es) {
+			if !errors.As(err, &es) || len(es) == 0 {
 				t.Fatalf("error of type %T: %v", err, err)
+			}
+			// Lines as YAML counts them: \r, \n (\r\n counted twice: a bound), NEL, LS, PS.
+			lines := 1 + strings.Count(string(data), "\n") + strings.Count(string(data), "\r") +
+				strings.Count(string(data), "\u0085") + strings.Count(string(data), "\u2028") + strings.Count(string(data), "\u2029")
+			for _, e := range es {
+				if e == nil || e.File != "fuzz.yaml" || e.Line < 1 || e.Line > lines+1 || e.Col < 1 || strings.TrimSpace(e.Msg) == "" {
+					t.Fatalf("an error that does not point into the file (%d lines): %#v", lines, e)
+				}
 			}
 			return
 		}
-		if _, err := Load("fuzz.yaml", []byte(w.Source), builtins); err != nil {
-			t.Fatalf("accepted once, rejected again: %v", err)
+		a, errA := json.Marshal(w)
+		b, errB := json.Marshal(w2)
+		if errA != nil || errB != nil || !bytes.Equal(a, b) {
+			t.Fatalf("the same bytes, different workflows (%v %v):\n%s\n%s", errA, errB, a, b)
+		}
+		sum := sha256.Sum256(data)
+		if w.Source != string(data) || w.Digest != hex.EncodeToString(sum[:]) || w.Name == "" || len(w.Steps) == 0 || len(w.Steps) > MaxSteps {
+			t.Fatalf("accepted workflow: name %q, %d steps, digest %s; source kept: %v", w.Name, len(w.Steps), w.Digest, w.Source == string(data))
+		}
+		for _, st := range w.Steps {
+			if w.Step(st.Name) != st || !builtins(st.Uses) {
+				t.Fatalf("step %q (uses %q) is not the workflow's own or not of a known kind", st.Name, st.Uses)
+			}
+			for _, n := range st.Needs {
+				if w.Step(n) == nil || n == st.Name || slices.Contains(w.Ancestors(n), st.Name) {
+					t.Fatalf("step %q needs %q: unknown, itself, or in a cycle", st.Name, n)
+				}
+			}
+		}
+		d, err := Decode(a)
+		if err != nil {
+			t.Fatalf("the stored form does not decode: %v", err)
+		}
+		if c, _ := json.Marshal(d); !bytes.Equal(a, c) {
+			t.Fatalf("the stored form changes in a round trip:\n%s\n%s", a, c)
 		}
 	})
 }

@@ -26,7 +26,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConfigPrecedence(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "flowd.yaml")
-	os.WriteFile(file, []byte("workers: 3\nlease-ttl: 20s\nnode-id: from-file\nhttp: 127.0.0.1:9000\n"), 0o644)
+	if err := os.WriteFile(file, []byte("workers: 3\nlease-ttl: 20s\nnode-id: from-file\nhttp: 127.0.0.1:9000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	c, err := Load([]string{"--config", file, "--workers", "5"}, []string{"FLOWD_LEASE_TTL=15s", "PATH=/bin"})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +50,9 @@ func TestConfigPrecedence(t *testing.T) {
 func TestConfigErrorsNameTheKeyAndTheFix(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("workers: 2\nworkres: 3\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("workers: 2\nworkres: 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		args []string
 		env  []string
@@ -90,8 +94,12 @@ func get(t *testing.T, url string) (int, string) {
 func TestDaemonHealthAndMetrics(t *testing.T) {
 	dir := t.TempDir()
 	wfDir := filepath.Join(dir, "wf")
-	os.MkdirAll(wfDir, 0o755)
-	os.WriteFile(filepath.Join(wfDir, "hello.yaml"), []byte("name: hello\nsteps:\n  - name: a\n    uses: noop\n"), 0o644)
+	if err := os.MkdirAll(wfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wfDir, "hello.yaml"), []byte("name: hello\nsteps:\n  - name: a\n    uses: noop\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := Load([]string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 		"--node-id", "n1", "--lease-ttl", "1s", "--workflows", wfDir, "--scheduler=false"}, []string{})
 	if err != nil {
@@ -117,11 +125,21 @@ func TestDaemonHealthAndMetrics(t *testing.T) {
 	// A zombie's commit: fenced, and counted.
 	lg := d.Engine().Log()
 	write := func(e checkpoint.Entry) (uint64, error) { return lg.Write(ctx, e) }
-	write(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: "z1", Submit: &checkpoint.Submit{Workflow: "zz", Trigger: "manual", Steps: []checkpoint.StepSpec{{Name: "a"}}}})
-	e1, _ := write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Term: 999999})
-	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e1), Owner: "w"})
-	e2, _ := write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Epoch: int64(e1), Term: 999999})
-	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e2), Owner: "w2"})
+	// The set-up: a run claimed in one epoch, then taken over in a second. Each entry
+	// must be accepted, or the fenced commit below proves nothing.
+	mustWrite := func(e checkpoint.Entry) uint64 {
+		t.Helper()
+		seq, err := write(e)
+		if err != nil {
+			t.Fatalf("set-up entry %s: %v", e.Kind, err)
+		}
+		return seq
+	}
+	mustWrite(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: "z1", Submit: &checkpoint.Submit{Workflow: "zz", Trigger: "manual", Steps: []checkpoint.StepSpec{{Name: "a"}}}})
+	e1 := mustWrite(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Term: 999999})
+	mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e1), Owner: "w"})
+	e2 := mustWrite(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Epoch: int64(e1), Term: 999999})
+	mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e2), Owner: "w2"})
 	if _, err := write(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "z1", Step: "a", Item: -1, Epoch: int64(e1), Owner: "w", Output: json.RawMessage(`{}`)}); !errors.Is(err, checkpoint.ErrFenced) {
 		t.Fatalf("zombie commit: %v", err)
 	}
