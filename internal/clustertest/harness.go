@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -44,7 +45,22 @@ func Binaries(t testing.TB) string {
 var (
 	linkedMu   sync.Mutex
 	linkedBins = map[string]string{} // by -X setting
+	linkedDirs []string
 )
+
+// RemoveBuilds removes the directories Binaries and FlowdLinkedWith built into. A
+// package's TestMain calls it after m.Run: the binaries live as long as the test process.
+func RemoveBuilds() {
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	linkedMu.Lock()
+	defer linkedMu.Unlock()
+	for _, d := range linkedDirs {
+		_ = os.RemoveAll(d)
+	}
+	linkedDirs = nil
+}
 
 // FlowdLinkedWith builds flowd with one package variable set at link time (-ldflags
 // "-X setting"), once per test process, and returns the binary's path: the negative
@@ -60,6 +76,7 @@ func FlowdLinkedWith(t testing.TB, setting string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	linkedDirs = append(linkedDirs, dir)
 	bin := filepath.Join(dir, "flowd")
 	out, err := exec.Command("go", "build", "-o", bin, "-ldflags", "-X "+setting, "github.com/flowrun/flow/cmd/flowd").CombinedOutput()
 	if err != nil {
@@ -75,31 +92,109 @@ type Proc struct {
 	args []string
 	cmd  *exec.Cmd
 	log  *os.File
-	done chan struct{}
+	done chan struct{} // closed when the process has exited for good
+
+	mu     sync.Mutex
+	killed bool // Kill was called: the exit is the test's, not a failed start
+	// noRetry: a start that meets a port in use is not made again with the same
+	// arguments (the caller picks other ports instead: StartNATS).
+	noRetry bool
 }
 
+// conflictRetries is how many times a start that failed on a port in use is made again
+// with the same arguments, conflictBackoff apart (times the attempt): a port another
+// process held for a moment (a probe like freePorts', a short-lived connection) is free
+// again by then. A port held for good is reported by the test that waits for the process.
+const (
+	conflictRetries = 5
+	conflictBackoff = 200 * time.Millisecond
+)
+
 func (p *Proc) start(t testing.TB) {
-	p.cmd = exec.Command(p.args[0], p.args[1:]...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
+	p.mu.Lock()
+	p.killed = false
+	p.mu.Unlock()
+	cmd, from, err := p.spawn()
+	if err != nil {
 		t.Fatal(err)
 	}
 	p.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(p.cmd, p.done)
+	go p.wait(cmd, from, p.done)
+}
+
+// spawn starts the process once and returns it with the offset of its log at the start.
+func (p *Proc) spawn() (*exec.Cmd, int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.killed {
+		return nil, 0, fmt.Errorf("%s: killed", p.Name)
+	}
+	var from int64
+	if st, err := p.log.Stat(); err == nil {
+		from = st.Size()
+	}
+	cmd := exec.Command(p.args[0], p.args[1:]...)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		return nil, 0, err
+	}
+	p.cmd = cmd
+	return cmd, from, nil
+}
+
+// wait reaps the process; one that exited because a port it needs was in use is
+// started again (same arguments) up to conflictRetries times.
+func (p *Proc) wait(cmd *exec.Cmd, from int64, done chan struct{}) {
+	defer close(done)
+	for attempt := 1; ; attempt++ {
+		_ = cmd.Wait()
+		p.mu.Lock()
+		retry := !p.killed && !p.noRetry && attempt <= conflictRetries
+		p.mu.Unlock()
+		if !retry || !portConflict(p.log.Name(), from) {
+			return
+		}
+		fmt.Fprintf(p.log, "clustertest: %s exited on a port in use; starting it again (attempt %d)\n", p.Name, attempt+1)
+		time.Sleep(time.Duration(attempt) * conflictBackoff) // a retry's pause, not a synchronisation
+		var err error
+		if cmd, from, err = p.spawn(); err != nil {
+			return
+		}
+	}
+}
+
+// portConflict reports whether the process's log since offset from says that a port it
+// wanted to listen on was in use (nats-server, and flowd for its embedded NATS and HTTP).
+func portConflict(log string, from int64) bool {
+	b, err := os.ReadFile(log)
+	if err != nil || int64(len(b)) < from {
+		return false
+	}
+	return strings.Contains(string(b[from:]), "address already in use")
+}
+
+func (p *Proc) current() *exec.Cmd {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd
 }
 
 // Kill SIGKILLs the process and waits for it.
 func (p *Proc) Kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
-	_ = p.cmd.Process.Kill()
+	p.mu.Lock()
+	p.killed = true
+	cmd := p.cmd
+	p.mu.Unlock()
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Kill()
 	<-p.done
 }
 
 // Stop and Cont pause and resume it.
-func (p *Proc) Stop() { _ = p.cmd.Process.Signal(syscall.SIGSTOP) }
+func (p *Proc) Stop() { _ = p.current().Process.Signal(syscall.SIGSTOP) }
 
 // Cont resumes a stopped process.
-func (p *Proc) Cont() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+func (p *Proc) Cont() { _ = p.current().Process.Signal(syscall.SIGCONT) }
 
 // Restart starts it again with the same arguments (after Kill).
 func (p *Proc) Restart(t testing.TB) { p.start(t) }
@@ -114,19 +209,41 @@ func (p *Proc) Alive() bool {
 	}
 }
 
+// Ports for child processes come from below the kernel's ephemeral range
+// (ip_local_port_range, 32768-60999 by default), which bind(":0") and outgoing
+// connections never take: only a process naming the same number can take one between
+// freePorts and the child's bind, and the child's start is retried when one did
+// (Proc.wait, StartNATS). A child cannot be handed a listener (nats-server and flowd take
+// addresses); what runs in the test process listens on ":0" itself (Proxy).
+const portLo, portHi = 20000, 32768
+
+var handed struct {
+	sync.Mutex
+	ports map[int]bool // never handed out twice by one test process
+}
+
 func freePorts(t testing.TB, n int) []int {
-	var ls []net.Listener
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	handed.Lock()
+	defer handed.Unlock()
+	if handed.ports == nil {
+		handed.ports = map[int]bool{}
 	}
-	for _, l := range ls {
+	var ports []int
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 10000 {
+			t.Fatalf("no free port in %d-%d", portLo, portHi-1)
+		}
+		port := portLo + rand.IntN(portHi-portLo)
+		if handed.ports[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use
+		}
 		l.Close()
+		handed.ports[port] = true
+		ports = append(ports, port)
 	}
 	return ports
 }
@@ -140,8 +257,23 @@ type Cluster struct {
 // URL is every server's client URL, comma-separated.
 func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
 
-// StartNATS starts an n-server JetStream cluster (file storage, synced writes).
+// StartNATS starts an n-server JetStream cluster (file storage, synced writes). A server
+// that cannot listen on a port (another process took it after freePorts) fails the
+// attempt: the cluster is started again on other ports.
 func StartNATS(t testing.TB, n int) *Cluster {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		c, conflict := startNATSOnce(t, n)
+		if !conflict {
+			return c
+		}
+		if attempt == 5 {
+			t.Fatalf("a NATS cluster of %d could not listen on its ports in %d attempts", n, attempt)
+		}
+	}
+}
+
+func startNATSOnce(t testing.TB, n int) (c *Cluster, conflict bool) {
 	bin := Binaries(t)
 	dir := t.TempDir()
 	ports := freePorts(t, 2*n)
@@ -149,7 +281,7 @@ func StartNATS(t testing.TB, n int) *Cluster {
 	for i := 0; i < n; i++ {
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", ports[n+i]))
 	}
-	c := &Cluster{}
+	c = &Cluster{}
 	for i := 0; i < n; i++ {
 		conf := filepath.Join(dir, fmt.Sprintf("n%d.conf", i))
 		body := fmt.Sprintf(`server_name: n%d
@@ -161,25 +293,59 @@ cluster { name: flow-test, listen: 127.0.0.1:%d, routes: [%s] }
 		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		logf, _ := os.Create(filepath.Join(dir, fmt.Sprintf("n%d.log", i)))
-		p := &Proc{Name: fmt.Sprintf("nats-%d", i), args: []string{filepath.Join(bin, "nats-server"), "-c", conf}, log: logf}
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("n%d.log", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &Proc{Name: fmt.Sprintf("nats-%d", i), args: []string{filepath.Join(bin, "nats-server"), "-c", conf}, log: logf, noRetry: true}
 		p.start(t)
 		c.Servers = append(c.Servers, p)
 		c.URLs = append(c.URLs, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 	}
-	t.Cleanup(func() {
+	stop := func() {
 		for _, p := range c.Servers {
 			p.Kill()
 		}
-	})
-	return c
+	}
+	// Listening on both its ports, or exited: which, and why.
+	for _, p := range c.Servers {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			log := LogOf(p)
+			if strings.Contains(log, "Listening for client connections") && strings.Contains(log, "Listening for route connections") {
+				break
+			}
+			if !p.Alive() {
+				stop()
+				if portConflict(p.log.Name(), 0) {
+					return nil, true
+				}
+				t.Fatalf("%s exited at its start:\n%s", p.Name, log)
+			}
+			if time.Now().After(deadline) {
+				stop()
+				t.Fatalf("%s did not listen within 30s:\n%s", p.Name, log)
+			}
+			time.Sleep(20 * time.Millisecond) // polling a child's log, with a deadline
+		}
+	}
+	for _, p := range c.Servers {
+		p.mu.Lock()
+		p.noRetry = false // a restart keeps its ports: retried on a conflict like any other
+		p.mu.Unlock()
+	}
+	t.Cleanup(stop)
+	return c, false
 }
 
 // StartFlowd starts a flowd node on the cluster.
 func StartFlowd(t testing.TB, c *Cluster, name string, extra ...string) *Proc {
 	bin := Binaries(t)
 	dir := t.TempDir()
-	logf, _ := os.Create(filepath.Join(dir, "flowd.log"))
+	logf, err := os.Create(filepath.Join(dir, "flowd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	args := append([]string{filepath.Join(bin, "flowd"), "--node-id", name, "--nats-url", c.URL(), "--data-dir", filepath.Join(dir, "data"),
 		"--http", "off", "--log-format", "json", "--log-level", "debug"}, extra...)
 	p := &Proc{Name: name, args: args, log: logf}
