@@ -24,9 +24,10 @@ import (
 func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 	tasks := e.tasks
 	if e.tasksOpened.Swap(true) {
-		// A restart: the durable consumer may be gone (a stream recreated).
+		// A restart: the consumer, or the whole stream, may be gone (memory storage:
+		// an external NATS server that restarted comes back without it).
 		var err error
-		if tasks, err = openTasksConsumer(ctx, e.js, e.leases.Config().TTL); err != nil {
+		if tasks, err = openTasks(ctx, e.js, e.replicas, e.leases.Config().TTL, e.log); err != nil {
 			return err
 		}
 	} else if _, err := tasks.Info(ctx); err != nil {
@@ -36,14 +37,20 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 	slots := e.slots // shared with the leader's own runs (submitAndAssign)
 	idle := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
 	defer idle.Stop()
+	failures := 0
 	for {
 		select {
 		case slots <- struct{}{}:
-		case <-idle.C:
-			alive() // every slot busy: nothing to ask NATS for
-			continue
-		case <-ctx.Done():
-			return ctx.Err()
+		default:
+			// Every slot is busy: nothing to ask NATS for meanwhile, which is not silence.
+			select {
+			case slots <- struct{}{}:
+			case <-idle.C:
+				alive()
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		for e.degraded() && ctx.Err() == nil {
 			// A lease that cannot renew means trouble reaching NATS: take no new work.
@@ -59,9 +66,6 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		batch, err := tasks.Fetch(1, jetstream.FetchContext(fctx))
 		got := false
-		if err != nil && ctx.Err() == nil {
-			e.log.Warn("task fetch failed", "err", err)
-		}
 		if err == nil {
 			for msg := range batch.Messages() {
 				got = true
@@ -72,9 +76,7 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 					e.handleTask(e.runCtx, msg)
 				}()
 			}
-			if batch.Error() == nil {
-				alive() // the server answered
-			}
+			err = batch.Error()
 		}
 		cancel()
 		if !got {
@@ -83,8 +85,20 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if err == nil {
+			alive() // the server answered
+			failures = 0
+			continue
+		}
 		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-			return err // a new life looks the consumer up again
+			return err // a new life looks the consumer (and the stream) up again
+		}
+		// No responders (the stream is gone) fails at once: do not spin on it.
+		if failures++; failures == 1 || failures%20 == 0 {
+			e.log.Warn("task fetch failed", "err", err, "failures", failures)
+		}
+		if e.cfg.Lease.Backoff.Sleep(ctx, min(failures, 6)) != nil {
+			return ctx.Err()
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,9 +23,10 @@ type LeaseValue struct {
 
 // Leases opens run leases on one bucket. One per node.
 type Leases struct {
-	js  jetstream.JetStream
-	kv  jetstream.KeyValue
-	cfg Config
+	js       jetstream.JetStream
+	kv       jetstream.KeyValue
+	cfg      Config
+	replicas int
 }
 
 // NewLeases opens the lease bucket. replicas is the NATS cluster's size (at most 3).
@@ -40,7 +42,26 @@ func NewLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas
 	if err != nil {
 		return nil, err
 	}
-	return &Leases{js: js, kv: kv, cfg: cfg}, nil
+	return &Leases{js: js, kv: kv, cfg: cfg, replicas: replicas}, nil
+}
+
+// restore creates the lease bucket again when err says it is gone, and reports
+// whether it did. The bucket is in memory storage: an external NATS server that
+// restarts comes back without it, and without this every acquire and the leader's
+// watch would fail until flowd restarted (measured on a stock nats-server). The leases
+// it held are gone with it; their holders' renewals fail and the runs move on.
+func (ls *Leases) restore(ctx context.Context, err error) bool {
+	// KV watches go through nats.go's older JetStream API, with its own errors.
+	if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) &&
+		!errors.Is(err, nats.ErrStreamNotFound) && !errors.Is(err, nats.ErrBucketNotFound) {
+		return false
+	}
+	if _, oerr := openBucket(ctx, ls.js, LeaseBucket, ls.cfg.TTL, ls.replicas, jetstream.MemoryStorage); oerr != nil {
+		ls.cfg.Logger.Warn("the lease bucket is gone and could not be created again; retrying", "err", oerr)
+		return false
+	}
+	ls.cfg.Logger.Warn("the lease bucket was gone (a NATS server restarted without it); created it again")
+	return true
 }
 
 // Config is the validated configuration.
@@ -106,7 +127,9 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("epoch: acquire lease of %s: %w", run, ctx.Err())
 			}
-			ls.cfg.Logger.Warn("lease acquire failed; retrying", "run", run, "err", err)
+			if !ls.restore(ctx, err) {
+				ls.cfg.Logger.Warn("lease acquire failed; retrying", "run", run, "err", err)
+			}
 		} else {
 			cur, err := readLatest(ctx, ls.js, LeaseBucket, run)
 			if err != nil {

@@ -91,6 +91,9 @@ func (lw *LeaseWatcher) Stop() {
 // latest value first) until ctx ends or the watch closes.
 func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 	w, err := lw.ls.kv.WatchAll(ctx)
+	if err != nil && lw.ls.restore(ctx, err) {
+		w, err = lw.ls.kv.WatchAll(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("epoch: watch leases: %w", err)
 	}

@@ -17,6 +17,12 @@ import (
 
 // startNATSServer starts one nats-server process (JetStream, synced) and returns its URL.
 func startNATSServer(t *testing.T) string {
+	_, url := startNATSServerProc(t)
+	return url
+}
+
+// startNATSServerProc is startNATSServer, with the process (to stop and restart it).
+func startNATSServerProc(t *testing.T) (*Proc, string) {
 	bin := Binaries(t)
 	dir := t.TempDir()
 	port := freePorts(t, 1)[0]
@@ -29,7 +35,7 @@ func startNATSServer(t *testing.T) string {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	c := &Cluster{URLs: []string{url}}
 	waitJetStream(t, c)
-	return url
+	return p, url
 }
 
 // Failover cron: a 2-second schedule (catch-up all) on three flowd nodes sharing one

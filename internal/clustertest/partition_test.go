@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/flowrun/flow/internal/api"
 )
 
@@ -382,4 +385,65 @@ func TestSilentPartitionOfARunsOwner(t *testing.T) {
 		t.Errorf("run verify: %v %+v", err, v)
 	}
 	t.Logf("%d requests; the new epoch's first was #%d; epochs %d -> %d; %d fenced commits", len(reqs), firstNew, first.Epoch, final.Epoch, len(final.Fenced))
+}
+
+// An external NATS server restarted (SIGTERM, as for an upgrade) comes back without
+// flow's memory-storage stream and bucket (FLOW_TASKS, FLOW_LEASES). The node reconnects,
+// creates them again and carries on: ready, and a new run succeeds on it. Before, every
+// lease acquire and the leader's lease watch failed on "stream not found" until flowd
+// itself was restarted.
+func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a nats-server process")
+	}
+	srv, url := startNATSServerProc(t)
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
+	node := StartFlowd(t, &Cluster{URLs: []string{url}}, "node-a", "--lease-ttl", partitionTTL.String(), "--http", httpAddr)
+	p := &partitioned{t: t, url: url, a: node, aHTTP: httpAddr}
+	p.cl = client(t, &Cluster{URLs: []string{url}})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node-a's log, warnings and up:\n%s", importantLines(LogOf(node), 40))
+		}
+	})
+	p.waitLeader(30*time.Second, "node-a", 0)
+	if err := call(t, p.cl, "workflow.apply", api.Req{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
+	<-srv.done
+	WaitFor(t, 10*time.Second, "node-a not ready while NATS is down", func() bool { code, _ := p.readyz(); return code == http.StatusServiceUnavailable })
+	srv.Restart(t)
+	restarted := time.Now()
+	waitJetStream(t, &Cluster{URLs: []string{url}})
+	p.cl.Close()
+	p.cl = client(t, &Cluster{URLs: []string{url}})
+	within := 4*partitionTTL + 5*time.Second // reconnect, then a part's silence limit (>= 4 s) and its backoff
+	WaitFor(t, within, "node-a ready after the NATS restart", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for _, stream := range []string{"FLOW_TASKS", "KV_FLOW_LEASES"} {
+		WaitFor(t, within, stream+" created again", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := js.Stream(ctx, stream)
+			return err == nil
+		})
+	}
+	t.Logf("ready and both streams back %s after the restart", time.Since(restarted).Round(10*time.Millisecond))
+	p.runSeq = 100
+	var run api.Run
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = p.cl.Call(ctx, "run.start", api.Req{Workflow: "probe", ID: "after-restart"}, &run)
+	if err == nil {
+		err = p.cl.Call(ctx, "run.wait", api.Req{ID: "after-restart", Wait: "20s"}, &run)
+	}
+	if err != nil || run.Status != "succeeded" {
+		t.Fatalf("a run after the NATS restart: %v, %+v", err, run)
+	}
 }
