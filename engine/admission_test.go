@@ -300,13 +300,25 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// w1's step start note must be applied too, and the scheduler's pass over the
+			// last message finished: either, after the room appears, would let the
+			// scheduler assign the waiting runs first.
 			if err := waitFor(ctx, e.clog, func() bool {
 				a, r := e.store.Held()
-				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.backlogged.Load()
+				st, err := e.store.Steps("w1")
+				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.backlogged.Load() &&
+					err == nil && len(st) == 1 && st[0].Status == checkpoint.StepRunning
 			}); err != nil {
 				t.Fatal("the backlog did not form:", err)
 			}
+			for settle := time.Now().Add(10 * time.Second); e.scheduledUpTo.Load() < e.store.Applied(); {
+				if time.Now().After(settle) {
+					t.Fatalf("the scheduler did not finish its pass over sequence %d", e.store.Applied())
+				}
+				time.Sleep(time.Millisecond) // polling the scheduler's progress, with a deadline
+			}
 			// Room appears; the scheduler has not run since (nothing was applied).
+			before := e.store.Applied()
 			e.queueAheadN.Store(10)
 			late, err := e.StartRun(ctx, "blocks", nil, RunOptions{})
 			if err != nil {
@@ -329,7 +341,12 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 				t.Fatalf("the late run (epoch %d) passed %d runs waiting before it", lateRun.Epoch, passed)
 			}
 			if !guard && passed == 0 {
-				t.Fatal("with the check off the late run did not pass the waiting runs: the control shows nothing")
+				var eps []int64
+				for _, id := range ids {
+					r, _ := e.store.Run(id)
+					eps = append(eps, r.Epoch)
+				}
+				t.Fatalf("with the check off the late run did not pass the waiting runs: the control shows nothing (applied %d before; late epoch %d; epochs %v)", before, lateRun.Epoch, eps)
 			}
 		})
 	}

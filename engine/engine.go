@@ -69,6 +69,7 @@ type Engine struct {
 	queueAheadN      atomic.Int32
 	noAdmission      atomic.Bool
 	admitPastWaiting atomic.Bool // test: the short path may pass runs waiting for room (negative control)
+	scheduledUpTo    atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen (tests wait on it)
 
 	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
 	// test switch that keeps a cancelled run's epoch running (the negative control of

@@ -67,7 +67,9 @@ func (s *scheduler) run(parent context.Context) {
 	defer reconcile.Stop()
 	for {
 		changed := s.e.clog.Changed()
+		seen := s.e.store.Applied()
 		s.assignPending(ctx)
+		s.e.scheduledUpTo.Store(seen)
 		select {
 		case <-ctx.Done():
 			return
