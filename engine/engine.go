@@ -68,7 +68,7 @@ type Engine struct {
 	backlogged       atomic.Bool // the scheduler's last pass left runs waiting for room
 	queueAheadN      atomic.Int32
 	noAdmission      atomic.Bool
-	admitPastWaiting atomic.Bool // test: the short path may pass runs waiting for room (negative control)
+	admitPastWaiting atomic.Bool   // test: the short path may pass runs waiting for room (negative control)
 	scheduledUpTo    atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen (tests wait on it)
 
 	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
