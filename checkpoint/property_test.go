@@ -253,6 +253,9 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 		{"no checkpoint check", Unsafe{NoCheckpointCheck: true},
 			[]string{"invariant 1: double commit", "invariant 3: step"}},
 		{"no term check", Unsafe{NoTermCheck: true}, []string{"stale term accepted"}},
+		// A start accepted for a checkpointed step sets it running again, and the
+		// checkpoint check then lets a second commit of it through.
+		{"no start check", Unsafe{NoStartCheck: true}, []string{"invariant 1: double commit", "invariant 3: step"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := &recordingTB{TB: t}

@@ -27,6 +27,7 @@ type Unsafe struct {
 	NoEpochCheck      bool // accept commits whatever their epoch
 	NoCheckpointCheck bool // accept a commit of a (step, item) that already has one
 	NoTermCheck       bool // accept scheduler entries of any term
+	NoStartCheck      bool // accept a step start of a step that is already checkpointed
 }
 
 // StoreOptions configure a Store.
