@@ -61,10 +61,20 @@ type Config struct {
 
 // Unsafe switches, for negative-control tests only.
 type Unsafe struct {
-	// NoHeartbeat: the holder never renews and never notices it lost its lease (the
-	// seeds' scenario C: a copy of the worker without its heartbeat).
+	// NoRenew: the holder never renews its lease (it lapses on the server after the TTL),
+	// as a process whose renewals stopped. Its kill switch still works.
+	NoRenew bool
+	// NoKillSwitch: the holder never notices that its trust window has passed (2/3 of
+	// the TTL without a renewal): its lease's context is not cancelled and Check passes.
+	// The negative control of the kill switch.
+	NoKillSwitch bool
+	// NoHeartbeat is both (the seeds' scenario C: a copy of the worker without its
+	// heartbeat: it never renews and never notices it lost its lease).
 	NoHeartbeat bool
 }
+
+func (u Unsafe) noRenew() bool      { return u.NoRenew || u.NoHeartbeat }
+func (u Unsafe) noKillSwitch() bool { return u.NoKillSwitch || u.NoHeartbeat }
 
 // Validate checks c and fills in defaults. The error names the field and the fix.
 func (c *Config) Validate() error {

@@ -69,7 +69,7 @@ func (k *keeper) check() error {
 	if err := context.Cause(k.ctx); err != nil {
 		return err
 	}
-	if k.cfg.Unsafe.NoHeartbeat {
+	if k.cfg.Unsafe.noKillSwitch() {
 		return nil
 	}
 	if k.since() >= time.Duration(k.trustUntil.Load()) {
@@ -114,7 +114,7 @@ func (k *keeper) setDegraded(on bool) {
 func (k *keeper) run() {
 	defer close(k.done)
 	defer k.setDegraded(false)
-	if k.cfg.Unsafe.NoHeartbeat {
+	if k.cfg.Unsafe.noRenew() && k.cfg.Unsafe.noKillSwitch() {
 		select { // negative control: never renews, never notices
 		case <-k.stop:
 		case <-k.ctx.Done():
@@ -123,8 +123,16 @@ func (k *keeper) run() {
 	}
 	tick := time.NewTicker(k.cfg.RenewInterval)
 	defer tick.Stop()
+	renewals := tick.C
+	if k.cfg.Unsafe.noRenew() {
+		renewals = nil // the kill switch alone: the lease lapses and the watchdog notices
+	}
 	watchdog := time.NewTimer(k.cfg.trust())
 	defer watchdog.Stop()
+	watchdogC := watchdog.C
+	if k.cfg.Unsafe.noKillSwitch() {
+		watchdogC = nil // renewals alone: a lapse goes unnoticed (negative control)
+	}
 	for {
 		select {
 		case d := <-k.freeze:
@@ -141,15 +149,18 @@ func (k *keeper) run() {
 		case <-k.ctx.Done():
 			k.poisonPill()
 			return
-		case <-watchdog.C:
+		case <-watchdogC:
 			_ = k.check() // cancels with the cause when the window has passed
 			if k.ctx.Err() != nil {
 				k.poisonPill()
 				return
 			}
 			watchdog.Reset(time.Duration(k.trustUntil.Load()) - k.since())
-		case <-tick.C:
+		case <-renewals:
 			if err := k.renew(); err != nil {
+				if k.cfg.Unsafe.noKillSwitch() {
+					continue // the negative control: the loss goes unnoticed
+				}
 				k.lose(err)
 				k.poisonPill()
 				return
