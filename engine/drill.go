@@ -32,13 +32,24 @@ steps:
 // its lease's renewals and watchdog stop for 1.5 TTL (the lease lapses, the leader
 // reclaims, another worker takes the run over), and when it wakes its commit skips
 // the local lease check, as a process whose pause fell between its check and its
-// write. The log fences that commit. In later epochs it does nothing.
-func (e *Engine) drillPause(_ context.Context, in steps.Input) (json.RawMessage, error) {
+// write. The log fences that commit. In later epochs it waits for that, then does
+// nothing.
+func (e *Engine) drillPause(ctx context.Context, in steps.Input) (json.RawMessage, error) {
 	r, err := e.store.Run(in.Run)
 	if err != nil {
 		return nil, err
 	}
 	if len(r.Epochs) > 1 {
+		// The new owner waits here (for at most 3 TTLs) until the paused worker's commit
+		// of this step has been decided, so that the step is not yet checkpointed when
+		// that commit arrives and the run still runs: only the epoch check can fence it,
+		// and the drill shows it doing so (stale-epoch).
+		wctx, cancel := context.WithTimeout(ctx, 3*e.leases.Config().TTL)
+		defer cancel()
+		_ = waitFor(wctx, e.clog, func() bool {
+			r, err := e.store.Run(in.Run)
+			return err != nil || r.Fenced > 0
+		})
 		return json.RawMessage(`{"paused":false}`), nil
 	}
 	e.mu.Lock()

@@ -86,9 +86,11 @@ steps:
 `
 
 // runStolen: node-a starts the run, stalls in s2 with its heartbeat removed (its lease
-// lapses but it does not notice); node-b takes over, commits s2 and stalls in s3; then
-// node-a wakes and commits s2 with its old epoch.
-func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint.RunView) {
+// lapses but it does not notice); node-b takes over and stalls in bBlocks; then node-a
+// wakes and commits s2 with its old epoch. With bBlocks "s2", nobody has committed s2
+// when the zombie does, so only the epoch check can fence it; with "s3", node-b has
+// checkpointed s2 first, and either check can.
+func runStolen(t *testing.T, unsafe checkpoint.Unsafe, bBlocks string) (a *Engine, v *checkpoint.RunView) {
 	g := newGates(t)
 	zombieLease := testLease
 	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
@@ -113,24 +115,25 @@ func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint
 		c.NATSURL = a.ClientURL()
 		c.Unsafe = unsafe
 		c.Registry = steps.NewRegistry(0)
-		_ = c.Registry.Register("gate", g.step("node-b", map[string]bool{"s3": true}))
+		_ = c.Registry.Register("gate", g.step("node-b", map[string]bool{bBlocks: true}))
 	})
-	bIn, _ := g.pair("node-b/s3")
+	bIn, _ := g.pair("node-b/" + bBlocks)
 	select {
 	case <-bIn:
 	case <-ctx.Done():
 		t.Fatal("node-b never took the run over")
 	}
 	g.release("node-a/s2") // the zombie wakes and commits s2 with its old epoch
-	// Wait on what the log decided (fenced, or with fencing off a second acceptance):
-	// the state is what the log's notifications tell about.
+	// Wait on what the log decided of the zombie's commit (fenced, or with a guard off
+	// accepted): the state is what the log's notifications tell about.
 	if err := waitFor(ctx, a.clog, func() bool {
 		v, _ := a.store.View(id)
-		return v != nil && (len(v.Fenced) > 0 || countAccepted(v, "s2") > 1)
+		_, decided := zombieCommit(v)
+		return decided
 	}); err != nil {
 		t.Fatal("the zombie's commit never reached the log")
 	}
-	g.release("node-b/s3")
+	g.release("node-b/" + bBlocks)
 	if _, err := b.WaitRun(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +142,19 @@ func runStolen(t *testing.T, unsafe checkpoint.Unsafe) (a *Engine, v *checkpoint
 		t.Fatal(err)
 	}
 	return a, v
+}
+
+// zombieCommit is node-a's commit of s2 in its first epoch, once the log decided it.
+func zombieCommit(v *checkpoint.RunView) (checkpoint.Event, bool) {
+	if v == nil || len(v.Run.Epochs) == 0 {
+		return checkpoint.Event{}, false
+	}
+	for _, ev := range v.Events {
+		if ev.Kind == checkpoint.KindCommit && ev.Step == "s2" && ev.Owner == "node-a" && ev.Epoch == v.Run.Epochs[0].Epoch {
+			return ev, true
+		}
+	}
+	return checkpoint.Event{}, false
 }
 
 func countAccepted(v *checkpoint.RunView, step string) int {
@@ -154,8 +170,11 @@ func countAccepted(v *checkpoint.RunView, step string) int {
 	return n
 }
 
+// The epoch check: the zombie commits s2, which nobody else has committed yet (node-b
+// holds the new epoch and waits in s2), so the checkpoint check has nothing to fence
+// it with. It is fenced as stale-epoch, node-a stops, and node-b's s2 is the one kept.
 func TestFencedStop(t *testing.T) {
-	a, v := runStolen(t, checkpoint.Unsafe{})
+	a, v := runStolen(t, checkpoint.Unsafe{}, "s2")
 	// node-a stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
 	for a.Stats().Stolen.Load() != 1 {
@@ -167,8 +186,9 @@ func TestFencedStop(t *testing.T) {
 	if v.Run.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("run %s: %s", v.Run.Status, v.Run.Error)
 	}
-	if len(v.Fenced) != 1 || v.Fenced[0].Owner != "node-a" || v.Fenced[0].Step != "s2" || v.Fenced[0].Epoch >= v.Fenced[0].CurrentEpoch {
-		t.Fatalf("fenced = %+v", v.Fenced)
+	if len(v.Fenced) != 1 || v.Fenced[0].Owner != "node-a" || v.Fenced[0].Step != "s2" ||
+		v.Fenced[0].Epoch >= v.Fenced[0].CurrentEpoch || v.Fenced[0].Reason != "stale-epoch" {
+		t.Fatalf("fenced = %+v; want node-a's s2 fenced as stale-epoch", v.Fenced)
 	}
 	for _, s := range []string{"s1", "s2", "s3"} {
 		if n := countAccepted(v, s); n != 1 {
@@ -187,10 +207,37 @@ func TestFencedStop(t *testing.T) {
 	}
 }
 
-// Negative control: with fencing off, the zombie's stale commit of s2 is accepted
-// beside node-b's: the double commit fencing exists to prevent.
+// The epoch check's negative control: with it off alone, the zombie's commit of s2
+// (nobody else's yet) is accepted with its stale epoch, and the run keeps the zombie's
+// output; node-b's own s2 is then fenced by the checkpoint check.
+func TestFencedStopWithoutTheEpochCheck(t *testing.T) {
+	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true}, "s2")
+	ev, _ := zombieCommit(v)
+	if ev.Outcome != "accepted" {
+		t.Fatalf("without the epoch check the zombie's commit was %q; the control expects it accepted", ev.Outcome)
+	}
+	if out := v.Steps[1].Output; string(out) != `{"by":"node-a"}` {
+		t.Fatalf("s2's checkpoint is %s; the control expects the zombie's", out)
+	}
+}
+
+// The checkpoint check: with the epoch check off, a zombie's commit of a step the new
+// owner has already checkpointed is fenced as checkpoint-exists.
+func TestCheckpointCheckFencesAZombieOnACommittedStep(t *testing.T) {
+	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true}, "s3")
+	ev, _ := zombieCommit(v)
+	if ev.Outcome == "accepted" || len(v.Fenced) != 1 || v.Fenced[0].Reason != "checkpoint-exists" {
+		t.Fatalf("zombie's commit %q, fenced %+v; want it fenced as checkpoint-exists", ev.Outcome, v.Fenced)
+	}
+	if n := countAccepted(v, "s2"); n != 1 {
+		t.Fatalf("s2 accepted %d times", n)
+	}
+}
+
+// The checkpoint check's negative control: with both checks off, the zombie's stale
+// commit of s2 is accepted beside node-b's: the double commit fencing exists to prevent.
 func TestFencedStopNegativeControl(t *testing.T) {
-	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
+	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true}, "s3")
 	if n := countAccepted(v, "s2"); n != 2 {
 		t.Fatalf("without fencing s2 was accepted %d times; the control expects the double commit", n)
 	}
@@ -208,7 +255,9 @@ func TestDrillZombie(t *testing.T) {
 		(r[1].Reason != checkpoint.ReasonLeaseExpired && r[1].Reason != checkpoint.ReasonReconciled) {
 		t.Fatalf("run %s epochs %+v", v.Run.Status, v.Run.Epochs)
 	}
-	if len(v.Fenced) != 1 || v.Fenced[0].Step != "pause" || v.Fenced[0].Epoch != v.Run.Epochs[0].Epoch || v.Fenced[0].Reason == "" {
+	// The paused worker's commit carries the first epoch: whatever the new owner did
+	// meanwhile, the epoch check (which comes first) is what fences it.
+	if len(v.Fenced) != 1 || v.Fenced[0].Step != "pause" || v.Fenced[0].Epoch != v.Run.Epochs[0].Epoch || v.Fenced[0].Reason != "stale-epoch" {
 		t.Fatalf("fenced %+v", v.Fenced)
 	}
 	// The paused worker stops right after its fenced commit's outcome reaches it.

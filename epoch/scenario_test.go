@@ -24,11 +24,12 @@ const stolenReason = "lock-stolen-mid-run"
 var scenarioSteps = []string{"s1", "s2", "s3", "s4"}
 
 type scenarioWorker struct {
-	name   string
-	lg     *checkpoint.Log
-	lease  *Lease
-	epoch  int64
-	paused chan struct{} // a step blocks here until closed (a long step, a GC pause)
+	name    string
+	lg      *checkpoint.Log
+	lease   *Lease
+	epoch   int64
+	paused  chan struct{} // a step blocks here until closed (a long step, a GC pause)
+	entered chan struct{} // closed when the worker reaches the step it pauses before (may be nil)
 }
 
 // work runs the steps from the first without a checkpoint; it returns why it stopped
@@ -44,6 +45,9 @@ func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
 			continue // resume from checkpoints
 		}
 		if st.Name == pauseBefore {
+			if w.entered != nil {
+				close(w.entered)
+			}
 			<-w.paused
 		}
 		if err := w.lease.Check(); err != nil {
@@ -61,7 +65,19 @@ func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
 	return "done"
 }
 
-func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombieStop string, accepted map[string]int, fenced int) {
+// scenarioResult is how scenario C ended.
+type scenarioResult struct {
+	zombie, fresh string // why each worker stopped
+	accepted      map[string]int
+	fenced        []checkpoint.Fenced
+	s2By          string // whose output s2's checkpoint holds
+}
+
+// runScenarioC: the zombie commits s1 and stalls before s2 with its heartbeat removed;
+// its lease lapses; the leader hands the run to "fresh", which also stops before s2;
+// then the zombie wakes and commits s2, which nobody has committed yet (so only the
+// epoch check can fence it), and then fresh goes on.
+func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) scenarioResult {
 	srv := startNATS(t)
 	ctx := ctxT(t, 30*time.Second)
 	nc, err := srv.Connect()
@@ -147,7 +163,7 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombi
 		}
 		// With its heartbeat, the long step kept its lease for 3 TTLs: nothing to steal.
 		close(zombie.paused)
-		return zombieStopped(), countAccepted(t, store), 0
+		return scenarioResult{zombie: zombieStopped(), accepted: countAccepted(t, store)}
 	}
 	e2 := int64(write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "run-c", Epoch: e1, Term: 1, Reason: checkpoint.ReasonLeaseExpired}))
 	fl, err := ls.Acquire(ctx, "run-c", e2, "fresh")
@@ -156,18 +172,32 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) (zombi
 	}
 	defer fl.Release(ctx)
 	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "run-c", Epoch: e2, Owner: "fresh"})
-	fresh := &scenarioWorker{name: "fresh", lg: lg, lease: fl, epoch: e2}
-	if got := fresh.work(ctx, ""); got != "done" {
-		t.Fatalf("the new owner stopped: %s", got)
+	fresh := &scenarioWorker{name: "fresh", lg: lg, lease: fl, epoch: e2, paused: make(chan struct{}), entered: make(chan struct{})}
+	freshStopped := make(chan string, 1)
+	go func() { freshStopped <- fresh.work(ctx, "s2") }()
+	select {
+	case <-fresh.entered:
+	case <-time.After(10 * testTTL):
+		t.Fatal("the new owner never reached s2")
 	}
-	// The zombie wakes up and carries on with s2.
+	// The zombie wakes up and carries on with s2, before the new owner commits it.
 	close(zombie.paused)
-	stop := zombieStopped()
+	res := scenarioResult{zombie: zombieStopped()}
+	close(fresh.paused)
+	select {
+	case res.fresh = <-freshStopped:
+	case <-time.After(10 * testTTL):
+		t.Fatal("the new owner did not stop within 10 TTLs")
+	}
 	v, err := store.View("run-c")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return stop, countAccepted(t, store), len(v.Fenced)
+	res.accepted, res.fenced = countAccepted(t, store), v.Fenced
+	var out struct{ By string }
+	_ = json.Unmarshal(v.Steps[1].Output, &out)
+	res.s2By = out.By
+	return res
 }
 
 func countAccepted(t *testing.T, store *checkpoint.Store) map[string]int {
@@ -186,35 +216,45 @@ func countAccepted(t *testing.T, store *checkpoint.Store) map[string]int {
 
 func TestScenarioC(t *testing.T) {
 	t.Run("heartbeat keeps the lease through a long step", func(t *testing.T) {
-		stop, accepted, _ := runScenarioC(t, true, checkpoint.Unsafe{})
-		if stop != "done" {
-			t.Fatalf("worker stopped: %s", stop)
+		res := runScenarioC(t, true, checkpoint.Unsafe{})
+		if res.zombie != "done" {
+			t.Fatalf("worker stopped: %s", res.zombie)
 		}
 		for _, s := range scenarioSteps {
-			if accepted[s] != 1 {
-				t.Fatalf("step %s committed %d times", s, accepted[s])
+			if res.accepted[s] != 1 {
+				t.Fatalf("step %s committed %d times", s, res.accepted[s])
 			}
 		}
 	})
-	t.Run("no heartbeat: stolen mid-run, fenced", func(t *testing.T) {
-		stop, accepted, fenced := runScenarioC(t, false, checkpoint.Unsafe{})
-		if stop != stolenReason {
-			t.Fatalf("zombie stopped with %q, want %q", stop, stolenReason)
+	t.Run("no heartbeat: stolen mid-run, fenced by the epoch check", func(t *testing.T) {
+		res := runScenarioC(t, false, checkpoint.Unsafe{})
+		if res.zombie != stolenReason || res.fresh != "done" {
+			t.Fatalf("zombie stopped with %q, the new owner with %q; want %q and done", res.zombie, res.fresh, stolenReason)
 		}
-		if fenced != 1 {
-			t.Fatalf("%d fenced commits recorded, want 1", fenced)
+		if len(res.fenced) != 1 || res.fenced[0].Reason != "stale-epoch" || res.fenced[0].Step != "s2" || res.fenced[0].Owner != "zombie" {
+			t.Fatalf("fenced %+v; want the zombie's s2 fenced as stale-epoch", res.fenced)
 		}
 		for _, s := range scenarioSteps {
-			if accepted[s] != 1 {
-				t.Fatalf("step %s committed %d times; want once", s, accepted[s])
+			if res.accepted[s] != 1 {
+				t.Fatalf("step %s committed %d times; want once", s, res.accepted[s])
 			}
 		}
+		if res.s2By != "fresh" {
+			t.Fatalf("s2's checkpoint is %q's; want fresh's", res.s2By)
+		}
+	})
+	t.Run("no heartbeat and no epoch check: the zombie's commit is kept", func(t *testing.T) {
+		res := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true})
+		if res.s2By != "zombie" || res.accepted["s2"] != 1 {
+			t.Fatalf("without the epoch check s2 holds %q's output (accepted %d times); the control expects the zombie's stale commit kept", res.s2By, res.accepted["s2"])
+		}
+		t.Logf("without the epoch check the zombie's stale commit of s2 was kept; the new owner stopped with %q", res.fresh)
 	})
 	t.Run("no heartbeat and no fencing: the double commit", func(t *testing.T) {
-		stop, accepted, _ := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
-		if accepted["s2"] != 2 {
-			t.Fatalf("without fencing, step s2 was committed %d times; the control expects the double commit (zombie stopped: %s)", accepted["s2"], stop)
+		res := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
+		if res.accepted["s2"] != 2 {
+			t.Fatalf("without fencing, step s2 was committed %d times; the control expects the double commit (zombie stopped: %s)", res.accepted["s2"], res.zombie)
 		}
-		t.Logf("without fencing the zombie's stale commit of s2 was accepted after the new owner's: %v", accepted)
+		t.Logf("without fencing the zombie's stale commit of s2 and the new owner's were both accepted: %v", res.accepted)
 	})
 }
