@@ -17,13 +17,13 @@ import (
 // context ends first (recorded as stopped).
 type sideEffects struct {
 	mu      sync.Mutex
-	done    []effect
-	stopped []effect
+	done    []stepEffect
+	stopped []stepEffect
 	entered chan int64
 	release map[int64]chan struct{}
 }
 
-type effect struct {
+type stepEffect struct {
 	epoch int64
 	at    time.Time
 }
@@ -47,19 +47,19 @@ func (s *sideEffects) step() steps.Step {
 		select {
 		case <-s.gate(in.Epoch):
 			s.mu.Lock()
-			s.done = append(s.done, effect{in.Epoch, time.Now()})
+			s.done = append(s.done, stepEffect{in.Epoch, time.Now()})
 			s.mu.Unlock()
 			return json.RawMessage(`{}`), nil
 		case <-ctx.Done():
 			s.mu.Lock()
-			s.stopped = append(s.stopped, effect{in.Epoch, time.Now()})
+			s.stopped = append(s.stopped, stepEffect{in.Epoch, time.Now()})
 			s.mu.Unlock()
 			return nil, ctx.Err()
 		}
 	})
 }
 
-func (s *sideEffects) of(list *[]effect, epoch int64) (effect, bool) {
+func (s *sideEffects) of(list *[]stepEffect, epoch int64) (stepEffect, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range *list {
@@ -67,7 +67,7 @@ func (s *sideEffects) of(list *[]effect, epoch int64) (effect, bool) {
 			return e, true
 		}
 	}
-	return effect{}, false
+	return stepEffect{}, false
 }
 
 // Invariant: a worker that lost its lease stops its step before another epoch can
