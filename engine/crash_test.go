@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,9 +23,13 @@ type crashNode struct {
 	wfFile string
 	runs   string
 	record string
+
+	mu  sync.Mutex
+	out []string // every line the node printed, over all its starts
 }
 
-// start launches the node; lines of its output arrive on the returned channel.
+// start launches the node; lines of its output arrive on the returned channel (and in
+// n.out), which is closed when the node's output ends.
 func (n *crashNode) start() (*exec.Cmd, <-chan string) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -45,10 +51,28 @@ func (n *crashNode) start() (*exec.Cmd, <-chan string) {
 			if strings.HasPrefix(sc.Text(), "error") {
 				n.t.Errorf("node: %s", sc.Text())
 			}
+			n.mu.Lock()
+			n.out = append(n.out, sc.Text())
+			n.mu.Unlock()
 			lines <- sc.Text()
 		}
 	}()
 	return cmd, lines
+}
+
+// kill SIGKILLs the node and returns once all it printed has been read.
+func (n *crashNode) kill(cmd *exec.Cmd, lines <-chan string) {
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	for range lines { // the output ends with the process: nothing else holds the pipe
+	}
+	_ = cmd.Wait()
+}
+
+// printed reports whether the node has printed the line, in any of its starts.
+func (n *crashNode) printed(line string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Contains(n.out, line)
 }
 
 func recordLines(t *testing.T, file string) []string {
@@ -83,11 +107,14 @@ func waitLines(t *testing.T, file string, n int, lines <-chan string) bool {
 	return true
 }
 
-// Crash resume: runs of 10 exec-like steps (each appends its name to a file, then
-// works a while) in a node SIGKILLed at random points and restarted, 20 times. Every
-// checkpointed step appears exactly once; a step appears twice only if it was the one
-// in flight at a kill (its idempotency key is the same both times: it is the same
-// (run, step, item)). Invariant 3 of DESIGN.md.
+// Crash resume: runs of 10 exec-like steps (each appends its name and epoch to a file,
+// then works a while) in a node SIGKILLed at random points and restarted, 20 times. The
+// file, not the store (which fences a second commit whatever the engine does), is the
+// evidence: no step runs in an epoch after the one that checkpointed it; a step runs in
+// an earlier epoch only if it was the one in flight at a kill, and then once more in the
+// next epoch (its idempotency key is the same both times: it is the same (run, step,
+// item)); no write is fenced (there is no zombie); each run changed epoch exactly once per
+// kill that landed in it. Invariant 3 of DESIGN.md.
 func TestCrashResume(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills processes")
@@ -112,6 +139,12 @@ func TestCrashResume(t *testing.T) {
 	node := &crashNode{t: t, dir: filepath.Join(dir, "data"), wfFile: wfFile, runs: strings.Join(runs, ","), record: filepath.Join(dir, "record.txt")}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var killedAt []int // record line counts at each kill
+	type killLanding struct {
+		run     string
+		epoch   int64
+		running bool // the run had not finished when the kill landed
+	}
+	var landed []killLanding
 	finished := false
 	for kill := 0; kill < 20 && !finished; kill++ {
 		cmd, lines := node.start()
@@ -119,39 +152,35 @@ func TestCrashResume(t *testing.T) {
 		if !waitLines(t, node.record, before+rng.IntN(3), lines) {
 			finished = true
 		}
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		_ = cmd.Wait()
+		node.kill(cmd, lines)
 		killedAt = append(killedAt, len(recordLines(t, node.record)))
+		// The run a kill landed in: the one whose step recorded the last side effect
+		// before it, unless the node had already printed that the run was done (then
+		// the kill landed between runs and changed no epoch).
+		// (A kill stalled past the run's end and the next run's claim would land in an
+		// unclaimed run, whose new epoch does not count; the kill follows the line by
+		// milliseconds and the run needs 180 ms more to end.)
+		if last := parseEffects(t, recordLines(t, node.record)); len(last) > 0 {
+			in := last[len(last)-1]
+			landed = append(landed, killLanding{epoch: in.Epoch, run: in.Run, running: !node.printed("done " + in.Run + " succeeded")})
+		}
 	}
 	if len(killedAt) < 20 {
 		t.Fatalf("the runs finished after %d kills; make them longer", len(killedAt))
 	}
 	cmd, lines := node.start()
 	waitAllDone(t, cmd, lines, 2*time.Minute)
-	got := recordLines(t, node.record)
-	kills := map[int]bool{}
+	got := parseEffects(t, recordLines(t, node.record))
+	lastBeforeKill := map[int]bool{}
 	for _, k := range killedAt {
-		kills[k] = true
+		lastBeforeKill[k-1] = true
 	}
-	// Walk the side effects: a repeat is allowed only right after a kill, of the step
-	// that was the last one written before it.
-	seenAt := map[string]int{}
-	repeats := 0
-	for i, l := range got {
-		if prev, ok := seenAt[l]; ok {
-			if !kills[prev+1] {
-				t.Fatalf("%q ran again (line %d) although it was not in flight at a kill (first at line %d; kills after lines %v)", l, i+1, prev+1, killedAt)
-			}
-			repeats++
-		}
-		seenAt[l] = i
-	}
-	// Every step of every run is checkpointed exactly once.
 	store, err := checkpoint.OpenStore(filepath.Join(node.dir, "state"), checkpoint.StoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
+	repeats, changes := 0, 0
 	for _, id := range runs {
 		v, err := store.View(id)
 		if err != nil {
@@ -160,16 +189,47 @@ func TestCrashResume(t *testing.T) {
 		if v.Run.Status != checkpoint.StatusSucceeded {
 			t.Fatalf("%s: %s %s", id, v.Run.Status, v.Run.Error)
 		}
-		for _, s := range v.Steps {
-			if n := countAccepted(v, s.Name); n != 1 {
-				t.Fatalf("%s step %s accepted %d times", id, s.Name, n)
+		// (a), (b): a checkpointed step never runs in a later epoch; a step runs in an
+		// epoch before its checkpoint's only if it wrote the last side effect before a kill
+		// (in flight at the kill), and then again in the run's next epoch. The steps are in
+		// one chain and the runs one after another, so at most one is in flight.
+		repeats += checkResumed(t, v, got, func(e effect) bool { return lastBeforeKill[e.Line] })
+		for i := 1; i <= 10; i++ {
+			if _, ok := acceptedEpochs(t, v)[stepItem{fmt.Sprintf("s%02d", i), checkpoint.ItemWhole}]; !ok {
+				t.Errorf("%s: s%02d has no checkpoint", id, i)
 			}
 		}
+		// (c) a SIGKILLed node is dead: nothing of its epoch can be written late.
+		checkNoFenced(t, v)
+		// (d) one epoch change per kill that landed while the run was running, each
+		// beginning the next epoch after the killed one; none other.
+		var killedEpochs []int64
+		for _, l := range landed {
+			if l.run == id && l.running {
+				killedEpochs = append(killedEpochs, l.epoch)
+			}
+		}
+		var want []int64 // the run's epochs that were ended by a kill: all but the last
+		for _, r := range v.Run.Epochs[:len(v.Run.Epochs)-1] {
+			want = append(want, r.Epoch)
+		}
+		if v.Run.EpochChanges != len(killedEpochs) || !slices.Equal(killedEpochs, want) {
+			t.Errorf("%s: %d epoch changes, epochs %+v; kills landed in its epochs %v", id, v.Run.EpochChanges, v.Run.Epochs, killedEpochs)
+		}
+		for i, r := range v.Run.Epochs {
+			if (i == 0) != (r.Reason == checkpoint.ReasonAssigned) || (i > 0 && r.Reason != checkpoint.ReasonLeaseExpired && r.Reason != checkpoint.ReasonReconciled) {
+				t.Errorf("%s: epoch %d began for %q", id, r.Epoch, r.Reason)
+			}
+		}
+		changes += v.Run.EpochChanges
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	if repeats == 0 {
 		t.Fatalf("no kill landed inside a step: the test did not exercise the in-flight case")
 	}
-	t.Logf("20 kills over %d runs; %d side effects, %d repeated (each in flight at a kill)", len(runs), len(got), repeats)
+	t.Logf("20 kills over %d runs: %d epoch changes; %d side effects, %d repeated (each in flight at a kill)", len(runs), changes, len(got), repeats)
 }
 
 // A foreach of 1,000 items killed midway resumes at the first unfinished item: after
@@ -194,8 +254,7 @@ func TestForeachResumesAfterKill(t *testing.T) {
 	if !waitLines(t, node.record, 400, lines) {
 		t.Fatal("finished before the kill")
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = cmd.Wait()
+	node.kill(cmd, lines)
 	atKill := len(recordLines(t, node.record))
 	cmd, lines = node.start()
 	waitAllDone(t, cmd, lines, 2*time.Minute)
@@ -210,10 +269,23 @@ func TestForeachResumesAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) < 2 {
-		t.Fatalf("run %s epochs %+v", v.Run.Status, v.Run.Epochs)
+	// One kill, while the run was running (400 of 1000 items recorded): one counted epoch
+	// change, and no fenced write (the killed node is dead).
+	if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) != 2 || v.Run.EpochChanges != 1 {
+		t.Fatalf("run %s epochs %+v changes %d", v.Run.Status, v.Run.Epochs, v.Run.EpochChanges)
 	}
+	checkNoFenced(t, v)
 	killedEpoch := v.Run.Epochs[0].Epoch
+	// No item checkpointed in an epoch runs in a later one; the items that ran in the
+	// killed epoch and were checkpointed in the next are those in flight at the kill: at
+	// most the parallelism, 4, since an item holds its slot until its commit's outcome.
+	repeats := checkResumed(t, v, parseEffects(t, recordLines(t, node.record)), func(e effect) bool { return e.Epoch == killedEpoch })
+	if repeats > 4 {
+		t.Errorf("%d items ran in the killed epoch and again in the next; at most the 4 in flight may", repeats)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
 	done := map[int]bool{}
 	for _, it := range v.Steps[1].ItemCheckpoints {
 		if it.Epoch == killedEpoch {
@@ -224,21 +296,18 @@ func TestForeachResumesAfterKill(t *testing.T) {
 	for done[firstUnfinished] {
 		firstUnfinished++
 	}
-	after := recordLines(t, node.record)[atKill:]
+	after := parseEffects(t, recordLines(t, node.record)[atKill:])
 	ran := map[int]int{}
 	minRan := 1 << 30
-	for _, l := range after {
-		var run, step string
-		var item int
-		fmt.Sscanf(l, "%s %s %d", &run, &step, &item)
-		if step != "each" {
+	for _, e := range after {
+		if e.Step != "each" {
 			continue
 		}
-		if done[item] {
-			t.Fatalf("item %d ran again after the restart although it was checkpointed", item)
+		if done[e.Item] {
+			t.Fatalf("item %d ran again after the restart although it was checkpointed", e.Item)
 		}
-		ran[item]++
-		minRan = min(minRan, item)
+		ran[e.Item]++
+		minRan = min(minRan, e.Item)
 	}
 	for i := 0; i < 1000; i++ {
 		if !done[i] && ran[i] != 1 {

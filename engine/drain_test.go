@@ -2,7 +2,10 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,27 +13,53 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/steps"
 )
 
 // Drain: a node that stops (SIGTERM in flowd) hands its running run back: a requeue
 // entry and a released lease, so another node resumes it at once with a new epoch that
-// does not count toward max_epochs.
+// does not count toward max_epochs. Each step records its side effect (node, epoch) in
+// the test, outside the store: the checkpointed first step does not run again, the step
+// in flight at the drain runs once in each epoch, no write is fenced and no epoch change
+// is counted.
 func TestStopHandsRunsBack(t *testing.T) {
 	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(t.TempDir(), "nats"), Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	a := startEngine(t, func(c *Config) { c.NATSURL = srv.ClientURL() })
+	var mu sync.Mutex
+	var effects []effect
+	// mark records its side effect, then holds for `hold` (the drain lands there).
+	registry := func() *steps.Registry {
+		reg := steps.NewRegistry(0)
+		_ = reg.Register("mark", steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
+			mu.Lock()
+			effects = append(effects, effect{Run: in.Run, Step: in.Step, Item: in.Item, Epoch: in.Epoch, Line: len(effects)})
+			mu.Unlock()
+			if hold, _ := time.ParseDuration(fmt.Sprint(in.With["hold"])); hold > 0 {
+				tm := time.NewTimer(hold)
+				defer tm.Stop()
+				select {
+				case <-tm.C:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return json.RawMessage(`{}`), nil
+		}))
+		return reg
+	}
+	a := startEngine(t, func(c *Config) { c.NATSURL = srv.ClientURL(); c.Registry = registry() })
 	apply(t, a, `
 name: long
 steps:
   - name: first
-    uses: noop
+    uses: mark
   - name: wait
     needs: [first]
-    uses: sleep
-    with: {duration: 1500ms}
+    uses: mark
+    with: {hold: 1500ms}
 `)
 	ctx := ctxT(t, 30*time.Second)
 	id, err := a.StartRun(ctx, "long", nil, RunOptions{})
@@ -43,7 +72,7 @@ steps:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = srv.ClientURL() })
+	b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = srv.ClientURL(); c.Registry = registry() })
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	if err := a.Stop(sctx); err != nil {
@@ -57,14 +86,31 @@ steps:
 	if err != nil || r.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("%v %+v", err, r)
 	}
-	last := r.Epochs[len(r.Epochs)-1]
-	if last.Owner != "node-b" || last.Reason != checkpoint.ReasonReleased || r.EpochChanges != 0 {
+	// Two epochs, the second begun by the hand-back, which does not count.
+	if len(r.Epochs) != 2 || r.Epochs[0].Reason != checkpoint.ReasonAssigned || r.Epochs[1].Owner != "node-b" ||
+		r.Epochs[1].Reason != checkpoint.ReasonReleased || r.EpochChanges != 0 {
 		t.Fatalf("epochs %+v changes %d", r.Epochs, r.EpochChanges)
 	}
-	// Resumed at once, not after a lease TTL: the first step was not run again.
-	v, _ := b.Run(id)
-	if countAccepted(v, "first") != 1 || time.Since(start) > 1500*time.Millisecond+testLease.TTL {
-		t.Fatalf("took %s; first accepted %d times", time.Since(start), countAccepted(v, "first"))
+	// Resumed at once, not after a lease TTL.
+	if took := time.Since(start); took > 1500*time.Millisecond+testLease.TTL {
+		t.Fatalf("took %s", took)
+	}
+	v, err := b.Run(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := r.Epochs[0].Epoch
+	mu.Lock()
+	got := slices.Clone(effects)
+	mu.Unlock()
+	// first, checkpointed in the drained epoch, never runs again; wait, in flight at the
+	// drain, runs there and once in the next epoch; nothing is fenced (the drained node
+	// wrote nothing after its requeue).
+	repeats := checkResumed(t, v, got, func(e effect) bool { return e.Step == "wait" && e.Epoch == drained })
+	checkNoFenced(t, v)
+	if cp := acceptedEpochs(t, v); cp[stepItem{"first", checkpoint.ItemWhole}] != drained || repeats != 1 {
+		t.Errorf("first checkpointed in epoch %d, want the drained epoch %d; %d repeated side effects, want 1 (wait's): %+v",
+			cp[stepItem{"first", checkpoint.ItemWhole}], drained, repeats, got)
 	}
 }
 

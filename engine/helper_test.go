@@ -26,13 +26,14 @@ func helperMain() bool {
 	fail := func(err error) { say("error %v", err); os.Exit(2) }
 	reg := steps.NewRegistry(0)
 	record := os.Getenv("FLOW_ENGINE_HELPER_RECORD")
-	// record appends "<run> <step> <item>" to a file: the side effect a kill may repeat.
+	// record appends "<run> <step> <item> <epoch>" to a file: the side effect a kill may
+	// repeat, outside the store, with the epoch that ran it.
 	_ = reg.Register("record", steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
 		f, err := os.OpenFile(record, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
 			return nil, err
 		}
-		_, err = fmt.Fprintf(f, "%s %s %d\n", in.Run, in.Step, in.Item)
+		_, err = fmt.Fprintf(f, "%s %s %d %d\n", in.Run, in.Step, in.Item, in.Epoch)
 		f.Close()
 		if hold, _ := time.ParseDuration(fmt.Sprint(in.With["hold"])); hold > 0 && err == nil {
 			t := time.NewTimer(hold) // the step's work after its side effect: a kill lands here
