@@ -72,10 +72,13 @@ func badRequest(format string, args ...any) error {
 // a supervised part of the engine ("api"): it is alive while a ping through the server
 // to its own endpoint is answered, and registered again when it is not.
 func Serve(e *engine.Engine) (*Server, error) {
-	s := &Server{e: e}
+	return serveWith(e, make(chan struct{}, maxConcurrent), make(chan struct{}, maxWaits))
+}
+
+// serveWith is Serve with the request and run.wait slots given (tests size them).
+func serveWith(e *engine.Engine, slots, waiting chan struct{}) (*Server, error) {
+	s := &Server{e: e, slots: slots, waiting: waiting}
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
-	s.slots = make(chan struct{}, maxConcurrent)
-	s.waiting = make(chan struct{}, maxWaits)
 	// The first registration is made here, so that a node that cannot serve fails to start.
 	if err := s.register(); err != nil {
 		return nil, err
