@@ -175,6 +175,9 @@ func stopService(nc *nats.Conn, svc micro.Service, node *nats.Subscription) {
 		_ = node.Unsubscribe()
 	}
 	_ = svc.Stop()
+	// A round trip: once it is back, the server has taken the unsubscriptions, and a
+	// request sent after Stop goes to another node (or to none), not to this one.
+	_ = nc.FlushTimeout(2 * time.Second)
 }
 
 // stopWaitLimit bounds how long a registration waits for the connection to stop.
