@@ -21,6 +21,10 @@ func TestMain(m *testing.M) {
 		crashHelperMain()
 		return
 	}
+	if os.Getenv(diskFullHelperEnv) != "" {
+		diskFullHelperMain()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
