@@ -102,6 +102,9 @@ func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
 	if err := checks.AddEndpoint("list", s.wrap(s.workflowList), micro.WithEndpointSubject("checks.workflow.list")); err != nil {
 		t.Fatal(err)
 	}
+	if err := e.Conn().Flush(); err != nil { // the server has the endpoint before the test asks
+		t.Fatal(err)
+	}
 	nc := connect(t, e)
 	ask := func(body string) (code, msg string, data []byte) {
 		t.Helper()
