@@ -269,14 +269,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 		t.Run(fmt.Sprintf("guard=%v", guard), func(t *testing.T) {
 			release := make(chan struct{})
 			reg := steps.NewRegistry(0)
-			if err := reg.Register("block", steps.Func(func(ctx context.Context, _ steps.Input) (json.RawMessage, error) {
-				select {
-				case <-release:
-					return json.RawMessage(`{}`), nil
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
-			})); err != nil {
+			if err := reg.Register("block", blockUntil(release)); err != nil {
 				t.Fatal(err)
 			}
 			// Nothing but an applied message may wake the scheduler while the late run is
@@ -350,4 +343,17 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blockUntil is a step that waits until release is closed (then succeeds) or its
+// context ends (then fails with it).
+func blockUntil(release <-chan struct{}) steps.Step {
+	return steps.Func(func(ctx context.Context, _ steps.Input) (json.RawMessage, error) {
+		select {
+		case <-release:
+			return json.RawMessage(`{}`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
 }

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -17,14 +15,7 @@ import (
 func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 	release := make(chan struct{})
 	reg := steps.NewRegistry(0)
-	if err := reg.Register("block", steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
-		select {
-		case <-release:
-			return json.RawMessage(`{}`), nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	})); err != nil {
+	if err := reg.Register("block", blockUntil(release)); err != nil {
 		t.Fatal(err)
 	}
 	e := startEngine(t, func(c *Config) { c.Registry = reg; c.CronGrace = 5 * time.Second })
