@@ -595,6 +595,16 @@ func normalize(v any) any {
 			x[k] = normalize(e)
 		}
 		return x
+	case map[any]any:
+		// A mapping whose keys are not all strings ({0: a}, or a flow map of numbers):
+		// JSON keys are strings, so they become strings here, as yaml.v3 does for the
+		// top level of a map[string]any. Left as it is, the workflow could not be stored
+		// (json: unsupported type), though it validated (found by FuzzLoad).
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[fmt.Sprint(k)] = normalize(e)
+		}
+		return m
 	case []any:
 		for i, e := range x {
 			x[i] = normalize(e)
