@@ -249,15 +249,7 @@ func (x *runExec) execute() {
 	running := map[string]bool{}
 	var failed *stepResult
 	for {
-		var ready []*workflow.Step
-		if failed == nil && x.ctx.Err() == nil {
-			for _, st := range x.wf.Steps {
-				if x.isDone(st.Name) || running[st.Name] || len(running)+len(ready) >= x.e.cfg.StepParallelism || !x.ready(st) {
-					continue
-				}
-				ready = append(ready, st)
-			}
-		}
+		ready := readySteps(x.wf, x.isDone, running, x.e.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
 		var res stepResult
 		if len(ready) == 1 && len(running) == 0 {
 			// A lone step runs on this goroutine: a chain's steps then cost no goroutine
@@ -283,38 +275,25 @@ func (x *runExec) execute() {
 		}
 	}
 	x.mu.Lock()
-	completed := x.completed
+	end := endState{completed: x.completed, done: len(x.done)}
 	x.mu.Unlock()
-	switch {
-	case x.isStolen():
-		return
-	case completed: // with the last commit; a drain meanwhile has nothing to hand back
-		x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
-		return
-	case x.ended.Load(): // cancelled or dead-lettered: the log has its status already
-		return
-	case errors.Is(context.Cause(x.ctx), errDrain):
+	end.stolen, end.ended, end.total = x.isStolen(), x.ended.Load(), len(x.wf.Steps)
+	end.cause, end.leaseCause = context.Cause(x.ctx), context.Cause(x.lease.Context())
+	if failed != nil {
+		end.failedStep, end.failedErr = failed.step, failed.err
+	}
+	d := decideEnd(end)
+	switch d.action {
+	case endNothing:
+		if end.completed && !end.stolen { // with the last commit; a drain meanwhile has nothing to hand back
+			x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
+		}
+	case endHandBack:
 		x.handBack()
-		return
-	case failed != nil:
-		if errors.Is(failed.err, errDrain) {
-			x.handBack()
-			return
-		}
-		if errors.Is(context.Cause(x.lease.Context()), epoch.ErrLeaseLost) {
-			x.steal(context.Cause(x.lease.Context()))
-			return
-		}
-		x.complete(checkpoint.StatusFailed, failed.step, failed.err.Error())
-	case x.doneCount() < len(x.wf.Steps):
-		cause := context.Cause(x.ctx)
-		if errors.Is(cause, epoch.ErrLeaseLost) {
-			x.steal(cause)
-			return
-		}
-		x.complete(checkpoint.StatusFailed, "", fmt.Sprint(cause))
-	default:
-		x.complete(checkpoint.StatusSucceeded, "", "")
+	case endSteal:
+		_ = x.steal(d.cause)
+	case endFailed, endSucceeded:
+		x.complete(d.status(), d.step, d.msg)
 	}
 }
 
@@ -326,25 +305,10 @@ func (x *runExec) complete(status checkpoint.RunStatus, step, msg string) {
 	x.log.Info("run finished", "status", status, "step", step, "error", msg)
 }
 
-func (x *runExec) ready(st *workflow.Step) bool {
-	for _, n := range st.Needs {
-		if !x.isDone(n) {
-			return false
-		}
-	}
-	return true
-}
-
 func (x *runExec) isDone(step string) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.done[step]
-}
-
-func (x *runExec) doneCount() int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return len(x.done)
 }
 
 // scope is what st's templates see.
