@@ -165,9 +165,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.cancel, e.runCtx = cancel, runCtx
 	e.slots = make(chan struct{}, e.cfg.Workers)
 	if !e.cfg.DisableScheduler {
-		e.supervise(runCtx, supervise.Part{Name: "election", Silence: e.silence(), Run: e.runLeadership})
+		e.supervise(runCtx, supervise.Part{Name: "election", Silence: e.Silence(), Run: e.runLeadership})
 	}
-	e.supervise(runCtx, supervise.Part{Name: "tasks", Silence: e.silence(), Run: e.runWorkers})
+	e.supervise(runCtx, supervise.Part{Name: "tasks", Silence: e.Silence(), Run: e.runWorkers})
 	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
 	return nil
 }
@@ -381,7 +381,7 @@ func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 		trusted := make(chan struct{})
 		go func() { // alive while the term is renewed; it ends when the term does
 			defer close(trusted)
-			tick := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
+			tick := time.NewTicker(max(e.Silence()/4, 10*time.Millisecond))
 			defer tick.Stop()
 			for {
 				select {
@@ -416,11 +416,12 @@ func (e *Engine) supervise(ctx context.Context, p supervise.Part) {
 	go func() { defer e.wg.Done(); <-done }()
 }
 
-// silence is how long a supervised part of the engine may hear nothing from NATS
+// Silence is how long a supervised part of the engine may hear nothing from NATS
 // before it is presumed cut off and started again: a lease TTL (a node that hears
 // nothing for that long has lost its leases anyway), and at least the task fetch's
 // wait with some room.
-func (e *Engine) silence() time.Duration { return max(e.leases.Config().TTL, 4*time.Second) }
+// The API service (internal/api) uses the same limit.
+func (e *Engine) Silence() time.Duration { return max(e.cfg.Lease.TTL, 4*time.Second) }
 
 // connOptions make a silent connection noticed within a lease TTL: a ping every
 // quarter TTL, and the connection is declared stale (and replaced) after two go
@@ -439,9 +440,6 @@ func (e *Engine) connOptions() []nats.Option {
 		}),
 	}
 }
-
-// LeaseTTL is the lease TTL this node runs with.
-func (e *Engine) LeaseTTL() time.Duration { return e.cfg.Lease.TTL }
 
 // Supervisor reports the health of the node's long-lived NATS interactions.
 func (e *Engine) Supervisor() *supervise.Supervisor { return e.sup }

@@ -35,7 +35,7 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 	}
 	alive()          // the server answered for the consumer
 	slots := e.slots // shared with the leader's own runs (submitAndAssign)
-	idle := time.NewTicker(max(e.silence()/4, 10*time.Millisecond))
+	idle := time.NewTicker(max(e.Silence()/4, 10*time.Millisecond))
 	defer idle.Stop()
 	failures := 0
 	for {

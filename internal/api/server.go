@@ -86,7 +86,7 @@ func serveWith(e *engine.Engine, slots, waiting chan struct{}) (*Server, error) 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopServe = cancel
 	first := true
-	s.served = e.Supervisor().Go(ctx, supervise.Part{Name: "api", Silence: max(e.LeaseTTL(), 4*time.Second),
+	s.served = e.Supervisor().Go(ctx, supervise.Part{Name: "api", Silence: e.Silence(),
 		Run: func(ctx context.Context, alive func()) error {
 			if !first {
 				if err := waitConnected(ctx, e.Conn()); err != nil {
@@ -207,7 +207,7 @@ func (s *Server) probe(ctx context.Context, alive func()) error {
 	if err != nil {
 		return err
 	}
-	every := max(s.e.LeaseTTL()/4, 10*time.Millisecond)
+	every := max(s.e.Silence()/4, 10*time.Millisecond)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
