@@ -15,10 +15,10 @@ import (
 // than max_epochs times: the run was dead-lettered instead and has no new epoch.
 var ErrDeadLettered = errors.New("checkpoint: run dead-lettered (max_epochs exceeded)")
 
-// applyTx applies the entries of one log message into one Pebble batch. Runs and
+// applyBatch applies the entries of one log message into one Pebble batch. Runs and
 // steps are read through the store's cache of decoded runs and written once at commit,
 // so that several entries of one message about the same run see each other's effects.
-type applyTx struct {
+type applyBatch struct {
 	s     *Store
 	b     *pebble.Batch
 	seq   uint64
@@ -44,13 +44,13 @@ type cachedRun struct {
 	touched    uint64                  // the sequence of the message that last touched it
 }
 
-func newApplyTx(s *Store, seq uint64) *applyTx {
-	return &applyTx{s: s, b: s.db.NewBatch(), seq: seq, term: s.term.Load()}
+func newApplyBatch(s *Store, seq uint64) *applyBatch {
+	return &applyBatch{s: s, b: s.db.NewBatch(), seq: seq, term: s.term.Load()}
 }
 
-func (tx *applyTx) close() { _ = tx.b.Close() }
+func (tx *applyBatch) close() { _ = tx.b.Close() }
 
-func (tx *applyTx) commit() error {
+func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		id := c.run.ID
 		if c.runDirty {
@@ -101,7 +101,7 @@ func (tx *applyTx) commit() error {
 	return nil
 }
 
-func (tx *applyTx) putJSON(key []byte, v any) error {
+func (tx *applyBatch) putJSON(key []byte, v any) error {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("checkpoint: encode %q: %w", key, err)
@@ -110,7 +110,7 @@ func (tx *applyTx) putJSON(key []byte, v any) error {
 }
 
 // load returns the run, or nil if it does not exist.
-func (tx *applyTx) load(id string) (*cachedRun, error) {
+func (tx *applyBatch) load(id string) (*cachedRun, error) {
 	c, ok := tx.s.runs[id]
 	if !ok {
 		var r Run
@@ -132,14 +132,14 @@ func (tx *applyTx) load(id string) (*cachedRun, error) {
 	return c, nil
 }
 
-func (tx *applyTx) use(c *cachedRun) {
+func (tx *applyBatch) use(c *cachedRun) {
 	if c.touched != tx.seq {
 		c.touched = tx.seq
 		tx.order = append(tx.order, c)
 	}
 }
 
-func (tx *applyTx) apply(idx int, e *Entry) error {
+func (tx *applyBatch) judge(idx int, e *Entry) error {
 	if err := e.Validate(); err != nil {
 		return fmt.Errorf("%w (sequence %d, entry %d)", err, tx.seq, idx)
 	}
@@ -228,7 +228,7 @@ func (tx *applyTx) apply(idx int, e *Entry) error {
 	return err
 }
 
-func (tx *applyTx) event(c *cachedRun, idx int, e *Entry, outcome, detail string) {
+func (tx *applyBatch) event(c *cachedRun, idx int, e *Entry, outcome, detail string) {
 	_ = tx.putJSON(keyEvent(c.run.ID, tx.seq, idx), Event{
 		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
 		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At,
@@ -247,17 +247,17 @@ func acceptedDetail(c *cachedRun, e *Entry) string {
 	return ""
 }
 
-func (tx *applyTx) fenced(c *cachedRun, e *Entry, reason string) *FencedError {
+func (tx *applyBatch) fenced(c *cachedRun, e *Entry, reason string) *FencedError {
 	return &FencedError{Run: c.run.ID, Step: e.Step, Item: e.Item, Epoch: e.Epoch,
 		CurrentEpoch: c.run.Epoch, Reason: reason, Seq: tx.seq}
 }
 
-func (tx *applyTx) conflict(c *cachedRun, e *Entry, format string, args ...any) error {
+func (tx *applyBatch) conflict(c *cachedRun, e *Entry, format string, args ...any) error {
 	return fmt.Errorf("%w: %s of run %s (status %s, epoch %d): %s", ErrConflict, e.Kind,
 		c.run.ID, c.run.Status, c.run.Epoch, fmt.Sprintf(format, args...))
 }
 
-func (tx *applyTx) submit(idx int, e *Entry, sub *Submit) error {
+func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 	if c, err := tx.load(e.Run); err != nil {
 		return err
 	} else if c != nil {
@@ -285,7 +285,7 @@ func (tx *applyTx) submit(idx int, e *Entry, sub *Submit) error {
 	return nil
 }
 
-func (tx *applyTx) cronTick(idx int, e *Entry) error {
+func (tx *applyBatch) cronTick(idx int, e *Entry) error {
 	key := keyTick(e.Tick.Workflow, e.Tick.At)
 	exists, err := tx.exists(key, &tx.ticks)
 	if err != nil {
@@ -305,7 +305,7 @@ func (tx *applyTx) cronTick(idx int, e *Entry) error {
 }
 
 // workflow stores a new version of a workflow unless its digest equals the latest's.
-func (tx *applyTx) workflow(e *Entry) error {
+func (tx *applyBatch) workflow(e *Entry) error {
 	latest, err := latestWorkflow(tx.s.db, e.Workflow.Name)
 	if err != nil {
 		return err
@@ -344,7 +344,7 @@ func (c *cachedRun) touch(e *Entry) {
 	c.run.UpdatedAt = e.At
 }
 
-func (tx *applyTx) assign(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) assign(c *cachedRun, e *Entry) error {
 	r := c.run
 	if r.Status != StatusPending && r.Status != StatusRunning {
 		return tx.conflict(c, e, "only a pending or running run gets a new epoch (retry it first)")
@@ -412,7 +412,7 @@ func lastOwner(r *Run) string {
 	return "none"
 }
 
-func (tx *applyTx) claim(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) claim(c *cachedRun, e *Entry) error {
 	r := c.run
 	switch {
 	case r.Status == StatusRunning && r.Epoch == e.Epoch && r.Owner == e.Owner:
@@ -430,7 +430,7 @@ func (tx *applyTx) claim(c *cachedRun, e *Entry) error {
 }
 
 // guard is the fencing check shared by every write of a worker.
-func (tx *applyTx) guard(c *cachedRun, e *Entry) *FencedError {
+func (tx *applyBatch) guard(c *cachedRun, e *Entry) *FencedError {
 	if c.run.Status != StatusRunning {
 		return tx.fenced(c, e, "run-not-running")
 	}
@@ -443,7 +443,7 @@ func (tx *applyTx) guard(c *cachedRun, e *Entry) *FencedError {
 	return nil
 }
 
-func (tx *applyTx) step(c *cachedRun, e *Entry) (*Step, error) {
+func (tx *applyBatch) step(c *cachedRun, e *Entry) (*Step, error) {
 	st, ok := c.steps[e.Step]
 	if !ok {
 		return nil, fmt.Errorf("%w: run %s has no step %q", ErrInvalidEntry, c.run.ID, e.Step)
@@ -451,7 +451,7 @@ func (tx *applyTx) step(c *cachedRun, e *Entry) (*Step, error) {
 	return st, nil
 }
 
-func (tx *applyTx) start(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) start(c *cachedRun, e *Entry) error {
 	if f := tx.guard(c, e); f != nil {
 		return f
 	}
@@ -484,7 +484,7 @@ func (tx *applyTx) start(c *cachedRun, e *Entry) error {
 	return nil
 }
 
-func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
+func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
 	if f := tx.guard(c, e); f != nil {
 		return f
 	}
@@ -540,7 +540,7 @@ func (tx *applyTx) commitStep(c *cachedRun, idx int, e *Entry) error {
 	return nil
 }
 
-func (tx *applyTx) checkpointed(c *cachedRun, st *Step, item int) (bool, error) {
+func (tx *applyBatch) checkpointed(c *cachedRun, st *Step, item int) (bool, error) {
 	if item == ItemWhole {
 		return st.Status == StepSucceeded || st.Status == StepSkipped, nil
 	}
@@ -553,7 +553,7 @@ func (tx *applyTx) checkpointed(c *cachedRun, st *Step, item int) (bool, error) 
 
 // doneItems is the set of a foreach step's checkpointed items, read from Pebble once
 // per cached run and kept up to date by the applier.
-func (tx *applyTx) doneItems(c *cachedRun, step string) (map[int]bool, error) {
+func (tx *applyBatch) doneItems(c *cachedRun, step string) (map[int]bool, error) {
 	if done, ok := c.items[step]; ok {
 		return done, nil
 	}
@@ -576,7 +576,7 @@ func (tx *applyTx) doneItems(c *cachedRun, step string) (map[int]bool, error) {
 }
 
 // exists reports whether key is in Pebble or was written by this message.
-func (tx *applyTx) exists(key []byte, written *map[string]bool) (bool, error) {
+func (tx *applyBatch) exists(key []byte, written *map[string]bool) (bool, error) {
 	if (*written)[string(key)] {
 		return true, nil
 	}
@@ -591,14 +591,14 @@ func (tx *applyTx) exists(key []byte, written *map[string]bool) (bool, error) {
 	return true, nil
 }
 
-func (tx *applyTx) mark(key []byte, written *map[string]bool) {
+func (tx *applyBatch) mark(key []byte, written *map[string]bool) {
 	if *written == nil {
 		*written = map[string]bool{}
 	}
 	(*written)[string(key)] = true
 }
 
-func (tx *applyTx) complete(c *cachedRun, idx int, e *Entry) error {
+func (tx *applyBatch) complete(c *cachedRun, idx int, e *Entry) error {
 	if f := tx.guard(c, e); f != nil {
 		return f
 	}
@@ -617,7 +617,7 @@ func (tx *applyTx) complete(c *cachedRun, idx int, e *Entry) error {
 	return nil
 }
 
-func (tx *applyTx) finishEarly(c *cachedRun, e *Entry, status RunStatus) error {
+func (tx *applyBatch) finishEarly(c *cachedRun, e *Entry, status RunStatus) error {
 	r := c.run
 	if r.Status.Terminal() {
 		return tx.conflict(c, e, "the run already ended")
@@ -634,7 +634,7 @@ func (tx *applyTx) finishEarly(c *cachedRun, e *Entry, status RunStatus) error {
 	return nil
 }
 
-func (tx *applyTx) requeue(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) requeue(c *cachedRun, e *Entry) error {
 	if f := tx.guard(c, e); f != nil {
 		return f
 	}
@@ -647,7 +647,7 @@ func (tx *applyTx) requeue(c *cachedRun, e *Entry) error {
 }
 
 // purge takes a dead-lettered run out of the DLQ: it ends cancelled, history kept.
-func (tx *applyTx) purge(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) purge(c *cachedRun, e *Entry) error {
 	if c.run.Status != StatusDeadLettered {
 		return tx.conflict(c, e, "only a dead-lettered run can be purged")
 	}
@@ -657,7 +657,7 @@ func (tx *applyTx) purge(c *cachedRun, e *Entry) error {
 	return nil
 }
 
-func (tx *applyTx) retry(c *cachedRun, e *Entry) error {
+func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 	r := c.run
 	if !slices.Contains([]RunStatus{StatusFailed, StatusDeadLettered, StatusCancelled}, r.Status) {
 		return tx.conflict(c, e, "only a failed, dead-lettered or cancelled run can be retried")

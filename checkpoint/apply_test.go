@@ -292,7 +292,7 @@ func TestCorruptMessagesChangeNothing(t *testing.T) {
 	}
 	seq := s.Applied() + 1
 	for name, data := range cases {
-		_, err := s.ApplyMessage(seq, data)
+		_, err := s.Apply(seq, data)
 		var ce *CorruptError
 		if !errors.Is(err, ErrCorruptLog) || !errors.As(err, &ce) || ce.Seq != seq || !strings.Contains(err.Error(), "sequence") {
 			t.Errorf("%s: err = %v; want a CorruptError naming sequence %d", name, err, seq)
@@ -332,7 +332,7 @@ func TestInvalidEntriesRejected(t *testing.T) {
 	}
 	// An output that is not JSON, as only a foreign writer could publish it.
 	raw := []byte(fmt.Sprintf(`{"v":1,"entries":[{"k":"commit","run":"r1","epoch":%d,"owner":"a","step":"one","item":-1,"output":{,"at":"2026-11-29T02:00:00Z"}]}`, e))
-	if _, err := s.ApplyMessage(s.Applied()+1, raw); !errors.Is(err, ErrCorruptLog) {
+	if _, err := s.Apply(s.Applied()+1, raw); !errors.Is(err, ErrCorruptLog) {
 		t.Errorf("output that is not JSON: %v, want ErrCorruptLog", err)
 	}
 	v, _ := s.View("r1")
@@ -348,7 +348,7 @@ func TestTwoAssignsOfOneRunInOneMessage(t *testing.T) {
 	s := memStore(t, Unsafe{})
 	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
 	a := Entry{Kind: KindAssign, Run: "r1", Term: 1, At: t0}
-	res, err := s.ApplyMessage(s.Applied()+1, msg(t, a, a))
+	res, err := s.Apply(s.Applied()+1, msg(t, a, a))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,136 +1,10 @@
 package checkpoint
 
 import (
-	"context"
-	"encoding/binary"
 	"encoding/json"
-	"fmt"
 	"os"
-	"path/filepath"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/cockroachdb/pebble/v2"
-	"github.com/nats-io/nats.go/jetstream"
 )
-
-// The benchmarks measure the end-to-end commit (publish -> apply -> await) beside the
-// floor measured in the same run: one synced JetStream publish per entry, and one synced
-// Pebble batch per entry. docs/perf.md has the numbers and how to read them.
-
-var writerCounts = []int{1, 64}
-
-// parallel runs n operations on w goroutines and reports ops/s and latency quantiles.
-func parallel(b *testing.B, w int, op func(i int) error) {
-	b.Helper()
-	var next atomic.Int64
-	lat := make([][]time.Duration, w)
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	start := time.Now()
-	for g := 0; g < w; g++ {
-		wg.Add(1)
-		go func(g int) {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= b.N {
-					return
-				}
-				t := time.Now()
-				if err := op(i); err != nil {
-					b.Error(err)
-					return
-				}
-				lat[g] = append(lat[g], time.Since(t))
-			}
-		}(g)
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	if len(all) > 0 {
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
-		b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-ms")
-		b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
-	}
-}
-
-// BenchmarkCommit: a foreach step's items committed through the Log by w writers.
-func BenchmarkCommit(b *testing.B) { benchCommit(b, true) }
-
-// BenchmarkCommitUnsynced: the same with the server's fsync off (not durable): the
-// ceiling of the log path on the machine, to show how much of a commit is the fsync.
-func BenchmarkCommitUnsynced(b *testing.B) { benchCommit(b, false) }
-
-func benchCommit(b *testing.B, synced bool) {
-	for _, w := range writerCounts {
-		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			env := startEnvSync(b, b.TempDir(), synced)
-			ctx := context.Background()
-			mustWrite := func(e Entry) uint64 {
-				seq, err := env.log.Write(ctx, e)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return seq
-			}
-			mustWrite(submitEntry("bench", StepSpec{Name: "each", Foreach: true}))
-			epoch := int64(mustWrite(Entry{Kind: KindAssign, Run: "bench", Term: 1}))
-			mustWrite(Entry{Kind: KindClaim, Run: "bench", Epoch: epoch, Owner: "w"})
-			out := json.RawMessage(`{"driver":"d-000123","cents":123456}`)
-			parallel(b, w, func(i int) error {
-				_, err := env.log.Write(ctx, Entry{Kind: KindCommit, Run: "bench", Step: "each", Item: i, Epoch: epoch, Owner: "w", Output: out})
-				return err
-			})
-			b.ReportMetric(float64(b.N)/float64(max(env.store.Applied(), 1)), "entries/msg")
-		})
-	}
-}
-
-// BenchmarkFloorSyncedPublish: one synced JetStream publish (SyncAlways, R1 file
-// store, in process) per entry, the shape a log without group commit would have.
-func BenchmarkFloorSyncedPublish(b *testing.B) {
-	for _, w := range writerCounts {
-		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			env := startEnv(b, b.TempDir())
-			ctx := context.Background()
-			if _, err := env.js.CreateStream(ctx, jetstream.StreamConfig{Name: "FLOOR", Subjects: []string{"floor"}, Storage: jetstream.FileStorage}); err != nil {
-				b.Fatal(err)
-			}
-			payload := make([]byte, 128)
-			parallel(b, w, func(int) error {
-				_, err := env.js.Publish(ctx, "floor", payload)
-				return err
-			})
-		})
-	}
-}
-
-// BenchmarkFloorPebbleSynced: one synced Pebble batch of ~100 bytes per entry.
-func BenchmarkFloorPebbleSynced(b *testing.B) {
-	for _, w := range writerCounts {
-		b.Run(fmt.Sprintf("writers=%d", w), func(b *testing.B) {
-			db, err := pebble.Open(filepath.Join(b.TempDir(), "floor"), &pebble.Options{FormatMajorVersion: formatVersion, Logger: quietLogger{}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer db.Close()
-			val := make([]byte, 100)
-			parallel(b, w, func(i int) error {
-				batch := db.NewBatch()
-				defer batch.Close()
-				_ = batch.Set(binary.BigEndian.AppendUint64([]byte("k"), uint64(i)), val, nil)
-				return batch.Commit(pebble.Sync)
-			})
-		})
-	}
-}
 
 // BenchmarkApply: the state machine alone (Pebble NoSync), 16 commits per message.
 func BenchmarkApply(b *testing.B) {
@@ -153,7 +27,7 @@ func BenchmarkApply(b *testing.B) {
 	}
 	b.ResetTimer()
 	for _, m := range msgs {
-		if _, err := s.ApplyMessage(s.Applied()+1, m); err != nil {
+		if _, err := s.Apply(s.Applied()+1, m); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -40,7 +40,7 @@ func diskFullHelperMain() {
 		if seq == 11 {
 			full.On()
 		}
-		results, err := s.ApplyMessage(seq, msg(exitOnFatal{}, submitEntry(diskFullRun(seq), StepSpec{Name: "one"})))
+		results, err := s.Apply(seq, msg(exitOnFatal{}, submitEntry(diskFullRun(seq), StepSpec{Name: "one"})))
 		if err != nil {
 			fmt.Println("apply-error", seq, err)
 			os.Exit(4)
@@ -108,7 +108,7 @@ func TestDiskFullKillsTheNodeAndLosesNothing(t *testing.T) {
 		}
 	}
 	for seq := applied + 1; seq <= lastApplied+1; seq++ { // the log, replayed from the applied sequence
-		if _, err := s.ApplyMessage(seq, msg(t, submitEntry(diskFullRun(seq), StepSpec{Name: "one"}))); err != nil {
+		if _, err := s.Apply(seq, msg(t, submitEntry(diskFullRun(seq), StepSpec{Name: "one"}))); err != nil {
 			t.Fatalf("replay %d with room again: %v", seq, err)
 		}
 	}

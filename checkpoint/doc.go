@@ -1,11 +1,13 @@
-// Package checkpoint is flow's replicated log and the Pebble state machine that applies
-// it: the place where a zombie's commit fails.
+// Package checkpoint is flow's state machine: the entries of the log, the rules that
+// judge them, and the Pebble state they build: the place where a zombie's commit fails.
+// It does no I/O but its own Pebble and links no NATS code; package logstream is the
+// JetStream log around it (the writer and the consumer), as etcd's node.go is around
+// raft.go.
 //
-// Every change to run state is an [Entry] appended to one JetStream stream (FLOW_LOG).
-// Every node consumes the stream in order and applies each message to its own Pebble in
-// one batch that also records the applied sequence ([Store.ApplyMessage]). Apply is
-// deterministic: its outcome depends only on the log prefix, so every node agrees on
-// which commits were accepted and which were fenced.
+// Every change to run state is an [Entry]. Every node applies the log's messages in
+// order, each in one Pebble batch that also records the applied sequence
+// ([Store.Apply]). Apply is deterministic: its verdicts depend only on the log prefix, so
+// every node agrees on which commits were accepted and which were fenced.
 //
 // The fencing rules live in apply.go:
 //   - an assign entry's epoch is its stream sequence, so epochs only grow;
@@ -15,8 +17,6 @@
 //   - scheduler entries carry the leader's term and are rejected once a higher term
 //     has been applied.
 //
-// A writer appends through [Log], which packs whatever entries queued while the
-// previous publish was in flight into one message (group commit: JetStream with
-// SyncAlways costs one fsync per message), and [Ticket.Await]s the outcome that its own
-// node's applier computed.
+// testdata/*.txt are transcripts of the state machine (entries in, verdicts and state
+// out): read them as its specification.
 package checkpoint

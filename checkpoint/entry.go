@@ -292,8 +292,8 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	return nil
 }
 
-// encodeEnvelope joins already-encoded entries into one message without re-encoding.
-func encodeEnvelope(node string, entries [][]byte) []byte {
+// EncodeEnvelope joins already-encoded entries into one message without re-encoding.
+func EncodeEnvelope(node string, entries [][]byte) []byte {
 	n := 32 + len(node)
 	for _, e := range entries {
 		n += len(e) + 1
@@ -311,9 +311,9 @@ func encodeEnvelope(node string, entries [][]byte) []byte {
 	return b.Bytes()
 }
 
-// decodeEnvelope decodes a message strictly: unknown fields or an unknown version are
+// DecodeEnvelope decodes a message strictly: unknown fields or an unknown version are
 // corruption, since they mean a writer this code does not understand.
-func decodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
+func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	var env struct {
 		V       int     `json:"v"`
 		Node    string  `json:"node,omitempty"`

@@ -25,16 +25,9 @@ var (
 	// ErrInvalidEntry: the entry is malformed; it is refused before publishing, and
 	// rejected (changing nothing) if another writer published it anyway.
 	ErrInvalidEntry = errors.New("checkpoint: invalid entry")
-	// ErrOutputTooLarge: a step output above the configured limit (default 1 MiB).
-	ErrOutputTooLarge = errors.New("checkpoint: output too large")
 	// ErrCorruptLog: a message in the log cannot be decoded or has an unknown version.
 	// The applier stops on it rather than skip it: see docs/checkpoint.md.
 	ErrCorruptLog = errors.New("checkpoint: corrupt log message")
-	// ErrStopped: the log or applier has stopped.
-	ErrStopped = errors.New("checkpoint: stopped")
-	// ErrAppendUncertain: publishing failed and it is unknown whether the entry is in
-	// the log. The writer must treat its ownership as lost.
-	ErrAppendUncertain = errors.New("checkpoint: append outcome unknown")
 )
 
 // NotFoundError names what was not found; errors.Is(err, ErrNotFound) holds for it. Its

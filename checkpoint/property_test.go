@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/flowrun/flow/checkpoint/checkpointtest"
 )
 
 // The property test drives one run through random interleavings of a scheduler (whose
@@ -184,7 +186,7 @@ func fencingProperty(unsafe Unsafe) func(*rapid.T) {
 			maxEpochs: rapid.IntRange(1, 4).Draw(t, "max_epochs")}
 		sub := submitEntry("r", StepSpec{Name: "a"}, StepSpec{Name: "b", Foreach: true}, StepSpec{Name: "c"})
 		sub.Submit.MaxEpochs = m.maxEpochs
-		if _, err := s.ApplyMessage(1, msg(t, sub)); err != nil {
+		if _, err := s.Apply(1, msg(t, sub)); err != nil {
 			t.Fatal(err)
 		}
 		steps := rapid.IntRange(10, 120).Draw(t, "messages")
@@ -197,7 +199,7 @@ func fencingProperty(unsafe Unsafe) func(*rapid.T) {
 				entries[j].At = t0
 			}
 			seq := s.Applied() + 1
-			results, err := s.ApplyMessage(seq, msg(t, entries...))
+			results, err := s.Apply(seq, msg(t, entries...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,7 +301,7 @@ func TestReplayIsDeterministic(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		iteration++
 		seed := rapid.Uint64().Draw(t, "seed")
-		msgs := randomLog(seed, rapid.IntRange(1, 120).Draw(t, "messages"))
+		msgs := checkpointtest.RandomLog(seed, rapid.IntRange(1, 120).Draw(t, "messages"))
 		a, err := OpenStore("a", StoreOptions{FS: memFS()})
 		if err != nil {
 			t.Fatal(err)
@@ -311,8 +313,8 @@ func TestReplayIsDeterministic(t *testing.T) {
 		}
 		defer b.Close()
 		for i, m := range msgs {
-			ra, errA := a.ApplyMessage(uint64(i+1), m)
-			rb, errB := b.ApplyMessage(uint64(i+1), m)
+			ra, errA := a.Apply(uint64(i+1), m)
+			rb, errB := b.Apply(uint64(i+1), m)
 			if errA != nil || errB != nil {
 				t.Fatalf("apply %d: %v / %v", i+1, errA, errB)
 			}

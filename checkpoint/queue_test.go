@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/flowrun/flow/checkpoint/checkpointtest"
 )
 
 // The admission view the applier keeps (queue.go) always equals what a scan of every
@@ -19,14 +21,14 @@ func TestQueueMatchesAScan(t *testing.T) {
 	iteration := 0
 	rapid.Check(t, func(t *rapid.T) {
 		iteration++
-		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
+		msgs := checkpointtest.RandomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
 		path := filepath.Join(dir, fmt.Sprint(iteration))
 		s, err := OpenStore(path, StoreOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, m := range msgs {
-			if _, err := s.ApplyMessage(uint64(i+1), m); err != nil {
+			if _, err := s.Apply(uint64(i+1), m); err != nil {
 				t.Fatal(err)
 			}
 			checkQueue(t, s, i+1)
@@ -145,14 +147,14 @@ func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 	iteration := 0
 	rapid.Check(t, func(t *rapid.T) {
 		iteration++
-		msgs := randomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
+		msgs := checkpointtest.RandomLog(rapid.Uint64().Draw(t, "seed"), rapid.IntRange(1, 80).Draw(t, "messages"))
 		s, err := OpenStore(filepath.Join(dir, fmt.Sprint(iteration)), StoreOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
 		for i, m := range msgs {
-			if _, err := s.ApplyMessage(uint64(i+1), m); err != nil {
+			if _, err := s.Apply(uint64(i+1), m); err != nil {
 				t.Fatal(err)
 			}
 		}

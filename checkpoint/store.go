@@ -43,7 +43,7 @@ type StoreOptions struct {
 }
 
 // Store is one node's Pebble copy of the run state, built by applying the log.
-// ApplyMessage must be called from one goroutine at a time (the applier); queries may
+// Apply must be called from one goroutine at a time (the consumer); queries may
 // run concurrently with it.
 type Store struct {
 	db       *pebble.DB
@@ -55,7 +55,7 @@ type Store struct {
 
 	counters Counters
 
-	applyMu sync.Mutex            // serialises ApplyMessage; guards runs
+	applyMu sync.Mutex            // serialises Apply and ApplyIfNext; guards runs
 	runs    map[string]*cachedRun // decoded runs recently applied to
 	applied atomic.Uint64
 	term    atomic.Int64
@@ -166,63 +166,55 @@ func (s *Store) getUint(key []byte) (uint64, error) {
 	return binary.BigEndian.Uint64(v), nil
 }
 
-// ApplyMessage applies one log message (a batch of entries) at sequence seq, in one
-// Pebble batch together with the applied sequence. It returns each entry's outcome.
+// Apply applies one log message (a batch of entries) at sequence seq, in one Pebble
+// batch together with the applied sequence. It returns each entry's verdict: nil if
+// accepted, else why it was rejected (errors.Is it with ErrFenced, ErrStaleTerm, ...).
 // A message that cannot be decoded returns a *CorruptError and changes nothing.
-// A sequence at or below the applied one is skipped (replay is idempotent).
-func (s *Store) ApplyMessage(seq uint64, data []byte) ([]error, error) {
+// A sequence at or below the applied one is skipped with nil verdicts (replay is
+// idempotent).
+func (s *Store) Apply(seq uint64, data []byte) ([]error, error) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	if seq <= s.applied.Load() {
 		return nil, nil
 	}
-	return s.applyLocked(seq, data)
+	return s.applyDecoded(seq, data, nil)
 }
 
-// ApplyNext applies message seq only if it is the next one (applied+1): the writer of a
-// message applies it from memory when its publish is acknowledged, and leaves it to the
-// applier otherwise. applied reports whether it did.
-func (s *Store) ApplyNext(seq uint64, data []byte) (results []error, applied bool, err error) {
-	return s.applyNextDecoded(seq, data, nil)
-}
-
-// applyNextDecoded is ApplyNext with the message's entries already decoded from data (by
-// decodeEnvelope); nil entries means decode them here.
-func (s *Store) applyNextDecoded(seq uint64, data []byte, entries []Entry) (results []error, applied bool, err error) {
+// ApplyIfNext applies message seq only if it is the next one (applied+1): the writer of
+// a message applies it from memory when its publish is acknowledged, and leaves it to
+// the consumer otherwise. entries, if not nil, are data already decoded (by
+// DecodeEnvelope). applied reports whether it did.
+func (s *Store) ApplyIfNext(seq uint64, data []byte, entries []Entry) (verdicts []error, applied bool, err error) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	if seq != s.applied.Load()+1 {
 		return nil, false, nil
 	}
+	verdicts, err = s.applyDecoded(seq, data, entries)
+	return verdicts, err == nil, err
+}
+
+// applyDecoded applies the message's entries (decoded from data when nil) as one batch.
+func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error, error) {
 	if entries == nil {
-		results, err = s.applyLocked(seq, data)
-	} else {
-		results, err = s.applyEntries(seq, entries)
+		var err error
+		if entries, err = DecodeEnvelope(seq, data); err != nil {
+			return nil, err
+		}
 	}
-	return results, err == nil, err
-}
-
-func (s *Store) applyLocked(seq uint64, data []byte) ([]error, error) {
-	entries, err := decodeEnvelope(seq, data)
-	if err != nil {
-		return nil, err
-	}
-	return s.applyEntries(seq, entries)
-}
-
-func (s *Store) applyEntries(seq uint64, entries []Entry) ([]error, error) {
-	tx := newApplyTx(s, seq)
+	tx := newApplyBatch(s, seq)
 	defer tx.close()
-	results := make([]error, len(entries))
+	verdicts := make([]error, len(entries))
 	for i := range entries {
-		results[i] = tx.apply(i, &entries[i])
+		verdicts[i] = tx.judge(i, &entries[i])
 	}
 	if err := tx.commit(); err != nil {
 		return nil, err
 	}
 	s.applied.Store(seq)
 	s.term.Store(tx.term)
-	return results, nil
+	return verdicts, nil
 }
 
 // runCacheSize bounds the decoded runs the applier keeps; decoding a run's JSON on

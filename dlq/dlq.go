@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/streams"
 )
 
 // Stream and subjects.
@@ -33,7 +33,7 @@ type Message struct {
 
 // Open creates the stream if needed.
 func Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	_, err := natsnode.EnsureStream(ctx, js, jetstream.StreamConfig{
+	_, err := streams.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "flow dead-letter notices: runs past max_epochs",
 		Subjects:    []string{SubjectPrefix + ">"},

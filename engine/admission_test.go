@@ -18,6 +18,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -112,7 +113,7 @@ func replayPeakHeld(t *testing.T, e *Engine) int {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	stream, err := e.js.Stream(ctx, checkpoint.DefaultStream)
+	stream, err := e.js.Stream(ctx, logstream.DefaultStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func replayPeakHeld(t *testing.T, e *Engine) int {
 			t.Fatal(err)
 		}
 		seq = md.Sequence.Stream
-		if _, err := s.ApplyMessage(seq, msg.Data()); err != nil {
+		if _, err := s.Apply(seq, msg.Data()); err != nil {
 			t.Fatal(err)
 		}
 		assigned, running := s.Held()

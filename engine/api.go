@@ -14,6 +14,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -181,7 +182,7 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		// cancels it while the log still applies what is in flight, and an accepted
 		// assign must then be handed back (runOwn does, its lease acquire failing).
 		go func() {
-			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*checkpoint.DefaultPublishTimeout)
+			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*logstream.DefaultPublishTimeout)
 			err := tickets[1].Await(actx)
 			cancel()
 			if err != nil {

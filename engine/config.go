@@ -8,6 +8,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -85,7 +86,7 @@ func (c *Config) validate() error {
 		c.StepParallelism = 8
 	}
 	if c.MaxOutputBytes == 0 {
-		c.MaxOutputBytes = checkpoint.DefaultMaxOutputBytes
+		c.MaxOutputBytes = logstream.DefaultMaxOutputBytes
 	}
 	if c.CronGrace <= 0 {
 		c.CronGrace = 30 * time.Second

@@ -18,7 +18,9 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/streams"
 	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -34,7 +36,7 @@ type Engine struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	store    *checkpoint.Store
-	clog     *checkpoint.Log
+	clog     *logstream.Log
 	elector  *epoch.Elector
 	leases   *epoch.Leases
 	tasks    jetstream.Consumer
@@ -137,7 +139,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if e.js, err = jetstream.New(e.nc); err != nil {
 		return fmt.Errorf("engine: jetstream: %w", err)
 	}
-	e.replicas = natsnode.Replicas(e.nc)
+	e.replicas = streams.Replicas(e.nc)
 	if e.srv == nil {
 		e.warnIfUnsynced()
 	}
@@ -176,11 +178,11 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 // does not fsync every write. It warns rather than refuses: a stock nats-server syncs
 // every 2 minutes, and a user trying flow on one should get a running node and the facts.
 func (e *Engine) warnIfUnsynced() {
-	switch natsnode.ServerSyncPolicy(e.nc, 2*time.Second) {
-	case natsnode.SyncPeriodic:
+	switch streams.ServerSyncPolicy(e.nc, 2*time.Second) {
+	case streams.SyncPeriodic:
 		e.log.Warn("the NATS server does not fsync every write: a commit it acknowledged can be lost on a power cut; " +
 			"set sync_interval: always in its jetstream block (docs/operations.md, \"Durability\")")
-	case natsnode.SyncUnknown:
+	case streams.SyncUnknown:
 		e.log.Warn("cannot tell whether the NATS server fsyncs every write (its monitoring answers the system account only); " +
 			"unless its jetstream block sets sync_interval: always, a commit it acknowledged can be lost on a power cut (docs/operations.md, \"Durability\")")
 	}
@@ -199,7 +201,7 @@ func (e *Engine) natsURL() string {
 func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if e.clog, err = checkpoint.OpenLog(sctx, checkpoint.LogConfig{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
+	if e.clog, err = logstream.Open(sctx, logstream.Config{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
 		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log, Supervisor: e.sup}); err != nil {
 		return err
 	}
@@ -333,7 +335,7 @@ func (e *Engine) closeAll() {
 func (e *Engine) Store() *checkpoint.Store { return e.store }
 
 // Log is this node's checkpoint log.
-func (e *Engine) Log() *checkpoint.Log { return e.clog }
+func (e *Engine) Log() *logstream.Log { return e.clog }
 
 // JetStream is the engine's JetStream context.
 func (e *Engine) JetStream() jetstream.JetStream { return e.js }

@@ -14,6 +14,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
@@ -165,7 +166,7 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 // make an infrastructure outage look like the run's own failure.
 func isVerdict(err error) bool {
 	return !errors.Is(err, checkpoint.ErrFenced) && (errors.Is(err, checkpoint.ErrConflict) ||
-		errors.Is(err, checkpoint.ErrInvalidEntry) || errors.Is(err, checkpoint.ErrOutputTooLarge))
+		errors.Is(err, checkpoint.ErrInvalidEntry) || errors.Is(err, logstream.ErrOutputTooLarge))
 }
 
 // commit writes a whole step's checkpoint. When it is the run's last step (every other
@@ -177,7 +178,7 @@ func (x *runExec) commit(e checkpoint.Entry) error {
 		return x.write(e)
 	}
 	errs := x.writeAll(e, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
-	if errors.Is(errs[0], checkpoint.ErrOutputTooLarge) {
+	if errors.Is(errs[0], logstream.ErrOutputTooLarge) {
 		return x.write(e) // fits alone but not with the completion: execute completes
 	}
 	if errs[0] == nil && errs[1] == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -131,12 +132,12 @@ func TestVerdictsAndUnknownOutcomes(t *testing.T) {
 		verdict bool
 	}{
 		{fmt.Errorf("x: %w", checkpoint.ErrConflict), true},
-		{fmt.Errorf("x: %w", checkpoint.ErrOutputTooLarge), true},
+		{fmt.Errorf("x: %w", logstream.ErrOutputTooLarge), true},
 		{fmt.Errorf("x: %w", checkpoint.ErrInvalidEntry), true},
 		{&checkpoint.FencedError{}, false},
-		{fmt.Errorf("x: %w", checkpoint.ErrAppendUncertain), false},
+		{fmt.Errorf("x: %w", logstream.ErrAppendUncertain), false},
 		{fmt.Errorf("checkpoint: await: %w", context.DeadlineExceeded), false},
-		{checkpoint.ErrStopped, false},
+		{logstream.ErrStopped, false},
 		{fmt.Errorf("x: %w", checkpoint.ErrCorruptLog), false},
 	} {
 		if got := isVerdict(c.err); got != c.verdict {
@@ -151,7 +152,7 @@ func TestVerdictsAndUnknownOutcomes(t *testing.T) {
 func setLogSubject(t *testing.T, e *Engine, subj string) {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)
-	s, err := e.js.Stream(ctx, checkpoint.DefaultStream)
+	s, err := e.js.Stream(ctx, logstream.DefaultStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,18 +201,18 @@ func TestLogOutageEndsTheEpochNotTheRun(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("step b never started")
 	}
-	setLogSubject(t, e, checkpoint.DefaultSubject+".cut")
+	setLogSubject(t, e, logstream.DefaultSubject+".cut")
 	cut := true
 	heal := func() {
 		if cut {
 			cut = false
-			setLogSubject(t, e, checkpoint.DefaultSubject)
+			setLogSubject(t, e, logstream.DefaultSubject)
 		}
 	}
 	t.Cleanup(heal) // before the engine stops
 	close(release)
 	// The commit's publish is retried for the log's publish timeout, then given up.
-	deadline := time.Now().Add(3 * checkpoint.DefaultPublishTimeout)
+	deadline := time.Now().Add(3 * logstream.DefaultPublishTimeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var stolen map[string]any
@@ -221,7 +222,7 @@ func TestLogOutageEndsTheEpochNotTheRun(t *testing.T) {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			r, err := e.WaitRun(wctx, id)
 			cancel()
-			t.Fatalf("a commit of unknown outcome did not end its epoch within %s; the run then: %v %+v", 3*checkpoint.DefaultPublishTimeout, err, r)
+			t.Fatalf("a commit of unknown outcome did not end its epoch within %s; the run then: %v %+v", 3*logstream.DefaultPublishTimeout, err, r)
 		}
 		<-tick.C // polling the engine's log, with a deadline
 		for _, line := range strings.Split(logs.String(), "\n") {
@@ -231,7 +232,7 @@ func TestLogOutageEndsTheEpochNotTheRun(t *testing.T) {
 			}
 		}
 	}
-	if cause := fmt.Sprint(stolen["cause"]); !strings.Contains(cause, checkpoint.ErrAppendUncertain.Error()) {
+	if cause := fmt.Sprint(stolen["cause"]); !strings.Contains(cause, logstream.ErrAppendUncertain.Error()) {
 		t.Fatalf("the epoch ended for another cause than the commit's unknown outcome: %s", cause)
 	}
 	heal()

@@ -10,6 +10,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 )
 
 // scheduler is the leader's work for one term: assign pending runs, reclaim runs whose
@@ -145,7 +146,7 @@ func (s *scheduler) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	// Counted as admitted until applied: the state counts them from then on.
 	s.e.admitting.Add(int64(len(runs)))
 	defer s.e.admitting.Add(-int64(len(runs)))
-	tickets := make([]*checkpoint.Ticket, len(runs))
+	tickets := make([]*logstream.Ticket, len(runs))
 	for i, r := range runs {
 		t, err := s.e.clog.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch,
 			Term: s.term.Term(), Owner: s.e.cfg.NodeID})

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/streams"
 )
 
 // The task queue: one JetStream work-queue stream; every node's workers pull from one
@@ -81,7 +81,7 @@ func ensureTasksStream(ctx context.Context, js jetstream.JetStream, replicas int
 		MaxBytes:   maxBytes,
 		Discard:    jetstream.DiscardNew,
 	}
-	s, err := natsnode.EnsureStream(ctx, js, cfg)
+	s, err := streams.EnsureStream(ctx, js, cfg)
 	if err != nil {
 		return fmt.Errorf("engine: task stream: %w", err)
 	}

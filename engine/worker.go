@@ -12,6 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -173,9 +174,9 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	}
 	// The claim's outcome, not Stop's cancel, decides: a claim accepted while the node
 	// stops is run (and handed back by runClaimed), not left without a worker.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*checkpoint.DefaultPublishTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*logstream.DefaultPublishTimeout)
 	if e.loseClaim() {
-		err = fmt.Errorf("%w: a test lost this claim", checkpoint.ErrAppendUncertain)
+		err = fmt.Errorf("%w: a test lost this claim", logstream.ErrAppendUncertain)
 	} else {
 		_, err = e.clog.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID})
 	}
@@ -292,7 +293,7 @@ func (e *Engine) runOwn(run string, ep int64) {
 }
 
 // waitFor waits until cond holds, re-checking whenever the log applies a message.
-func waitFor(ctx context.Context, l *checkpoint.Log, cond func() bool) error {
+func waitFor(ctx context.Context, l *logstream.Log, cond func() bool) error {
 	for {
 		changed := l.Changed()
 		if cond() {

@@ -10,13 +10,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/streams"
 )
 
 // openBucket creates or updates a bucket whose keys lapse TTL after their last write,
 // leaving a marker that watchers see as a purge.
 func openBucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int, storage jetstream.StorageType) (jetstream.KeyValue, error) {
-	kv, err := natsnode.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+	kv, err := streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket:         name,
 		Description:    "flow ownership: keys lapse when their holder stops renewing",
 		History:        1,

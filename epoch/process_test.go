@@ -21,6 +21,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/logstream"
 )
 
 // These tests run electors in real processes (this test binary, re-executed) against a
@@ -49,7 +50,7 @@ func helperMain() {
 	if err != nil {
 		fail(err)
 	}
-	lg, err := checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: js, Store: store, Node: node})
+	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: node})
 	if err != nil {
 		fail(err)
 	}
@@ -208,7 +209,7 @@ func (c *cluster) await(d time.Duration, what string, match func(event) bool) ev
 }
 
 // watchLog gives the test its own view of the log the helpers write.
-func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *checkpoint.Log) {
+func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *logstream.Log) {
 	nc, err := srv.Connect()
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +221,7 @@ func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *checkpoin
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, time.Minute)
-	lg, err := checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: js, Store: store, Node: "observer"})
+	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: "observer"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +234,7 @@ func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *checkpoin
 
 // checkOneLeaderPerTerm: every accepted scheduler entry of a term was written by one
 // node, and accepted terms never go down in log order.
-func checkOneLeaderPerTerm(t *testing.T, store *checkpoint.Store, lg *checkpoint.Log) map[int64]string {
+func checkOneLeaderPerTerm(t *testing.T, store *checkpoint.Store, lg *logstream.Log) map[int64]string {
 	ctx := ctxT(t, 10*time.Second)
 	last, err := lg.LastSeq(ctx)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/streams"
 )
 
 // On a replicated (R3) bucket, kv.Get may be answered by a replica with an older
@@ -36,7 +37,7 @@ func TestR3LeasesSurviveStaleReadsAndSpuriousConflicts(t *testing.T) {
 		urls = append(urls, s.ClientURL())
 	}
 	nc, js := connect(t, strings.Join(urls, ","))
-	if r := natsnode.Replicas(nc); r != 3 {
+	if r := streams.Replicas(nc); r != 3 {
 		t.Fatalf("replicas for a 3-node cluster = %d", r)
 	}
 	ctx := ctxT(t, 60*time.Second)

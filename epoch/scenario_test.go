@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/logstream"
 )
 
 // The seeds' scenario C: a worker whose heartbeat was removed keeps working after its
@@ -25,7 +26,7 @@ var scenarioSteps = []string{"s1", "s2", "s3", "s4"}
 
 type scenarioWorker struct {
 	name    string
-	lg      *checkpoint.Log
+	lg      *logstream.Log
 	lease   *Lease
 	epoch   int64
 	paused  chan struct{} // a step blocks here until closed (a long step, a GC pause)
@@ -91,7 +92,7 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) scenar
 		t.Fatal(err)
 	}
 	defer store.Close()
-	lg, err := checkpoint.OpenLog(ctx, checkpoint.LogConfig{JS: js, Store: store, Node: "node"})
+	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: "node"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -201,16 +201,6 @@ func Connect(urls, name string, opts ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// Replicas is the replica count for flow's streams and buckets on the server nc is
-// connected to: the cluster's size, at most 3 (1 for a single server).
-func Replicas(nc *nats.Conn) int {
-	if nc.ConnectedClusterName() == "" {
-		return 1
-	}
-	// Servers lists the URLs given and those the cluster announced: its members.
-	return max(1, min(len(nc.Servers()), 3))
-}
-
 type slogAdapter struct{ l *slog.Logger }
 
 // Notices are debug: the server narrates its start and stop at length.

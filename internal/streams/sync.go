@@ -1,4 +1,4 @@
-package natsnode
+package streams
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package checkpoint
+package logstream
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/natsnode"
 )
 
@@ -34,10 +35,10 @@ func TestOutputLimitFitsTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		js, _ := jetstream.New(nc)
-		l, err := OpenLog(ctxT(t), LogConfig{JS: js, Store: memStore(t, Unsafe{}), Node: "node-a"})
+		l, err := Open(ctxT(t), Config{JS: js, Store: memStore(t, checkpoint.Unsafe{}), Node: "node-a"})
 		switch {
 		case c.refused != "":
-			if !errors.Is(err, ErrInvalidEntry) || !strings.Contains(err.Error(), c.refused) {
+			if !errors.Is(err, checkpoint.ErrInvalidEntry) || !strings.Contains(err.Error(), c.refused) {
 				t.Errorf("max_payload %d: %v, want a refusal saying %q", c.payload, err, c.refused)
 			}
 			if _, serr := js.Stream(ctxT(t), DefaultStream); !errors.Is(serr, jetstream.ErrStreamNotFound) {

@@ -1,10 +1,9 @@
-package checkpoint
+package logstream
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/checkpoint/checkpointtest"
 	"github.com/flowrun/flow/internal/natsnode"
 )
 
@@ -39,12 +40,12 @@ func crashHelperMain() {
 		fail(err)
 	}
 	js, _ := jetstream.New(nc)
-	store, err := OpenStore(filepath.Join(dir, "state"), StoreOptions{})
+	store, err := checkpoint.OpenStore(filepath.Join(dir, "state"), checkpoint.StoreOptions{})
 	if err != nil {
 		fail(err)
 	}
 	ctx := context.Background()
-	l, err := OpenLog(ctx, LogConfig{JS: js, Store: store, Node: "helper"})
+	l, err := Open(ctx, Config{JS: js, Store: store, Node: "helper"})
 	if err != nil {
 		fail(err)
 	}
@@ -76,69 +77,12 @@ func crashHelperMain() {
 	os.Exit(0)
 }
 
-// randomLog makes a deterministic log of n messages over a few runs, with stale and
-// duplicate writes mixed in, so that many kinds of outcome are applied.
-func randomLog(seed uint64, n int) [][]byte {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	type runState struct{ epoch int64 }
-	runs := map[string]*runState{}
-	var msgs [][]byte
-	seq := uint64(0)
-	for len(msgs) < n {
-		seq++
-		k := 1 + rng.IntN(6)
-		var datas [][]byte
-		for i := 0; i < k; i++ {
-			id := fmt.Sprintf("run-%d", rng.IntN(40))
-			rs := runs[id]
-			var e Entry
-			switch {
-			case rs == nil:
-				e = submitEntry(id, StepSpec{Name: "a"}, StepSpec{Name: "b", Foreach: true}, StepSpec{Name: "c"})
-				e.Submit.Workflow = fmt.Sprintf("wf%d", len(runs)%3) // three workflows, for the admission queue's lines
-				runs[id] = &runState{}
-			default:
-				epoch := rs.epoch
-				if rng.IntN(5) == 0 && epoch > 3 {
-					epoch -= int64(1 + rng.IntN(3)) // a zombie's stale epoch
-				}
-				switch rng.IntN(8) {
-				case 0:
-					e = Entry{Kind: KindAssign, Run: id, Epoch: rs.epoch, Term: int64(1 + rng.IntN(3)), Reason: ReasonLeaseExpired}
-					if i == 0 { // only the first entry of a message may assign (see randomLog's use of seq)
-						rs.epoch = int64(seq)
-					}
-				case 1:
-					e = Entry{Kind: KindClaim, Run: id, Epoch: epoch, Owner: fmt.Sprintf("w%d", rng.IntN(3))}
-				case 2:
-					e = Entry{Kind: KindStart, Run: id, Epoch: epoch, Owner: "w", Step: []string{"a", "b", "c"}[rng.IntN(3)], Item: ItemWhole, Items: 5}
-				case 3, 4, 5:
-					step, item := "b", rng.IntN(5)
-					if rng.IntN(2) == 0 {
-						step, item = []string{"a", "c"}[rng.IntN(2)], ItemWhole
-					}
-					e = Entry{Kind: KindCommit, Run: id, Epoch: epoch, Owner: "w", Step: step, Item: item, Output: json.RawMessage(fmt.Sprintf(`{"n":%d}`, rng.IntN(1000)))}
-				case 6:
-					e = Entry{Kind: KindComplete, Run: id, Epoch: epoch, Owner: "w", Status: StatusSucceeded}
-				case 7:
-					e = Entry{Kind: []Kind{KindRequeue, KindRetry, KindCancel}[rng.IntN(3)], Run: id, Epoch: epoch, Owner: "w"}
-				}
-			}
-			e.At = t0.Add(time.Duration(seq) * time.Millisecond)
-			b, _ := json.Marshal(e)
-			datas = append(datas, b)
-		}
-		msgs = append(msgs, encodeEnvelope("gen", datas))
-	}
-	return msgs
-}
-
 // replayDump applies msgs[0:upTo] to a fresh store and dumps it.
 func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
 	t.Helper()
-	s := memStore(t, Unsafe{})
+	s := memStore(t, checkpoint.Unsafe{})
 	for i := uint64(0); i < upTo; i++ {
-		if _, err := s.ApplyMessage(i+1, msgs[i]); err != nil {
+		if _, err := s.Apply(i+1, msgs[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -152,7 +96,7 @@ func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
 
 func dumpDir(t *testing.T, dir string) ([]byte, uint64) {
 	t.Helper()
-	s, err := OpenStore(dir, StoreOptions{})
+	s, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +117,7 @@ func TestCrashDuringApply(t *testing.T) {
 	}
 	dir := t.TempDir()
 	const total = 1500
-	msgs := randomLog(42, total)
+	msgs := checkpointtest.RandomLog(42, total)
 	{ // write the log
 		env := startEnv(t, dir)
 		env.closeLog()

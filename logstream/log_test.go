@@ -1,4 +1,4 @@
-package checkpoint
+package logstream
 
 import (
 	"bytes"
@@ -11,35 +11,37 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/checkpoint"
 )
 
 func TestLogWriteAwaitAndFence(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
 	l := env.log
-	if _, err := l.Write(ctx, submitEntry("r1", StepSpec{Name: "one"})); err != nil {
+	if _, err := l.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
-	old, err := l.Write(ctx, Entry{Kind: KindAssign, Run: "r1", Term: 1})
+	old, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Term: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "r1", Epoch: int64(old), Owner: "a"}); err != nil {
+	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(old), Owner: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := l.Write(ctx, Entry{Kind: KindAssign, Run: "r1", Epoch: int64(old), Term: 1, Reason: ReasonLeaseExpired})
+	cur, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Epoch: int64(old), Term: 1, Reason: checkpoint.ReasonLeaseExpired})
 	if err != nil || cur <= old {
 		t.Fatalf("reassign: seq %d err %v", cur, err)
 	}
-	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "r1", Epoch: int64(cur), Owner: "b"}); err != nil {
+	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(cur), Owner: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Write(ctx, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: int64(old), Owner: "a", Output: json.RawMessage(`{}`)})
-	var fe *FencedError
-	if !errors.As(err, &fe) || !errors.Is(err, ErrFenced) || fe.Epoch != int64(old) || fe.CurrentEpoch != int64(cur) {
+	_, err = l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(old), Owner: "a", Output: json.RawMessage(`{}`)})
+	var fe *checkpoint.FencedError
+	if !errors.As(err, &fe) || !errors.Is(err, checkpoint.ErrFenced) || fe.Epoch != int64(old) || fe.CurrentEpoch != int64(cur) {
 		t.Fatalf("zombie commit through the log: %v; want ErrFenced with epochs %d and %d", err, old, cur)
 	}
-	if _, err := l.Write(ctx, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: int64(cur), Owner: "b", Output: json.RawMessage(`{"ok":true}`)}); err != nil {
+	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(cur), Owner: "b", Output: json.RawMessage(`{"ok":true}`)}); err != nil {
 		t.Fatal(err)
 	}
 	last, err := l.LastSeq(ctx)
@@ -52,11 +54,11 @@ func TestLogRefusesBadEntriesBeforePublishing(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
 	big := json.RawMessage(`"` + strings.Repeat("x", DefaultMaxOutputBytes) + `"`)
-	_, err := env.log.Append(ctx, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: 5, Owner: "a", Output: big})
+	_, err := env.log.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: 5, Owner: "a", Output: big})
 	if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "limit is 1048576") {
 		t.Fatalf("oversized output: %v", err)
 	}
-	if _, err := env.log.Append(ctx, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Owner: "a"}); !errors.Is(err, ErrInvalidEntry) {
+	if _, err := env.log.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Owner: "a"}); !errors.Is(err, checkpoint.ErrInvalidEntry) {
 		t.Fatalf("commit without epoch: %v", err)
 	}
 	last, err := env.log.LastSeq(ctx)
@@ -74,10 +76,10 @@ func TestLogReplayAfterRestart(t *testing.T) {
 	writeRuns := func(from, to int) {
 		for i := from; i < to; i++ {
 			id := fmt.Sprintf("r%d", i)
-			if _, err := env.log.Write(ctx, submitEntry(id, StepSpec{Name: "one"})); err != nil {
+			if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := env.log.Write(ctx, Entry{Kind: KindAssign, Run: id, Term: 1}); err != nil {
+			if _, err := env.log.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -94,8 +96,8 @@ func TestLogReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A fresh node: no state at all, the same log.
-	fresh := memStore(t, Unsafe{})
-	l2, err := OpenLog(ctx, LogConfig{JS: env.js, Store: fresh, Node: "node-b"})
+	fresh := memStore(t, checkpoint.Unsafe{})
+	l2, err := Open(ctx, Config{JS: env.js, Store: fresh, Node: "node-b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,12 +131,12 @@ func TestLogGroupCommit(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
 				id := fmt.Sprintf("w%d-%d", w, i)
-				if _, err := env.log.Write(ctx, submitEntry(id, StepSpec{Name: "one"})); err != nil {
+				if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
 					errs <- err
 				}
 				// every second submit is repeated: that writer must get ErrRunExists
 				if i%2 == 0 {
-					if _, err := env.log.Write(ctx, submitEntry(id, StepSpec{Name: "one"})); !errors.Is(err, ErrRunExists) {
+					if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); !errors.Is(err, checkpoint.ErrRunExists) {
 						errs <- fmt.Errorf("repeated submit %s: %v", id, err)
 					}
 				}
@@ -146,7 +148,7 @@ func TestLogGroupCommit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	runs, _, err := env.store.ListRuns(ListOptions{Limit: 10000})
+	runs, _, err := env.store.ListRuns(checkpoint.ListOptions{Limit: 10000})
 	if err != nil || len(runs) != writers*each {
 		t.Fatalf("runs %d (%v), want %d", len(runs), err, writers*each)
 	}
@@ -161,7 +163,7 @@ func TestLogGroupCommit(t *testing.T) {
 func TestLogStopIsSafe(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	unstarted, err := OpenLog(ctx, LogConfig{JS: env.js, Store: memStore(t, Unsafe{}), Node: "x"})
+	unstarted, err := Open(ctx, Config{JS: env.js, Store: memStore(t, checkpoint.Unsafe{}), Node: "x"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestLogStopIsSafe(t *testing.T) {
 	unstarted.Stop()
 	env.log.Stop()
 	env.log.Stop()
-	if _, err := env.log.Append(ctx, submitEntry("late", StepSpec{Name: "one"})); !errors.Is(err, ErrStopped) {
+	if _, err := env.log.Append(ctx, submitEntry("late", checkpoint.StepSpec{Name: "one"})); !errors.Is(err, ErrStopped) {
 		t.Fatalf("append after stop: %v", err)
 	}
 	if err := env.log.Start(ctx); !errors.Is(err, ErrStopped) {
@@ -183,7 +185,7 @@ func TestLogStopIsSafe(t *testing.T) {
 func TestApplierStopsOnCorruptMessage(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	if _, err := env.log.Write(ctx, submitEntry("r1", StepSpec{Name: "one"})); err != nil {
+	if _, err := env.log.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.js.Publish(ctx, DefaultSubject, []byte(`{"v":9,"entries":[]}`)); err != nil {
@@ -194,11 +196,11 @@ func TestApplierStopsOnCorruptMessage(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("applier did not stop on a corrupt message")
 	}
-	var ce *CorruptError
+	var ce *checkpoint.CorruptError
 	if err := env.log.Err(); !errors.As(err, &ce) || ce.Seq != 2 || !strings.Contains(err.Error(), "version 9") {
 		t.Fatalf("applier error = %v; want a CorruptError at sequence 2", err)
 	}
-	if _, err := env.log.Write(ctx, submitEntry("r2", StepSpec{Name: "one"})); err == nil {
+	if _, err := env.log.Write(ctx, submitEntry("r2", checkpoint.StepSpec{Name: "one"})); err == nil {
 		t.Fatal("a write after the applier stopped succeeded")
 	}
 	if env.store.Applied() != 1 {
@@ -223,12 +225,12 @@ func TestAppendAllSharesOneMessage(t *testing.T) {
 				return
 			default:
 			}
-			_, _ = l.Write(ctx, submitEntry(fmt.Sprintf("noise-%d", i), StepSpec{Name: "one"}))
+			_, _ = l.Write(ctx, submitEntry(fmt.Sprintf("noise-%d", i), checkpoint.StepSpec{Name: "one"}))
 		}
 	}()
 	for i := 0; i < 30; i++ {
 		id := fmt.Sprintf("g%d", i)
-		ts, err := l.AppendAll(ctx, submitEntry(id, StepSpec{Name: "one"}), Entry{Kind: KindAssign, Run: id, Term: 1})
+		ts, err := l.AppendAll(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"}), checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,33 +252,33 @@ func TestAppendAllSharesOneMessage(t *testing.T) {
 	if r, err := env.store.Run("g0"); err == nil {
 		old = r.Epoch
 	}
-	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "g0", Epoch: old, Owner: "a"}); err != nil {
+	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: old, Owner: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := l.Write(ctx, Entry{Kind: KindAssign, Run: "g0", Epoch: old, Term: 1, Reason: ReasonLeaseExpired})
+	cur, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "g0", Epoch: old, Term: 1, Reason: checkpoint.ReasonLeaseExpired})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Write(ctx, Entry{Kind: KindClaim, Run: "g0", Epoch: int64(cur), Owner: "b"}); err != nil {
+	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: int64(cur), Owner: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	ts, err := l.AppendAll(ctx, Entry{Kind: KindCommit, Run: "g0", Step: "one", Item: ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{}`)},
-		Entry{Kind: KindComplete, Run: "g0", Epoch: int64(cur), Owner: "b", Status: StatusSucceeded})
+	ts, err := l.AppendAll(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "g0", Step: "one", Item: checkpoint.ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{}`)},
+		checkpoint.Entry{Kind: checkpoint.KindComplete, Run: "g0", Epoch: int64(cur), Owner: "b", Status: checkpoint.StatusSucceeded})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ts[0].Await(ctx); !errors.Is(err, ErrFenced) {
+	if err := ts[0].Await(ctx); !errors.Is(err, checkpoint.ErrFenced) {
 		t.Fatalf("stale commit in a group: %v, want ErrFenced", err)
 	}
-	if err := ts[1].Await(ctx); !errors.Is(err, ErrConflict) {
+	if err := ts[1].Await(ctx); !errors.Is(err, checkpoint.ErrConflict) {
 		t.Fatalf("completion after a fenced commit: %v, want a conflict (step one never succeeded)", err)
 	}
 
 	before, _ := l.LastSeq(ctx)
 	half := json.RawMessage(`"` + strings.Repeat("x", DefaultMaxOutputBytes-100) + `"`)
-	var group []Entry
+	var group []checkpoint.Entry
 	for i := 0; i < 10; i++ {
-		group = append(group, Entry{Kind: KindCommit, Run: "g1", Step: "one", Item: i, Epoch: 5, Owner: "a", Output: half})
+		group = append(group, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "g1", Step: "one", Item: i, Epoch: 5, Owner: "a", Output: half})
 	}
 	if _, err := l.AppendAll(ctx, group...); !errors.Is(err, ErrOutputTooLarge) {
 		t.Fatalf("10 MiB in one group: %v, want ErrOutputTooLarge", err)
@@ -293,9 +295,9 @@ func TestAppendAllSharesOneMessage(t *testing.T) {
 func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	open := func(node string) (*Log, *Store) {
-		s := memStore(t, Unsafe{})
-		l, err := OpenLog(ctx, LogConfig{JS: env.js, Store: s, Node: node})
+	open := func(node string) (*Log, *checkpoint.Store) {
+		s := memStore(t, checkpoint.Unsafe{})
+		l, err := Open(ctx, Config{JS: env.js, Store: s, Node: node})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -315,8 +317,8 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 50; i++ {
 				id := fmt.Sprintf("r%d", i) // all four writers submit the same runs
-				_, err := l.Write(ctx, submitEntry(id, StepSpec{Name: "one"}))
-				if err != nil && !errors.Is(err, ErrRunExists) {
+				_, err := l.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"}))
+				if err != nil && !errors.Is(err, checkpoint.ErrRunExists) {
 					errs <- fmt.Errorf("writer %d: %v", w, err)
 				}
 				if err == nil {
@@ -348,7 +350,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 		}
 	}
 	var dumps []string
-	for _, s := range []*Store{sa, sb, sc} {
+	for _, s := range []*checkpoint.Store{sa, sb, sc} {
 		var b bytes.Buffer
 		if err := s.Dump(&b); err != nil {
 			t.Fatal(err)
@@ -371,8 +373,8 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		stall    time.Duration
 		recovers bool
 	}{{300 * time.Millisecond, true}, {time.Hour, false}} {
-		store := memStore(t, Unsafe{})
-		watched, err := OpenLog(ctx, LogConfig{JS: env.js, Store: store, Node: "watched", StallTimeout: c.stall})
+		store := memStore(t, checkpoint.Unsafe{})
+		watched, err := Open(ctx, Config{JS: env.js, Store: store, Node: "watched", StallTimeout: c.stall})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +388,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		// The consumer goes silent (as a consumer stuck on a lost server does, or one
 		// behind a silent partition: no error, nothing heard), and another node writes.
 		watched.deaf.Store(true)
-		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), StepSpec{Name: "one"}))
+		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -444,9 +446,9 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 				if rng.IntN(3) == 0 {
 					ids = append(ids, fmt.Sprintf("w%d-%d-b", w, i))
 				}
-				es := make([]Entry, len(ids))
+				es := make([]checkpoint.Entry, len(ids))
 				for j, id := range ids {
-					es[j] = submitEntry(id, StepSpec{Name: "one"})
+					es[j] = submitEntry(id, checkpoint.StepSpec{Name: "one"})
 				}
 				order[w] = append(order[w], ids...)
 				var err error
@@ -515,11 +517,11 @@ func TestNotesRideWithTheNextWrite(t *testing.T) {
 		return v.Events[0].Seq
 	}
 	for i := range 20 {
-		note, err := env.log.AppendNote(ctx, submitEntry(fmt.Sprintf("n%d", i), StepSpec{Name: "one"}))
+		note, err := env.log.AppendNote(ctx, submitEntry(fmt.Sprintf("n%d", i), checkpoint.StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("w%d", i), StepSpec{Name: "one"})); err != nil {
+		if _, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("w%d", i), checkpoint.StepSpec{Name: "one"})); err != nil {
 			t.Fatal(err)
 		}
 		if err := note.Await(ctx); err != nil {
@@ -529,7 +531,7 @@ func TestNotesRideWithTheNextWrite(t *testing.T) {
 			t.Fatalf("round %d: the note went out in message %d, the write in %d: want one message", i, a, b)
 		}
 	}
-	alone, err := env.log.AppendNote(ctx, submitEntry("alone", StepSpec{Name: "one"}))
+	alone, err := env.log.AppendNote(ctx, submitEntry("alone", checkpoint.StepSpec{Name: "one"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,7 +550,7 @@ func TestWriteKeepsItsCallersDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	began := time.Now()
-	_, err := env.log.Write(ctx, submitEntry("r1", StepSpec{Name: "a"}))
+	_, err := env.log.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "a"}))
 	took := time.Since(began)
 	if err == nil {
 		t.Fatal("a write to an unreachable log succeeded")

@@ -1,10 +1,11 @@
-package natsnode
+package streams
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -17,14 +18,14 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 		return s, nil
 	}
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("natsnode: stream %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("streams: stream %s: %w", cfg.Name, err)
 	}
 	s, err = js.CreateStream(ctx, cfg)
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return js.Stream(ctx, cfg.Name) // another node created it first
 	}
 	if err != nil {
-		return nil, fmt.Errorf("natsnode: create stream %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("streams: create stream %s: %w", cfg.Name, err)
 	}
 	return s, nil
 }
@@ -41,14 +42,24 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("natsnode: bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("streams: bucket %s: %w", cfg.Bucket, err)
 	}
 	kv, err = js.CreateKeyValue(ctx, cfg)
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		return js.KeyValue(ctx, cfg.Bucket)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("natsnode: create bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("streams: create bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// Replicas is the replica count for flow's streams and buckets on the server nc is
+// connected to: the cluster's size, at most 3 (1 for a single server).
+func Replicas(nc *nats.Conn) int {
+	if nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	// Servers lists the URLs given and those the cluster announced: its members.
+	return max(1, min(len(nc.Servers()), 3))
 }

@@ -1,0 +1,235 @@
+package logstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/supervise"
+)
+
+// consume opens an ordered consumer of the stream from the first unapplied sequence.
+func (l *Log) consume(ctx context.Context) (jetstream.MessagesContext, error) {
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
+	if a := l.cfg.Store.Applied(); a > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
+	}
+	cons, err := l.cfg.JS.OrderedConsumer(ctx, l.cfg.Stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("logstream: consume %s: %w", l.cfg.Stream, err)
+	}
+	// Idle heartbeats every second: a consumer whose server went away is noticed (two
+	// missed) and recreated by the client in seconds, not the default's ten.
+	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("logstream: consume %s: %w", l.cfg.Stream, err)
+	}
+	l.consumers.Add(1)
+	return it, nil
+}
+
+// runConsumer is one life of the applier's consumer (it, or a new one when nil). It is
+// alive while it applies messages or sees that it has applied the stream's last one; a
+// consumer that hears nothing while the stream moves on (measured on a 2-core machine
+// after one NATS server of three was killed: silent for minutes, no error, no heartbeat
+// reset; or a silent partition) is ended by the supervisor after StallTimeout and
+// opened again from the first unapplied sequence.
+func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
+	if it == nil {
+		var err error
+		if it, err = l.consume(ctx); err != nil {
+			return err
+		}
+	}
+	defer it.Stop()
+	l.deaf.Store(false)
+	done := make(chan error, 1)
+	go func() { done <- l.runApplier(ctx, it, alive) }()
+	probe := time.NewTicker(max(l.cfg.StallTimeout/4, 10*time.Millisecond))
+	defer probe.Stop()
+	l.probeCaughtUp(ctx, alive)
+	lastApplied := l.cfg.Store.Applied()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			it.Stop()
+			<-done
+			return ctx.Err()
+		case <-probe.C:
+			if a := l.cfg.Store.Applied(); a != lastApplied {
+				lastApplied = a // the applier is moving (and calling alive): no need to ask
+				continue
+			}
+			l.probeCaughtUp(ctx, alive)
+		}
+	}
+}
+
+// probeCaughtUp calls alive if the stream holds nothing this node has not applied:
+// silence is then nothing to hear.
+func (l *Log) probeCaughtUp(ctx context.Context, alive func()) {
+	pctx, cancel := context.WithTimeout(ctx, min(l.cfg.StallTimeout/2, 2*time.Second))
+	end, err := l.LastSeq(pctx)
+	cancel()
+	if err == nil && end <= l.cfg.Store.Applied() && !l.deaf.Load() {
+		alive()
+	}
+}
+
+// applyOwn applies the message this node just published, from memory, when it is the
+// next one to apply: its writers learn their outcome without waiting for the consumer to
+// deliver their own message back (docs/perf.md). The bytes are the ones the log holds at
+// seq (an acknowledged duplicate of a retried publish has the same ID and bytes), so the
+// outcome is the one every other node computes. Otherwise the applier applies it.
+func (l *Log) applyOwn(id string, seq uint64, data []byte, job *decodeJob) {
+	if l.cfg.NoOwnApply {
+		return
+	}
+	var entries []checkpoint.Entry // nil: the apply decodes (the decoder was busy, or failed: the apply's error names seq)
+	if job != nil && job.wait() == nil {
+		entries = job.entries
+	}
+	results, applied, err := l.cfg.Store.ApplyIfNext(seq, data, entries)
+	if err != nil {
+		l.log.Error("applier stopped", "seq", seq, "err", err)
+		l.fail(err)
+		return
+	}
+	if applied {
+		l.applied(id, seq, results)
+	}
+}
+
+// decodeJob is a message decoded on the decoder goroutine.
+type decodeJob struct {
+	data    []byte
+	entries []checkpoint.Entry
+	err     error
+	done    chan struct{}
+}
+
+func (j *decodeJob) wait() error {
+	<-j.done
+	return j.err
+}
+
+// predecode hands data to the decoder goroutine if it is idle, and returns the job; nil
+// if it is busy (the apply then decodes). Decoding a W2 step's message took ~18 µs of
+// the ~80 µs a step costs besides the fsync; overlapped with the publish's round trip,
+// it is off the step's path (docs/perf.md).
+func (l *Log) predecode(data []byte) *decodeJob {
+	job := &decodeJob{data: data, done: make(chan struct{})}
+	select {
+	case l.decodes <- job:
+		return job
+	default:
+		return nil
+	}
+}
+
+// runDecoder decodes the messages this node publishes while their publish is in flight.
+func (l *Log) runDecoder(ctx context.Context) {
+	defer l.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case job := <-l.decodes:
+			job.entries, job.err = checkpoint.DecodeEnvelope(0, job.data)
+			close(job.done)
+		}
+	}
+}
+
+// runApplier applies what it consumes until the consumer ends. A fatal error (the
+// state may be half-applied) ends it for good: supervise.Fatal.
+func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
+	for {
+		msg, err := it.Next()
+		select {
+		case <-l.failed: // applyOwn failed: the state may be half-applied, apply nothing more
+			return supervise.Fatal(l.Err())
+		default:
+		}
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("logstream: log consumer closed: %w", err)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Missed heartbeats and the like: the ordered consumer recreates itself
+			// after connection trouble, and the supervisor does if it does not.
+			l.log.Debug("log consumer error; continuing", "err", err)
+			continue
+		}
+		if l.deaf.Load() {
+			<-ctx.Done() // the test's silent consumer: hears nothing until replaced
+			return ctx.Err()
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			err = fmt.Errorf("logstream: log message without metadata: %w", err)
+			l.fail(err)
+			return supervise.Fatal(err)
+		}
+		seq := meta.Sequence.Stream
+		results, err := l.cfg.Store.Apply(seq, msg.Data())
+		if err != nil {
+			l.log.Error("applier stopped", "seq", seq, "err", err)
+			l.fail(err)
+			return supervise.Fatal(err)
+		}
+		alive()
+		if results == nil {
+			continue // its writer here applied it already (applyOwn)
+		}
+		l.applied(msg.Headers().Get(jetstream.MsgIDHeader), seq, results)
+	}
+}
+
+func (l *Log) applied(id string, seq uint64, results []error) {
+	l.mu.Lock()
+	tickets := l.mu.pending[id]
+	if tickets != nil {
+		delete(l.mu.pending, id)
+	}
+	close(l.mu.applied)
+	l.mu.applied = make(chan struct{})
+	l.mu.Unlock()
+	for i, t := range tickets {
+		if i < len(results) {
+			t.resolve(seq, results[i])
+		} else {
+			t.resolve(seq, fmt.Errorf("%w: message %d has %d results for %d entries", checkpoint.ErrCorruptLog, seq, len(results), len(tickets)))
+		}
+	}
+}
+
+func (l *Log) fail(err error) {
+	l.mu.Lock()
+	if l.mu.err != nil { // the writer (applyOwn) and the applier may both fail
+		l.mu.Unlock()
+		return
+	}
+	l.mu.err = err
+	pending := l.mu.pending
+	l.mu.pending = map[string][]*Ticket{}
+	l.mu.Unlock()
+	close(l.failed)
+	for _, ts := range pending {
+		for _, t := range ts {
+			t.resolve(0, err)
+		}
+	}
+}

@@ -1,0 +1,17 @@
+package logstream
+
+import "errors"
+
+// Sentinel errors of the log's I/O. Test them with errors.Is: the errors returned carry
+// context. The state machine's verdicts on an entry (fenced, stale term, ...) are
+// checkpoint's sentinels.
+var (
+	// ErrOutputTooLarge: a step output above the configured limit (default 1 MiB), or
+	// entries that together do not fit one log message.
+	ErrOutputTooLarge = errors.New("logstream: output too large")
+	// ErrStopped: the log or its applier has stopped.
+	ErrStopped = errors.New("logstream: stopped")
+	// ErrAppendUncertain: publishing failed and it is unknown whether the entry is in
+	// the log. The writer must treat its ownership as lost.
+	ErrAppendUncertain = errors.New("logstream: append outcome unknown")
+)

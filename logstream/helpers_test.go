@@ -1,0 +1,119 @@
+package logstream
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/natsnode"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashHelperEnv) != "" {
+		crashHelperMain()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// memStore is a real Pebble on an in-memory file system.
+func memStore(t testing.TB, unsafe checkpoint.Unsafe) *checkpoint.Store {
+	t.Helper()
+	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Unsafe: unsafe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var t0 = time.Date(2026, 11, 29, 2, 0, 0, 0, time.UTC)
+
+func submitEntry(run string, steps ...checkpoint.StepSpec) checkpoint.Entry {
+	return checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: run, At: t0, Submit: &checkpoint.Submit{
+		Workflow: "wf", Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: 3, Steps: steps,
+	}}
+}
+
+// testEnv is an embedded JetStream (in process, synced) with a Log and Store.
+type testEnv struct {
+	dir   string
+	srv   *natsnode.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *checkpoint.Store
+	log   *Log
+}
+
+func startEnv(t testing.TB, dir string) *testEnv {
+	t.Helper()
+	return startEnvSync(t, dir, true)
+}
+
+// startEnvSync: with synced false, the server does not fsync (benchmarks of the ceiling).
+func startEnvSync(t testing.TB, dir string, synced bool) *testEnv {
+	t.Helper()
+	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(dir, "nats"), NoSync: !synced})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := srv.Connect()
+	if err != nil {
+		srv.Shutdown()
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &testEnv{dir: dir, srv: srv, nc: nc, js: js}
+	env.openLog(t)
+	t.Cleanup(env.close)
+	return env
+}
+
+func (env *testEnv) openLog(t testing.TB) {
+	t.Helper()
+	store, err := checkpoint.OpenStore(filepath.Join(env.dir, "state"), checkpoint.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := Open(ctx, Config{JS: env.js, Store: store, Node: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	env.store, env.log = store, l
+}
+
+func (env *testEnv) closeLog() {
+	if env.log != nil {
+		env.log.Stop()
+		env.store.Close()
+		env.log, env.store = nil, nil
+	}
+}
+
+func (env *testEnv) close() {
+	env.closeLog()
+	env.nc.Close()
+	env.srv.Shutdown()
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
