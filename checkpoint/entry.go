@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/flowrun/flow/internal/ident"
 )
 
 // Kind names an entry type. The strings are part of the log format: never rename one.
@@ -111,49 +113,6 @@ const (
 	TickCaughtUp       = "caught-up"
 )
 
-// IDRule says what ValidID accepts, for error messages.
-const IDRule = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, with no '.' at the end or two in a row"
-
-// ValidID reports whether s can name a run or an owner (IDRule). Run IDs are JetStream
-// KV keys (the run leases') and subject tokens, so they follow both rules: no ':' or
-// other punctuation, and no empty token between dots ("a." and "a..b" are refused: as
-// keys they are invalid, and such a run once stayed pending forever).
-func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 128 || !alnum(s[0]) || s[len(s)-1] == '.' {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !alnum(c) && c != '.' && c != '_' && c != '-' {
-			return false
-		}
-		if c == '.' && s[i-1] == '.' {
-			return false
-		}
-	}
-	return true
-}
-
-// ValidName reports whether s can name a workflow or step: 1-64 of a-z, 0-9, '_' or
-// '-', starting with a letter or digit.
-func ValidName(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		lowerOrDigit := (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
-		if !lowerOrDigit && (i == 0 || (c != '_' && c != '-')) {
-			return false
-		}
-	}
-	return true
-}
-
-func alnum(c byte) bool {
-	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
-}
-
 // Validate checks the shape of an entry (not its effect on state). Writers call it
 // before publishing; the applier calls it again and rejects, changing nothing, an entry
 // that fails it.
@@ -161,11 +120,11 @@ func (e *Entry) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
-	if e.Kind != KindCronTick && e.Kind != KindWorkflow && !ValidID(e.Run) {
-		return bad("run ID %q: %s", e.Run, IDRule)
+	if e.Kind != KindCronTick && e.Kind != KindWorkflow && !ident.ValidID(e.Run) {
+		return bad("run ID %q: %s", e.Run, ident.IDRule)
 	}
-	if e.Owner != "" && !ValidID(e.Owner) {
-		return bad("owner %q: %s", e.Owner, IDRule)
+	if e.Owner != "" && !ident.ValidID(e.Owner) {
+		return bad("owner %q: %s", e.Owner, ident.IDRule)
 	}
 	if e.Worker != "" && e.Kind != KindAssign {
 		return bad("only an assign names a worker")
@@ -174,7 +133,7 @@ func (e *Entry) Validate() error {
 		return bad("negative term or epoch")
 	}
 	needsStep := func() error {
-		if !ValidName(e.Step) {
+		if !ident.ValidName(e.Step) {
 			return bad("step %q must be 1-64 of a-z, 0-9, '_' or '-'", e.Step)
 		}
 		if e.Item < ItemWhole {
@@ -186,7 +145,7 @@ func (e *Entry) Validate() error {
 		if e.Epoch <= 0 {
 			return bad("epoch is required")
 		}
-		if !ValidID(e.Owner) {
+		if !ident.ValidID(e.Owner) {
 			return bad("owner is required")
 		}
 		return nil
@@ -198,8 +157,8 @@ func (e *Entry) Validate() error {
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
-		if e.Worker != "" && !ValidID(e.Worker) {
-			return bad("worker %q: %s", e.Worker, IDRule)
+		if e.Worker != "" && !ident.ValidID(e.Worker) {
+			return bad("worker %q: %s", e.Worker, ident.IDRule)
 		}
 		switch e.Reason {
 		case "", ReasonLeaseExpired, ReasonReconciled:
@@ -230,7 +189,7 @@ func (e *Entry) Validate() error {
 		}
 	case KindCancel, KindRetry, KindPurge:
 	case KindWorkflow:
-		if e.Workflow == nil || !ValidName(e.Workflow.Name) || e.Workflow.Digest == "" || !json.Valid(e.Workflow.Spec) {
+		if e.Workflow == nil || !ident.ValidName(e.Workflow.Name) || e.Workflow.Digest == "" || !json.Valid(e.Workflow.Spec) {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
 		}
 		return nil
@@ -242,12 +201,12 @@ func (e *Entry) Validate() error {
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
-		if e.Tick == nil || !ValidName(e.Tick.Workflow) || e.Tick.At.IsZero() {
+		if e.Tick == nil || !ident.ValidName(e.Tick.Workflow) || e.Tick.At.IsZero() {
 			return bad("tick needs a workflow name and a fire time")
 		}
 		switch e.Tick.Outcome {
 		case TickFired, TickCaughtUp:
-			if e.Submit == nil || !ValidID(e.Run) || e.Tick.RunID != e.Run {
+			if e.Submit == nil || !ident.ValidID(e.Run) || e.Tick.RunID != e.Run {
 				return bad("a fired tick needs the run ID and its submit")
 			}
 			return e.Submit.validate(bad)
@@ -265,7 +224,7 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if s == nil {
 		return bad("submit details are missing")
 	}
-	if !ValidName(s.Workflow) {
+	if !ident.ValidName(s.Workflow) {
 		return bad("workflow name %q must be 1-64 of a-z, 0-9, '_' or '-'", s.Workflow)
 	}
 	if s.MaxEpochs < 0 || s.Version < 0 {
@@ -281,7 +240,7 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	}
 	seen := make(map[string]bool, len(s.Steps))
 	for _, st := range s.Steps {
-		if !ValidName(st.Name) {
+		if !ident.ValidName(st.Name) {
 			return bad("step name %q must be 1-64 of a-z, 0-9, '_' or '-'", st.Name)
 		}
 		if seen[st.Name] {

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"testing"
@@ -69,12 +68,6 @@ func submitEntry(run string, steps ...StepSpec) Entry {
 	return Entry{Kind: KindSubmit, Run: run, At: t0, Submit: &Submit{
 		Workflow: "wf", Version: 1, Trigger: TriggerManual, MaxEpochs: 3, Steps: steps,
 	}}
-}
-
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func memFS() vfs.FS { return vfs.NewMem() }

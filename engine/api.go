@@ -14,6 +14,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
@@ -123,8 +124,8 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	if generated {
 		id = NewRunID()
 	}
-	if !checkpoint.ValidID(id) {
-		return "", fmt.Errorf("%w: run ID %q: %s", ErrBadInput, id, checkpoint.IDRule)
+	if !ident.ValidID(id) {
+		return "", fmt.Errorf("%w: run ID %q: %s", ErrBadInput, id, ident.IDRule)
 	}
 	trigger := opts.Trigger
 	if trigger == "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
 )
 
 // BenchmarkBacklog is issue 12's load test (a benchmark, not CI): FLOW_BACKLOG_RUNS
@@ -46,8 +47,8 @@ func BenchmarkBacklog(b *testing.B) {
 	}
 	for i := 0; i < b.N; i++ {
 		e := benchEngine(b, 64)
-		apply(b, e, ChainWorkflow("w2", 10))
-		apply(b, e, ChainWorkflow("one", 1))
+		apply(b, e, workflow.ChainYAML("w2", 10))
+		apply(b, e, workflow.ChainYAML("one", 1))
 		ctx := ctxT(b, 2*time.Hour)
 		idle := w2Runs(b, e, ctx, 200)
 		b.Logf("W2 idle: run p50 %.2f ms, exec p50 %.2f ms, step p50 %.2f ms", ms(idle.runP50), ms(idle.execP50), ms(idle.stepP50))
@@ -238,7 +239,7 @@ func BenchmarkBacklogLimited(b *testing.B) {
 	const limit = 16
 	for i := 0; i < b.N; i++ {
 		e := benchEngine(b, 64)
-		apply(b, e, ChainWorkflow("w2", 10))
+		apply(b, e, workflow.ChainYAML("w2", 10))
 		apply(b, e, fmt.Sprintf("name: limited\nconcurrency: %d\nsteps:\n  - name: wait\n    uses: sleep\n    with: {duration: 1h}\n", limit))
 		ctx := ctxT(b, 2*time.Hour)
 		idle := w2Runs(b, e, ctx, 200)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
 )
 
 // The engine workloads of docs/perf.md, every step durably checkpointed (embedded
@@ -36,7 +37,7 @@ func benchEngine(b testing.TB, workers int) *Engine {
 func BenchmarkW1(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		e := benchEngine(b, 64)
-		apply(b, e, ChainWorkflow("w1", 5))
+		apply(b, e, workflow.ChainYAML("w1", 5))
 		ctx := ctxT(b, 10*time.Minute)
 		const runs, inflight = 1000, 64
 		sem := make(chan struct{}, inflight)
@@ -82,7 +83,7 @@ func benchW2(b *testing.B, e *Engine) {
 		marks []string
 	}
 	for i := 0; i < b.N; i++ {
-		apply(b, e, ChainWorkflow("w2", 10))
+		apply(b, e, workflow.ChainYAML("w2", 10))
 		ctx := ctxT(b, 10*time.Minute)
 		runs := make([]run, 0, 200)
 		var stepLat []time.Duration

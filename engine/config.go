@@ -8,6 +8,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -62,13 +63,13 @@ type Config struct {
 func (c *Config) validate() error {
 	if c.NodeID == "" {
 		h, err := os.Hostname()
-		if err != nil || !checkpoint.ValidID(h) {
+		if err != nil || !ident.ValidID(h) {
 			h = "node"
 		}
 		c.NodeID = h
 	}
-	if !checkpoint.ValidID(c.NodeID) {
-		return fmt.Errorf("engine: node ID %q: %s", c.NodeID, checkpoint.IDRule)
+	if !ident.ValidID(c.NodeID) {
+		return fmt.Errorf("engine: node ID %q: %s", c.NodeID, ident.IDRule)
 	}
 	if c.DataDir == "" {
 		c.DataDir = "flow-data"

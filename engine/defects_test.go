@@ -12,6 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/workflow"
 )
 
 // A foreach over an empty list, or over null (what a Go step returns for a nil slice),
@@ -220,7 +221,7 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	if v := runToEnd(t, e, "chain", nil); v.Run.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("a real run beside forged tasks: %s %s", v.Run.Status, v.Run.Error)
 	}

@@ -352,6 +352,36 @@ func (e *Engine) Elector() *epoch.Elector { return e.elector }
 // Counters are this node's lease and election counters.
 func (e *Engine) Counters() *epoch.Counters { return e.leases.Config().Counters }
 
+// Applied is the log sequence this node's state has applied.
+func (e *Engine) Applied() uint64 { return e.store.Applied() }
+
+// catchUpLimit bounds CatchUp.
+const catchUpLimit = 5 * time.Second
+
+// CatchUp waits (at most 5s) until this node has applied the log as it is now: a read
+// after it sees every write acknowledged before it, whichever node made it.
+func (e *Engine) CatchUp(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, catchUpLimit)
+	defer cancel()
+	last, err := e.clog.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	return e.clog.WaitApplied(ctx, last)
+}
+
+// IsLeader reports whether this node leads now.
+func (e *Engine) IsLeader() bool { return e.Leading() != nil }
+
+// Leader is the leader the leader key names, with its term (whichever node asks).
+func (e *Engine) Leader(ctx context.Context) (epoch.Leader, error) { return e.elector.Leader(ctx) }
+
+// Workflows lists every applied workflow version.
+func (e *Engine) Workflows() ([]checkpoint.WorkflowVersion, error) { return e.store.Workflows() }
+
+// Ticks are the recorded fire times of a workflow's schedule, oldest first.
+func (e *Engine) Ticks(workflow string) ([]checkpoint.Tick, error) { return e.store.Ticks(workflow) }
+
 // Leading is the current term if this node leads, else nil.
 func (e *Engine) Leading() *epoch.Term {
 	e.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
 )
 
 // seqOf is the log message of a run's first event of kind (and step, if given).
@@ -34,7 +35,7 @@ func seqOf(v *checkpoint.RunView, kind checkpoint.Kind, step string) uint64 {
 func TestRunShortPaths(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	apply(t, e, ChainWorkflow("chain", 3))
+	apply(t, e, workflow.ChainYAML("chain", 3))
 	v := runToEnd(t, e, "chain", nil)
 	if v.Run.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("run %s: %s", v.Run.ID, v.Run.Status)
@@ -84,7 +85,7 @@ func TestSubmitOffTheLeader(t *testing.T) {
 	a := startEngine(t, func(c *Config) { c.NATSListen = "127.0.0.1:0" })
 	waitLeader(t, a)
 	b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = a.ClientURL(); c.DisableScheduler = true })
-	apply(t, b, ChainWorkflow("chain", 2))
+	apply(t, b, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
 	id, err := b.StartRun(ctx, "chain", nil, RunOptions{})
 	if err != nil {
@@ -300,7 +301,7 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
 	waitLeader(t, e)
-	apply(t, e, ChainWorkflow("chain", 1))
+	apply(t, e, workflow.ChainYAML("chain", 1))
 	ttl := e.leases.Config().TTL
 
 	ep := ghostClaim(t, e, "fresh", time.Now())
@@ -326,7 +327,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 	for _, guard := range []bool{true, false} {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
-		apply(t, e, ChainWorkflow("chain", 1))
+		apply(t, e, workflow.ChainYAML("chain", 1))
 		e.forceDegraded.Store(true)
 		e.ignoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)
@@ -374,7 +375,7 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 		waitLeader(t, e)
 		e.fastPathGivenIDs.Store(!guard)
 		apply(t, e, "name: limited\nconcurrency: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
-		apply(t, e, ChainWorkflow("free", 1))
+		apply(t, e, workflow.ChainYAML("free", 1))
 		ctx := ctxT(t, 30*time.Second)
 		for _, id := range []string{"holder", "held"} {
 			if _, err := e.StartRun(ctx, "limited", nil, RunOptions{ID: id}); err != nil {
@@ -420,7 +421,7 @@ func TestLeaderRunsItsOwnRunWithoutATask(t *testing.T) {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
 		e.noOwnRuns.Store(!own)
-		apply(t, e, ChainWorkflow("chain", 3))
+		apply(t, e, workflow.ChainYAML("chain", 3))
 		v := runToEnd(t, e, "chain", nil)
 		if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) != 1 || v.Run.Epochs[0].Owner != "node-a" || v.Run.EpochChanges != 0 {
 			t.Fatalf("own=%v: run %s epochs %+v changes %d; want succeeded in one epoch owned by node-a", own, v.Run.Status, v.Run.Epochs, v.Run.EpochChanges)
@@ -436,7 +437,7 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 	e := startEngine(t, func(c *Config) { c.Workers = 2 }) // the task loop holds one slot
 	waitLeader(t, e)
 	apply(t, e, "name: sleeper\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
 	sleeper, err := e.StartRun(ctx, "sleeper", nil, RunOptions{})
 	if err != nil {
@@ -469,7 +470,7 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 60*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-held")
 	if err := waitFor(ctx, e.clog, func() bool {
@@ -495,7 +496,7 @@ func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 func TestOwnRunOutlivesItsCaller(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	ctx := ctxT(t, 30*time.Second)
@@ -516,7 +517,7 @@ func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
 	e.noOwnRuns.Store(true) // through a task
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-wait")
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -548,7 +549,7 @@ func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
 	e.noOwnRuns.Store(true) // through a task, so there is a claim
-	apply(t, e, ChainWorkflow("chain", 2))
+	apply(t, e, workflow.ChainYAML("chain", 2))
 	e.lostClaims.Store(1)
 	ctx := ctxT(t, 30*time.Second)
 	id, err := e.StartRun(ctx, "chain", nil, RunOptions{})

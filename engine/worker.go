@@ -12,6 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
@@ -125,7 +126,7 @@ func (e *Engine) degraded() bool {
 // acks the task and runs the epoch.
 func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	var t task
-	if err := json.Unmarshal(msg.Data(), &t); err != nil || !checkpoint.ValidID(t.Run) || t.Epoch <= 0 {
+	if err := json.Unmarshal(msg.Data(), &t); err != nil || !ident.ValidID(t.Run) || t.Epoch <= 0 {
 		// Only the leader writes tasks, for runs of the state (whose IDs apply checked):
 		// anything else was forged or corrupted, and redelivering it would loop.
 		e.log.Error("dropping a malformed task", "err", err, "task", string(msg.Data()))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/internal/streams"
 	"github.com/flowrun/flow/internal/supervise"
 )
@@ -125,7 +126,7 @@ type Log struct {
 
 // Open creates the stream if needed and returns a Log ready to Start.
 func Open(ctx context.Context, cfg Config) (*Log, error) {
-	if cfg.JS == nil || cfg.Store == nil || !checkpoint.ValidID(cfg.Node) {
+	if cfg.JS == nil || cfg.Store == nil || !ident.ValidID(cfg.Node) {
 		return nil, fmt.Errorf("%w: Config needs JS, Store and a valid Node ID (got %q)", checkpoint.ErrInvalidEntry, cfg.Node)
 	}
 	if cfg.Stream == "" {

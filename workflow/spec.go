@@ -12,7 +12,8 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/ident"
+
 	"go.yaml.in/yaml/v3"
 )
 
@@ -135,7 +136,7 @@ type Options struct {
 const MaxSteps = 1000
 
 // validName is the one rule for workflow, step and input names (the log's).
-var validName = checkpoint.ValidName
+var validName = ident.ValidName
 
 // CronParser is the one cron dialect of flow: 5 fields (minute first), 6 fields
 // (seconds first), and descriptors such as @daily.

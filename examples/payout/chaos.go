@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/natsnode"
 )
 
@@ -25,7 +25,7 @@ type chaosCluster struct {
 	nats    *natsnode.Server
 	natsURL string
 	nc      *nats.Conn
-	client  *api.Client
+	client  *client.Client
 	nodes   []*chaosNode
 	rounds  int // disruptions done, to rotate which node is killed
 	stolen  int // lock-stolen-mid-run lines already reported
@@ -117,7 +117,7 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 	if c.nc, err = natsnode.Connect(c.natsURL, "payout-chaos"); err != nil {
 		return c, err
 	}
-	c.client = api.NewClient(c.nc)
+	ready := client.New(c.nc)
 	// Ready when every node answers and one of them leads.
 	err = waitFor(ctx, time.Minute, "three nodes and a leader", func() (bool, error) {
 		for _, n := range c.nodes {
@@ -127,8 +127,8 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 			default:
 			}
 		}
-		var st api.ClusterStatus
-		if c.client.Call(ctx, "cluster.status", api.Req{}, &st) != nil {
+		st, err := ready.ClusterStatus(ctx)
+		if err != nil {
 			return false, nil
 		}
 		return len(st.Nodes) == 3 && st.Leader != "", nil
@@ -136,7 +136,7 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 	// A paused node gets its share of the requests and never answers them: try another
 	// soon (run.get answers in milliseconds; cluster.status, which gathers the nodes for
 	// 300ms, is not called from here on) so that the demo sees the run move in time.
-	c.client.AttemptTimeout = 300 * time.Millisecond
+	c.client = client.New(c.nc, client.WithAttemptTimeout(300*time.Millisecond))
 	return c, err
 }
 
@@ -155,14 +155,14 @@ func (c *chaosCluster) node(id string) *chaosNode {
 // owner has paid some more drivers, SIGKILL it and restart it. It writes what it did
 // into r.Disruption.
 func (c *chaosCluster) disrupt(ctx context.Context, id string, r *round) error {
-	var v api.Run
-	transfer := func(v api.Run) api.Step {
+	var v client.Run
+	transfer := func(v client.Run) client.Step {
 		for _, s := range v.Steps {
 			if s.Name == "transfer" {
 				return s
 			}
 		}
-		return api.Step{}
+		return client.Step{}
 	}
 	err := waitFor(ctx, 2*time.Minute, "the transfer to start", func() (bool, error) {
 		var err error

@@ -30,10 +30,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/examples/payout/wallet"
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/internal/apiserver"
 	"github.com/flowrun/flow/internal/flowd"
 	"github.com/flowrun/flow/steps"
 )
@@ -125,7 +126,7 @@ func (o *options) validate() error {
 
 // round is one payout and what was seen of it.
 type round struct {
-	Run        api.Run
+	Run        client.Run
 	Date       string
 	Ledger     wallet.Ledger
 	Expected   wallet.Ledger // from the data set itself, independent of the run
@@ -164,7 +165,7 @@ func run(ctx context.Context, o options) ([]round, error) {
 	defer hs.Close()
 	walletURL := "http://" + ln.Addr().String()
 
-	var cl *api.Client
+	var cl *client.Client
 	var c *chaosCluster
 	if o.chaos {
 		if c, err = startChaosCluster(ctx, o); err != nil {
@@ -182,8 +183,8 @@ func run(ctx context.Context, o options) ([]round, error) {
 		cl = client
 		fmt.Fprintf(o.out, "flow node up (embedded NATS), wallet on %s\n", walletURL)
 	}
-	var wf api.Workflow
-	if err := cl.Call(ctx, "workflow.apply", api.Req{File: "examples/payout/payout.yaml", YAML: string(workflowYAML)}, &wf); err != nil {
+	wf, err := cl.ApplyWorkflow(ctx, "examples/payout/payout.yaml", workflowYAML)
+	if err != nil {
 		return nil, fmt.Errorf("apply the workflow: %w", err)
 	}
 	fmt.Fprintf(o.out, "workflow %s v%d applied\n", wf.Name, wf.Version)
@@ -218,7 +219,7 @@ func run(ctx context.Context, o options) ([]round, error) {
 
 // startSingleNode starts one engine in this process on the embedded defaults and serves
 // the API on it.
-func startSingleNode(ctx context.Context, o options) (func(), *api.Client, error) {
+func startSingleNode(ctx context.Context, o options) (func(), *client.Client, error) {
 	reg := steps.NewRegistry(0)
 	if err := registerSteps(reg); err != nil {
 		return nil, nil, err
@@ -236,37 +237,37 @@ func startSingleNode(ctx context.Context, o options) (func(), *api.Client, error
 		defer cancel()
 		_ = e.Stop(sctx)
 	}
-	srv, err := api.Serve(e)
+	srv, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		stopEngine()
 		return nil, nil, err
 	}
-	return func() { srv.Stop(); stopEngine() }, api.NewClient(e.Conn()), nil
+	return func() { srv.Stop(); stopEngine() }, client.New(e.Conn()), nil
 }
 
 // payOnce runs one payout for date ("" = the workflow's default) and prints its summary.
-func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w *wallet.Wallet, walletURL, date string) (*round, error) {
+func payOnce(ctx context.Context, o options, cl *client.Client, c *chaosCluster, w *wallet.Wallet, walletURL, date string) (*round, error) {
 	inputs := map[string]string{"wallet": walletURL, "drivers": strconv.Itoa(o.drivers)}
 	if date != "" {
 		inputs["date"] = date
 	}
-	var started struct{ ID string }
-	if err := cl.Call(ctx, "run.start", api.Req{Workflow: "nightly-payout", Inputs: inputs}, &started); err != nil {
+	started, err := cl.StartRun(ctx, "nightly-payout", client.StartOptions{Inputs: inputs})
+	if err != nil {
 		return nil, fmt.Errorf("start the payout: %w", err)
 	}
 	r := &round{}
-	got, err := getRun(ctx, cl, started.ID)
+	got, err := getRun(ctx, cl, started)
 	if err != nil {
 		return nil, err
 	}
 	r.Date = inputOf(got, "date")
-	fmt.Fprintf(o.out, "\npayout for %s: run %s\n", r.Date, started.ID)
+	fmt.Fprintf(o.out, "\npayout for %s: run %s\n", r.Date, started)
 	// The disruption runs beside the progress loop and is always waited for: it must not
 	// touch the nodes once this returns (the nodes are stopped after).
 	chaosDone := make(chan error, 1)
 	dctx, stopChaos := context.WithCancel(ctx)
 	if c != nil {
-		go func() { chaosDone <- c.disrupt(dctx, started.ID, r) }()
+		go func() { chaosDone <- c.disrupt(dctx, started, r) }()
 	} else {
 		chaosDone <- nil
 	}
@@ -280,7 +281,7 @@ func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w 
 	defer stopChaos()
 	last := time.Time{}
 	for {
-		v, err := getRun(ctx, cl, started.ID)
+		v, err := getRun(ctx, cl, started)
 		if err != nil {
 			return nil, err
 		}
@@ -322,11 +323,10 @@ func payOnce(ctx context.Context, o options, cl *api.Client, c *chaosCluster, w 
 
 // getRun reads a run, retrying while no node knows it yet (a node restarted by the chaos
 // may answer before it has caught up).
-func getRun(ctx context.Context, cl *api.Client, id string) (api.Run, error) {
+func getRun(ctx context.Context, cl *client.Client, id string) (client.Run, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		var v api.Run
-		err := cl.Call(ctx, "run.get", api.Req{ID: id}, &v)
+		v, err := cl.Run(ctx, id)
 		if err == nil {
 			return v, nil
 		}
@@ -348,7 +348,7 @@ func terminal(status string) bool {
 	return false
 }
 
-func inputOf(r api.Run, name string) string {
+func inputOf(r client.Run, name string) string {
 	var m map[string]any
 	_ = json.Unmarshal(r.Inputs, &m)
 	s, _ := m[name].(string)
@@ -397,7 +397,7 @@ func printRound(out io.Writer, r *round) {
 	fmt.Fprintf(out, "wallet: stale credits refused %d, repeated credits applied once %d\n", r.Ledger.Rejected, r.Ledger.Duplicates)
 }
 
-func progress(v api.Run) string {
+func progress(v client.Run) string {
 	s := fmt.Sprintf("%s epoch %d", v.Status, v.Epoch)
 	if v.Owner != "" {
 		s += " on " + v.Owner

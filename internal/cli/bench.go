@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/workflow"
 )
 
 // The workloads of docs/perf.md, run against a live flowd through the API:
@@ -151,7 +151,9 @@ func printBench(w io.Writer, r BenchResult) {
 // benchRuns applies the workflow and runs `runs` runs of it, at most inFlight at once.
 func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool, w waitOptions) (BenchResult, error) {
 	res := BenchResult{Runs: runs, Steps: steps, InFlight: inFlight}
-	if err := a.call("workflow.apply", api.Req{File: name + ".yaml", YAML: engine.ChainWorkflow(name, steps)}, nil); err != nil {
+	if _, err := ask(a, func(c *client.Client, ctx context.Context) (client.Workflow, error) {
+		return c.ApplyWorkflow(ctx, name+".yaml", []byte(workflow.ChainYAML(name, steps)))
+	}); err != nil {
 		return res, err
 	}
 	var (
@@ -217,17 +219,17 @@ func (a *app) benchRuns(name string, steps, runs, inFlight int, stepLatency bool
 // wait that ends first waits again, whether the server answered at its wait limit with
 // the run still going, or the answer did not come in time because the request waited
 // behind others (the call's context ended; flowd down fails at once with no responders).
-func (a *app) runToEnd(workflow string, w waitOptions) (api.Run, error) {
-	var started map[string]string
-	if err := a.call("run.start", api.Req{Workflow: workflow}, &started); err != nil {
-		return api.Run{}, err
+func (a *app) runToEnd(workflow string, w waitOptions) (client.Run, error) {
+	id, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
+		return c.StartRun(ctx, workflow, client.StartOptions{})
+	})
+	if err != nil {
+		return client.Run{}, err
 	}
-	id := started["id"]
 	end := time.Now().Add(w.deadline)
 	for {
-		var r api.Run
 		ctx, cancel := context.WithTimeout(context.Background(), w.wait+w.grace)
-		err := a.client.Call(ctx, "run.wait", api.Req{ID: id, Wait: w.wait.String()}, &r)
+		r, err := a.client.WaitRun(ctx, id, w.wait)
 		timedOut := ctx.Err() != nil
 		cancel()
 		switch {
@@ -236,8 +238,7 @@ func (a *app) runToEnd(workflow string, w waitOptions) (api.Run, error) {
 		case err != nil:
 			return r, err
 		}
-		switch r.Status {
-		case "succeeded", "failed", "cancelled", "dead_lettered":
+		if r.Terminal() {
 			return r, nil
 		}
 		if !time.Now().Before(end) {
@@ -248,8 +249,8 @@ func (a *app) runToEnd(workflow string, w waitOptions) (api.Run, error) {
 
 // commitGaps is the time between consecutive accepted commits of a run.
 func (a *app) commitGaps(id string) ([]time.Duration, error) {
-	var events []api.Event
-	if err := a.call("run.history", api.Req{ID: id}, &events); err != nil {
+	events, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Event, error) { return c.History(ctx, id) })
+	if err != nil {
 		return nil, err
 	}
 	var out []time.Duration

@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/flowrun/flow/client"
 )
 
 // flowctl bench runs both workloads against a live flowd and prints one line each.
@@ -44,31 +47,38 @@ func TestRunWait(t *testing.T) {
 	if code, out, _ := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
 		t.Fatal(out)
 	}
-	c, err := api.Dial(e.server)
+	c, err := client.Dial(e.server)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	ctx := context.Background()
-	var started map[string]string
-	if err := c.Call(ctx, "run.start", api.Req{Workflow: "slow"}, &started); err != nil {
+	id, err := c.StartRun(ctx, "slow", client.StartOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	var r api.Run
-	if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: "10ms"}, &r); err != nil || r.Status == "succeeded" {
+	if r, err := c.WaitRun(ctx, id, 10*time.Millisecond); err != nil || r.Status == "succeeded" {
 		t.Fatalf("short wait: %v %q, want the run still going", err, r.Status)
 	}
-	if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: "30s"}, &r); err != nil || r.Status != "succeeded" {
+	if r, err := c.WaitRun(ctx, id, 30*time.Second); err != nil || r.Status != "succeeded" {
 		t.Fatalf("wait: %v %q", err, r.Status)
 	}
 	t0 := time.Now()
-	var ae *api.Error
-	if err := c.Call(ctx, "run.wait", api.Req{ID: "no-such-run"}, &r); !errors.As(err, &ae) || ae.Code != api.CodeNotFound || time.Since(t0) > 10*time.Second {
+	var ae *client.Error
+	if _, err := c.WaitRun(ctx, "no-such-run", 0); !errors.As(err, &ae) || ae.Code != client.CodeNotFound || time.Since(t0) > 10*time.Second {
 		t.Fatalf("unknown run: %v after %s", err, time.Since(t0))
 	}
+	// Waits the client cannot send, sent as raw requests.
+	nc, err := nats.Connect(e.server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
 	for _, w := range []string{"forever", "-1s", "2h"} {
-		if err := c.Call(ctx, "run.wait", api.Req{ID: started["id"], Wait: w}, &r); !errors.As(err, &ae) || ae.Code != api.CodeBadRequest {
-			t.Errorf("wait %q: %v, want bad_request", w, err)
+		req, _ := json.Marshal(client.Request{V: client.Version, ID: id, Wait: w})
+		m, err := nc.Request(client.Subject+".run.wait", req, 10*time.Second)
+		if err != nil || m.Header.Get(micro.ErrorCodeHeader) != client.CodeBadRequest {
+			t.Errorf("wait %q: %v %v, want bad_request", w, err, m)
 		}
 	}
 }

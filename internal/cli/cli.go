@@ -13,10 +13,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
@@ -49,7 +50,7 @@ type app struct {
 	out, errOut io.Writer
 	server      string
 	output      string
-	client      *api.Client
+	client      *client.Client
 }
 
 // Run runs flowctl with args and returns its exit code.
@@ -68,15 +69,15 @@ func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	}
 	code := ExitUsage // cobra's own errors: unknown commands and flags
 	var ee *exitError
-	var ae *api.Error
+	var ae *client.Error
 	switch {
 	case errors.As(err, &ee):
 		code = ee.code
-	case errors.Is(err, api.ErrUnreachable):
+	case errors.Is(err, client.ErrUnreachable):
 		code = ExitUnreachable
 	case errors.As(err, &ae):
 		code = ExitFailed
-		if ae.Code == api.CodeBadRequest || ae.Code == api.CodeNotFound {
+		if ae.Code == client.CodeBadRequest || ae.Code == client.CodeNotFound {
 			code = ExitUsage
 		}
 	}
@@ -86,15 +87,26 @@ func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
 
-func (a *app) call(op string, req api.Req, out any) error {
+// api is the client of the server named by --server, dialled on first use.
+func (a *app) api() (*client.Client, error) {
 	if a.client == nil {
-		c, err := api.Dial(a.server)
+		c, err := client.Dial(a.server, client.WithNATSOptions(nats.Name("flowctl")))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		a.client = c
 	}
-	return a.client.Call(context.Background(), op, req, out)
+	return a.client, nil
+}
+
+// ask calls op on the client (dialled on first use) with a background context.
+func ask[T any](a *app, op func(*client.Client, context.Context) (T, error)) (T, error) {
+	c, err := a.api()
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return op(c, context.Background())
 }
 
 func (a *app) commands(getenv func(string) string) *cobra.Command {
@@ -128,8 +140,8 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	apply.Flags().StringVarP(&file, "file", "f", "", "workflow YAML file or directory")
 	wf.AddCommand(validate, apply,
 		&cobra.Command{Use: "list", Short: "List workflows", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-			var ws []api.Workflow
-			if err := a.call("workflow.list", api.Req{}, &ws); err != nil {
+			ws, err := ask(a, (*client.Client).Workflows)
+			if err != nil {
 				return err
 			}
 			return a.print(ws, func(w io.Writer) {
@@ -140,8 +152,8 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 			})
 		}},
 		&cobra.Command{Use: "show NAME", Short: "Show a workflow's latest version", Args: exactArgs(1, "NAME"), RunE: func(_ *cobra.Command, args []string) error {
-			var w api.Workflow
-			if err := a.call("workflow.show", api.Req{Name: args[0]}, &w); err != nil {
+			w, err := ask(a, func(c *client.Client, ctx context.Context) (client.Workflow, error) { return c.Workflow(ctx, args[0]) })
+			if err != nil {
 				return err
 			}
 			return a.print(w, func(out io.Writer) {
@@ -162,26 +174,32 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	var lw, ls string
 	var limit int
 	list := &cobra.Command{Use: "list", Short: "List runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-		return a.listRuns("run.list", api.Req{Workflow: lw, Status: ls, Limit: limit})
+		return a.listRuns((*client.Client).Runs, client.ListOptions{Workflow: lw, Status: ls, Limit: limit})
 	}}
 	list.Flags().StringVar(&lw, "workflow", "", "only this workflow")
 	list.Flags().StringVar(&ls, "status", "", "only this status (pending running succeeded failed cancelled dead_lettered)")
 	list.Flags().IntVar(&limit, "limit", 50, "at most this many runs")
 	run.AddCommand(start, list,
-		&cobra.Command{Use: "get RUN", Short: "Show a run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get("run.get", args[0]) }},
+		&cobra.Command{Use: "get RUN", Short: "Show a run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get((*client.Client).Run, args[0]) }},
 		&cobra.Command{Use: "watch RUN", Short: "Follow a run until it ends; exit 1 unless it succeeded", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.watch(args[0]) }},
 		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
 		&cobra.Command{Use: "verify RUN", Short: "Re-check a run's invariants from the state; exit 1 on a violation", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.verify(args[0]) }},
-		&cobra.Command{Use: "retry RUN", Short: "Retry a failed, dead-lettered or cancelled run from its checkpoints", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("run.retry", args[0]) }},
-		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("run.cancel", args[0]) }},
+		&cobra.Command{Use: "retry RUN", Short: "Retry a failed, dead-lettered or cancelled run from its checkpoints", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).RetryRun, args[0]) }},
+		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).CancelRun, args[0]) }},
 	)
 
 	dlq := group("dlq", "The dead-letter queue")
 	dlq.AddCommand(
-		&cobra.Command{Use: "list", Short: "List dead-lettered runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.listRuns("dlq.list", api.Req{Limit: 1000}) }},
-		&cobra.Command{Use: "show RUN", Short: "Show a dead-lettered run with its epoch history", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get("dlq.show", args[0]) }},
-		&cobra.Command{Use: "retry RUN", Short: "Retry a dead-lettered run (new epoch, epoch changes reset)", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("dlq.retry", args[0]) }},
-		&cobra.Command{Use: "purge RUN", Short: "Remove a run from the dead-letter queue", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.simple("dlq.purge", args[0]) }},
+		&cobra.Command{Use: "list", Short: "List dead-lettered runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
+			return a.listRuns((*client.Client).DeadLetters, client.ListOptions{Limit: 1000})
+		}},
+		&cobra.Command{Use: "show RUN", Short: "Show a dead-lettered run with its epoch history", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get((*client.Client).DeadLetter, args[0]) }},
+		&cobra.Command{Use: "retry RUN", Short: "Retry a dead-lettered run (new epoch, epoch changes reset)", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error {
+			return a.change((*client.Client).RetryDeadLetter, args[0])
+		}},
+		&cobra.Command{Use: "purge RUN", Short: "Remove a run from the dead-letter queue", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error {
+			return a.change((*client.Client).PurgeDeadLetter, args[0])
+		}},
 	)
 	cronCmd := group("cron", "Scheduled workflows")
 	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
@@ -295,10 +313,12 @@ func (a *app) apply(path string) error {
 		}
 		datas[f] = data
 	}
-	var applied []api.Workflow
+	var applied []client.Workflow
 	for _, f := range files {
-		var w api.Workflow
-		if err := a.call("workflow.apply", api.Req{File: f, YAML: string(datas[f])}, &w); err != nil {
+		w, err := ask(a, func(c *client.Client, ctx context.Context) (client.Workflow, error) {
+			return c.ApplyWorkflow(ctx, f, datas[f])
+		})
+		if err != nil {
 			return err
 		}
 		applied = append(applied, w)
@@ -319,14 +339,16 @@ func (a *app) start(wf, id string, inputs []string, wait bool) error {
 		}
 		in[k] = v
 	}
-	var res map[string]string
-	if err := a.call("run.start", api.Req{Workflow: wf, ID: id, Inputs: in}, &res); err != nil {
+	started, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
+		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in})
+	})
+	if err != nil {
 		return err
 	}
 	if !wait {
-		return a.print(res, func(out io.Writer) { fmt.Fprintln(out, res["id"]) })
+		return a.print(map[string]string{"id": started}, func(out io.Writer) { fmt.Fprintln(out, started) })
 	}
-	r, err := a.waitRun(res["id"], nil)
+	r, err := a.watchRun(started, nil)
 	if err != nil {
 		return err
 	}
@@ -341,43 +363,15 @@ func (a *app) start(wf, id string, inputs []string, wait bool) error {
 	return nil
 }
 
-func (a *app) waitRun(id string, progress func(api.Run)) (api.Run, error) {
-	last := ""
-	for {
-		var r api.Run
-		if err := a.call("run.get", api.Req{ID: id}, &r); err != nil {
-			return r, err
-		}
-		if progress != nil {
-			if line := progressLine(r); line != last {
-				progress(r)
-				last = line
-			}
-		}
-		switch r.Status {
-		case "succeeded", "failed", "cancelled", "dead_lettered":
-			return r, nil
-		}
-		time.Sleep(200 * time.Millisecond) // polling the server for the run's progress
-	}
-}
-
-func progressLine(r api.Run) string {
-	var parts []string
-	for _, s := range r.Steps {
-		p := s.Name + ":" + s.Status
-		if s.Items > 0 {
-			p += fmt.Sprintf("(%d/%d)", s.ItemsDone, s.Items)
-		}
-		parts = append(parts, p)
-	}
-	return fmt.Sprintf("%s epoch %d (changes %d) %s", r.Status, r.Epoch, r.EpochChanges, strings.Join(parts, " "))
+// watchRun follows a run until it ends, calling progress (if not nil) on each change.
+func (a *app) watchRun(id string, progress func(client.Run)) (client.Run, error) {
+	return ask(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return c.WatchRun(ctx, id, progress) })
 }
 
 func (a *app) watch(id string) error {
-	r, err := a.waitRun(id, func(r api.Run) {
+	r, err := a.watchRun(id, func(r client.Run) {
 		if a.output == "table" {
-			fmt.Fprintf(a.out, "%s  %s\n", time.Now().Format("15:04:05"), progressLine(r))
+			fmt.Fprintf(a.out, "%s  %s\n", time.Now().Format("15:04:05"), r.Progress())
 		}
 	})
 	if err != nil {
@@ -401,15 +395,15 @@ func suffix(s string) string {
 	return ": " + s
 }
 
-func (a *app) get(op, id string) error {
-	var r api.Run
-	if err := a.call(op, api.Req{ID: id}, &r); err != nil {
+func (a *app) get(op func(*client.Client, context.Context, string) (client.Run, error), id string) error {
+	r, err := ask(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return op(c, ctx, id) })
+	if err != nil {
 		return err
 	}
 	return a.print(r, func(out io.Writer) { runTable(out, r) })
 }
 
-func runTable(w io.Writer, r api.Run) {
+func runTable(w io.Writer, r client.Run) {
 	fmt.Fprintf(w, "RUN\t%s\n", r.ID)
 	fmt.Fprintf(w, "WORKFLOW\t%s v%d (%s)\n", r.Workflow, r.Version, r.Trigger)
 	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
@@ -440,16 +434,16 @@ func runTable(w io.Writer, r api.Run) {
 	}
 }
 
-func (a *app) listRuns(op string, req api.Req) error {
-	var runs []api.Run
-	if err := a.call(op, req, &runs); err != nil {
+func (a *app) listRuns(op func(*client.Client, context.Context, client.ListOptions) ([]client.Run, error), opts client.ListOptions) error {
+	runs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) { return op(c, ctx, opts) })
+	if err != nil {
 		return err
 	}
 	return a.print(runs, func(w io.Writer) { listTable(w, runs) })
 }
 
 // listTable fits 80 columns: CHG is epoch_changes, CREATED is UTC month-day time.
-func listTable(w io.Writer, runs []api.Run) {
+func listTable(w io.Writer, runs []client.Run) {
 	fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHG\tCREATED")
 	for _, r := range runs {
 		created := "-"
@@ -461,14 +455,14 @@ func listTable(w io.Writer, runs []api.Run) {
 }
 
 func (a *app) history(id string) error {
-	var evs []api.Event
-	if err := a.call("run.history", api.Req{ID: id}, &evs); err != nil {
+	evs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Event, error) { return c.History(ctx, id) })
+	if err != nil {
 		return err
 	}
 	return a.print(evs, func(w io.Writer) { historyTable(w, evs) })
 }
 
-func historyTable(w io.Writer, evs []api.Event) {
+func historyTable(w io.Writer, evs []client.Event) {
 	fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME")
 	for _, e := range evs {
 		item := "-"
@@ -480,8 +474,8 @@ func historyTable(w io.Writer, evs []api.Event) {
 }
 
 func (a *app) verify(id string) error {
-	var v api.Verification
-	if err := a.call("run.verify", api.Req{ID: id}, &v); err != nil {
+	v, err := ask(a, func(c *client.Client, ctx context.Context) (client.Verification, error) { return c.Verify(ctx, id) })
+	if err != nil {
 		return err
 	}
 	if err := a.print(v, func(w io.Writer) {
@@ -503,17 +497,17 @@ func (a *app) verify(id string) error {
 	return nil
 }
 
-func (a *app) simple(op, id string) error {
-	var res map[string]string
-	if err := a.call(op, api.Req{ID: id}, &res); err != nil {
+func (a *app) change(op func(*client.Client, context.Context, string) (client.Change, error), id string) error {
+	res, err := ask(a, func(c *client.Client, ctx context.Context) (client.Change, error) { return op(c, ctx, id) })
+	if err != nil {
 		return err
 	}
-	return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", res["id"], res["status"]) })
+	return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", res.ID, res.Status) })
 }
 
 func (a *app) cronList() error {
-	var cs []api.CronEntry
-	if err := a.call("cron.list", api.Req{}, &cs); err != nil {
+	cs, err := ask(a, (*client.Client).Schedules)
+	if err != nil {
 		return err
 	}
 	return a.print(cs, func(w io.Writer) { cronTable(w, cs) })
@@ -523,8 +517,8 @@ func (a *app) drillZombie() error {
 	if a.output == "table" {
 		fmt.Fprintln(a.out, "drill: starting a run whose worker will pause past its lease (about 1.5 lease TTLs)...")
 	}
-	var d api.Drill
-	if err := a.call("drill.zombie", api.Req{}, &d); err != nil {
+	d, err := ask(a, (*client.Client).DrillZombie)
+	if err != nil {
 		return err
 	}
 	if err := a.print(d, func(w io.Writer) {
@@ -550,7 +544,7 @@ func (a *app) drillZombie() error {
 }
 
 // cronTable fits 80 columns: NEXT in the schedule's timezone, LAST TICK in UTC.
-func cronTable(w io.Writer, cs []api.CronEntry) {
+func cronTable(w io.Writer, cs []client.CronEntry) {
 	fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT\tLAST TICK")
 	short := func(s string) string {
 		if t, err := time.Parse(time.RFC3339, s); err == nil {
@@ -570,7 +564,7 @@ func cronTable(w io.Writer, cs []api.CronEntry) {
 	}
 }
 
-func clusterTable(w io.Writer, st api.ClusterStatus) {
+func clusterTable(w io.Writer, st client.ClusterStatus) {
 	fmt.Fprintf(w, "LEADER\t%s (term %d)\n\n", dash(st.Leader), st.Term)
 	fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
 	for _, n := range st.Nodes {
@@ -579,8 +573,8 @@ func clusterTable(w io.Writer, st api.ClusterStatus) {
 }
 
 func (a *app) clusterStatus() error {
-	var st api.ClusterStatus
-	if err := a.call("cluster.status", api.Req{}, &st); err != nil {
+	st, err := ask(a, (*client.Client).ClusterStatus)
+	if err != nil {
 		return err
 	}
 	return a.print(st, func(w io.Writer) { clusterTable(w, st) })

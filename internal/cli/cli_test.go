@@ -14,9 +14,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/internal/apiserver"
 	"github.com/flowrun/flow/internal/flowd"
 )
 
@@ -85,7 +86,7 @@ func TestCommands(t *testing.T) {
 		t.Fatal("apply failing")
 	}
 	code, out, _ := e.flowctl("-o", "json", "workflow", "list")
-	var wfs []api.Workflow
+	var wfs []client.Workflow
 	if code != 0 || json.Unmarshal([]byte(out), &wfs) != nil || len(wfs) != 2 {
 		t.Fatalf("workflow list: %d %q", code, out)
 	}
@@ -143,7 +144,7 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("verify: %d %q", code, out)
 	}
 	code, out, _ = e.flowctl("cluster", "status", "-o", "json")
-	var cs api.ClusterStatus
+	var cs client.ClusterStatus
 	if code != 0 || json.Unmarshal([]byte(out), &cs) != nil || cs.Leader != "node-a" || cs.Term == 0 || len(cs.Nodes) != 1 || cs.Nodes[0].Applied == 0 {
 		t.Fatalf("cluster status: %d %q", code, out)
 	}
@@ -203,7 +204,7 @@ func TestVerifyCatchesAStaleCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Stop(ctx)
-	srv, err := api.Serve(eng)
+	srv, err := apiserver.Serve(apiserver.Config{Engine: eng, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,12 +285,12 @@ func TestDeadLetterQueue(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // polling the state, with a deadline
 	}
 	code, out, _ := e.flowctl("dlq", "list", "-o", "json")
-	var runs []api.Run
+	var runs []client.Run
 	if code != 0 || json.Unmarshal([]byte(out), &runs) != nil || len(runs) != 1 || runs[0].ID != "dl-1" {
 		t.Fatalf("dlq list: %d %s", code, out)
 	}
 	code, out, _ = e.flowctl("dlq", "show", "dl-1", "-o", "json")
-	var shown api.Run
+	var shown client.Run
 	if code != 0 || json.Unmarshal([]byte(out), &shown) != nil || shown.DeadLetter == "" || len(shown.Epochs) < 2 {
 		t.Fatalf("dlq show: %d %s", code, out)
 	}

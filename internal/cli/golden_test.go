@@ -9,35 +9,35 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The table forms, rendered from fixed data, against golden files (go test -update).
 func TestTableGolden(t *testing.T) {
-	run := api.Run{ID: "20261129-020000.000-abc123", Workflow: "nightly-payout", Version: 3, Status: "running",
+	run := client.Run{ID: "20261129-020000.000-abc123", Workflow: "nightly-payout", Version: 3, Status: "running",
 		Trigger: "cron", ScheduledAt: "2026-11-29T02:00:00Z", Epoch: 1234, EpochChanges: 1, MaxEpochs: 5,
-		Steps: []api.Step{
+		Steps: []client.Step{
 			{Name: "collect", Status: "succeeded", Attempts: 1, Epoch: 1200},
 			{Name: "transfer", Status: "running", Attempts: 1, Epoch: 1234, Items: 1000, ItemsDone: 617},
 			{Name: "report", Status: "pending"},
 		},
-		Epochs: []api.Epoch{{Epoch: 1200, Owner: "node-a", Reason: "assigned", At: "2026-11-29T02:00:01Z"},
+		Epochs: []client.Epoch{{Epoch: 1200, Owner: "node-a", Reason: "assigned", At: "2026-11-29T02:00:01Z"},
 			{Epoch: 1234, Owner: "node-b", Reason: "lease-expired", At: "2026-11-29T02:00:41Z"}},
-		Fenced: []api.Fenced{{Step: "transfer", Item: 17, Epoch: 1200, CurrentEpoch: 1234, Owner: "node-a", Reason: "stale-epoch"}},
+		Fenced: []client.Fenced{{Step: "transfer", Item: 17, Epoch: 1200, CurrentEpoch: 1234, Owner: "node-a", Reason: "stale-epoch"}},
 	}
 	cases := map[string]func(io.Writer){
 		"run-get": func(w io.Writer) { runTable(w, run) },
 		"run-list": func(w io.Writer) {
 			a := &app{out: w, output: "table"}
-			_ = a.print([]api.Run{run}, func(w io.Writer) {
-				listTable(w, []api.Run{run, {ID: "20261128-020000.000-zz9x8y", Workflow: "nightly-payout", Status: "succeeded", Epoch: 1100, CreatedAt: "2026-11-28T02:00:00Z"}})
+			_ = a.print([]client.Run{run}, func(w io.Writer) {
+				listTable(w, []client.Run{run, {ID: "20261128-020000.000-zz9x8y", Workflow: "nightly-payout", Status: "succeeded", Epoch: 1100, CreatedAt: "2026-11-28T02:00:00Z"}})
 			})
 		},
 	}
 	cases["run-history"] = func(w io.Writer) {
-		historyTable(w, []api.Event{
+		historyTable(w, []client.Event{
 			{Seq: 2, Kind: "submit", Owner: "node-a", Outcome: "accepted"},
 			{Seq: 3, Kind: "assign", Term: 57, Owner: "node-a", Outcome: "accepted"},
 			{Seq: 4, Kind: "claim", Epoch: 3, Owner: "node-a", Outcome: "accepted"},
@@ -45,11 +45,11 @@ func TestTableGolden(t *testing.T) {
 		})
 	}
 	cases["cron-list"] = func(w io.Writer) {
-		cronTable(w, []api.CronEntry{{Workflow: "nightly-payout", Cron: "0 2 * * *", Timezone: "Asia/Jakarta",
-			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []api.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "fired"}}}})
+		cronTable(w, []client.CronEntry{{Workflow: "nightly-payout", Cron: "0 2 * * *", Timezone: "Asia/Jakarta",
+			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []client.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "fired"}}}})
 	}
 	cases["cluster-status"] = func(w io.Writer) {
-		clusterTable(w, api.ClusterStatus{Leader: "node-b", Term: 57, Nodes: []api.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
+		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
 	}
 	for name, render := range cases {
 		var b bytes.Buffer

@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 )
 
 // waitJetStream waits until the cluster answers JetStream requests.
@@ -29,8 +30,8 @@ func waitJetStream(t *testing.T, c *Cluster) {
 	})
 }
 
-func client(t *testing.T, c *Cluster) *api.Client {
-	cl, err := api.Dial(c.URL())
+func dial(t *testing.T, c *Cluster) *client.Client {
+	cl, err := client.Dial(c.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,10 +39,46 @@ func client(t *testing.T, c *Cluster) *api.Client {
 	return cl
 }
 
-func call(t *testing.T, cl *api.Client, op string, req api.Req, out any) error {
+// call is one API operation by its name, through the public client's methods; out, when
+// not nil, points at the operation's result type.
+func call(t *testing.T, cl *client.Client, op string, req client.Request, out any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return cl.Call(ctx, op, req, out)
+	return callCtx(ctx, cl, op, req, out)
+}
+
+func callCtx(ctx context.Context, cl *client.Client, op string, req client.Request, out any) error {
+	set := func(v any, err error) error {
+		if err == nil && out != nil {
+			reflect.ValueOf(out).Elem().Set(reflect.ValueOf(v))
+		}
+		return err
+	}
+	switch op {
+	case "cluster.status":
+		return set(cl.ClusterStatus(ctx))
+	case "workflow.apply":
+		return set(cl.ApplyWorkflow(ctx, req.File, []byte(req.YAML)))
+	case "run.start":
+		id, err := cl.StartRun(ctx, req.Workflow, client.StartOptions{ID: req.ID, Inputs: req.Inputs})
+		if r, ok := out.(*client.Run); ok { // the answer holds the ID alone
+			r.ID = id
+			return err
+		}
+		return set(map[string]string{"id": id}, err)
+	case "run.get":
+		return set(cl.Run(ctx, req.ID))
+	case "run.wait":
+		d, _ := time.ParseDuration(req.Wait)
+		return set(cl.WaitRun(ctx, req.ID, d))
+	case "run.list":
+		return set(cl.Runs(ctx, client.ListOptions{Workflow: req.Workflow, Status: req.Status, Limit: req.Limit, After: req.After}))
+	case "run.verify":
+		return set(cl.Verify(ctx, req.ID))
+	case "run.history":
+		return set(cl.History(ctx, req.ID))
+	}
+	return fmt.Errorf("call: no client method for %s", op)
 }
 
 // NATS node loss: two flowd nodes on a three-server JetStream cluster; one server is
@@ -54,15 +91,15 @@ func TestNATSNodeLoss(t *testing.T) {
 	waitJetStream(t, c)
 	na := StartFlowd(t, c, "node-a", "--lease-ttl", "2s")
 	nb := StartFlowd(t, c, "node-b", "--lease-ttl", "2s")
-	cl := client(t, c)
+	cl := dial(t, c)
 	defer func() {
 		if t.Failed() {
 			t.Logf("node-a:\n%s\nnode-b:\n%s", tail(LogOf(na)), tail(LogOf(nb)))
 		}
 	}()
 	WaitFor(t, 30*time.Second, "two nodes and a leader", func() bool {
-		var st api.ClusterStatus
-		return call(t, cl, "cluster.status", api.Req{}, &st) == nil && st.Leader != "" && len(st.Nodes) == 2
+		var st client.ClusterStatus
+		return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.Leader != "" && len(st.Nodes) == 2
 	})
 	yaml := "name: steady\nsteps:\n"
 	for i := 1; i <= 5; i++ {
@@ -71,20 +108,20 @@ func TestNATSNodeLoss(t *testing.T) {
 			yaml += fmt.Sprintf("    needs: [s%d]\n", i-1)
 		}
 	}
-	if err := call(t, cl, "workflow.apply", api.Req{File: "steady.yaml", YAML: yaml}, nil); err != nil {
+	if err := call(t, cl, "workflow.apply", client.Request{File: "steady.yaml", YAML: yaml}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
 	for i := 0; i < 10; i++ {
 		var res map[string]string
-		if err := call(t, cl, "run.start", api.Req{Workflow: "steady"}, &res); err != nil {
+		if err := call(t, cl, "run.start", client.Request{Workflow: "steady"}, &res); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, res["id"])
 	}
 	WaitFor(t, 20*time.Second, "runs under way", func() bool {
-		var r api.Run
-		return call(t, cl, "run.get", api.Req{ID: ids[0]}, &r) == nil && r.Status == "running"
+		var r client.Run
+		return call(t, cl, "run.get", client.Request{ID: ids[0]}, &r) == nil && r.Status == "running"
 	})
 	c.Servers[1].Kill()
 	killed := time.Now()
@@ -93,15 +130,15 @@ func TestNATSNodeLoss(t *testing.T) {
 	deadline := 4 * time.Minute
 	for _, id := range ids {
 		WaitFor(t, max(deadline-time.Since(killed), time.Second), "run "+id+" to finish", func() bool {
-			var r api.Run
-			return call(t, cl, "run.get", api.Req{ID: id}, &r) == nil && (r.Status == "succeeded" || r.Status == "failed" || r.Status == "dead_lettered")
+			var r client.Run
+			return call(t, cl, "run.get", client.Request{ID: id}, &r) == nil && (r.Status == "succeeded" || r.Status == "failed" || r.Status == "dead_lettered")
 		})
-		var r api.Run
-		if err := call(t, cl, "run.get", api.Req{ID: id}, &r); err != nil || r.Status != "succeeded" {
+		var r client.Run
+		if err := call(t, cl, "run.get", client.Request{ID: id}, &r); err != nil || r.Status != "succeeded" {
 			t.Fatalf("run %s: %v %+v", id, err, r)
 		}
-		var v api.Verification
-		if err := call(t, cl, "run.verify", api.Req{ID: id}, &v); err != nil || !v.OK {
+		var v client.Verification
+		if err := call(t, cl, "run.verify", client.Request{ID: id}, &v); err != nil || !v.OK {
 			t.Fatalf("verify %s: %v %+v", id, err, v)
 		}
 	}

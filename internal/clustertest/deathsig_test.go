@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/proctest"
 )
 
@@ -50,19 +50,19 @@ func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 					t.Logf("flowd:\n%s", tail(LogOf(node)))
 				}
 			}()
-			cl := client(t, c)
+			cl := dial(t, c)
 			WaitFor(t, 30*time.Second, "a leader", func() bool {
-				var st api.ClusterStatus
-				return call(t, cl, "cluster.status", api.Req{}, &st) == nil && st.Leader != ""
+				var st client.ClusterStatus
+				return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.Leader != ""
 			})
 			pidFile, marker := filepath.Join(dir, "pid"), filepath.Join(dir, "marker")
 			// The step waits while its parent (flowd) lives, then acts: what a step of a dead
 			// flowd must never do, since another node may be running it by then.
 			yaml := fmt.Sprintf("name: orphan\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, \"echo $$ > %s; while kill -0 $PPID 2>/dev/null; do sleep 0.02; done; touch %s\"]}\n", pidFile, marker)
-			if err := call(t, cl, "workflow.apply", api.Req{File: "orphan.yaml", YAML: yaml}, nil); err != nil {
+			if err := call(t, cl, "workflow.apply", client.Request{File: "orphan.yaml", YAML: yaml}, nil); err != nil {
 				t.Fatal(err)
 			}
-			if err := call(t, cl, "run.start", api.Req{Workflow: "orphan"}, nil); err != nil {
+			if err := call(t, cl, "run.start", client.Request{Workflow: "orphan"}, nil); err != nil {
 				t.Fatal(err)
 			}
 			var pid int

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 )
 
 // startNATSServer starts one nats-server process (JetStream, synced) and returns its URL.
@@ -51,22 +51,22 @@ func TestFailoverCron(t *testing.T) {
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		nodes[n] = StartFlowd(t, c, n, "--lease-ttl", "1s")
 	}
-	cl := client(t, c)
+	cl := dial(t, c)
 	leader := func() (string, int64) {
-		var st api.ClusterStatus
-		if call(t, cl, "cluster.status", api.Req{}, &st) != nil {
+		var st client.ClusterStatus
+		if call(t, cl, "cluster.status", client.Request{}, &st) != nil {
 			return "", 0
 		}
 		return st.Leader, st.Term
 	}
 	WaitFor(t, 30*time.Second, "a leader", func() bool { l, _ := leader(); return l != "" })
 	yaml := "name: tick\nschedule: {cron: \"*/2 * * * * *\", catchup: all, overlap: allow}\nsteps:\n  - name: a\n    uses: noop\n"
-	if err := call(t, cl, "workflow.apply", api.Req{File: "tick.yaml", YAML: yaml}, nil); err != nil {
+	if err := call(t, cl, "workflow.apply", client.Request{File: "tick.yaml", YAML: yaml}, nil); err != nil {
 		t.Fatal(err)
 	}
 	// probe runs measure a killed leader's replacement by its first scheduling action:
 	// a run submitted right after the kill is assigned an epoch by the next leader.
-	if err := call(t, cl, "workflow.apply", api.Req{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
+	if err := call(t, cl, "workflow.apply", client.Request{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var failovers, toAssign []time.Duration
@@ -90,15 +90,15 @@ func TestFailoverCron(t *testing.T) {
 			WaitFor(t, 30*time.Second, "the probe run submitted", func() bool {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
-				err := cl.Call(ctx, "run.start", api.Req{Workflow: "probe", ID: probe["id"]}, nil)
-				var ae *api.Error
-				return err == nil || errors.As(err, &ae) && ae.Code == api.CodeConflict
+				err := callCtx(ctx, cl, "run.start", client.Request{Workflow: "probe", ID: probe["id"]}, nil)
+				var ae *client.Error
+				return err == nil || errors.As(err, &ae) && ae.Code == client.CodeConflict
 			})
 			WaitFor(t, 20*time.Second, "a new leader after a kill", func() bool { l, tm := leader(); return l != "" && tm > term })
 			failovers = append(failovers, time.Since(start))
 			WaitFor(t, 20*time.Second, "the probe run assigned", func() bool {
-				var r api.Run
-				return call(t, cl, "run.get", api.Req{ID: probe["id"]}, &r) == nil && r.Epoch > 0
+				var r client.Run
+				return call(t, cl, "run.get", client.Request{ID: probe["id"]}, &r) == nil && r.Epoch > 0
 			})
 			toAssign = append(toAssign, time.Since(start))
 			p.Restart(t)
@@ -106,8 +106,8 @@ func TestFailoverCron(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond) // let the new leader fire a tick or two: the test's pace, not a synchronisation
 	}
 	time.Sleep(3 * time.Second) // a last tick or two under a stable leader
-	var runs []api.Run
-	if err := call(t, cl, "run.list", api.Req{Workflow: "tick", Limit: 10000}, &runs); err != nil {
+	var runs []client.Run
+	if err := call(t, cl, "run.list", client.Request{Workflow: "tick", Limit: 10000}, &runs); err != nil {
 		t.Fatal(err)
 	}
 	var ticks []time.Time

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 )
 
 // The silent partition (issue 17): a node's NATS traffic goes through a Proxy that
@@ -38,7 +38,7 @@ type partitioned struct {
 	proxy  *Proxy
 	a, b   *Proc
 	aHTTP  string
-	cl     *api.Client
+	cl     *client.Client
 	runSeq int
 }
 
@@ -63,7 +63,7 @@ func startPartitionedWith(t *testing.T, flowdBin string, beforeB func(*partition
 			t.Logf("node-a's log, warnings and up:\n%s", importantLines(LogOf(p.a), 60))
 		}
 	})
-	p.cl = client(t, &Cluster{URLs: []string{url}})
+	p.cl = dial(t, &Cluster{URLs: []string{url}})
 	// node-a starts alone, so it leads; node-b joins once it does.
 	p.waitLeader(30*time.Second, "node-a", 0)
 	if beforeB != nil {
@@ -74,11 +74,11 @@ func startPartitionedWith(t *testing.T, flowdBin string, beforeB func(*partition
 	return p
 }
 
-func (p *partitioned) status() (api.ClusterStatus, bool) {
-	var st api.ClusterStatus
+func (p *partitioned) status() (client.ClusterStatus, bool) {
+	var st client.ClusterStatus
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	return st, p.cl.Call(ctx, "cluster.status", api.Req{}, &st) == nil
+	return st, callCtx(ctx, p.cl, "cluster.status", client.Request{}, &st) == nil
 }
 
 func (p *partitioned) hasNode(id string) bool {
@@ -164,13 +164,13 @@ func (p *partitioned) checkHealed(bTerm int64) {
 	p.waitLeader(within, "node-a", bTerm)
 	t.Logf("node-a leads %s after node-b stopped", time.Since(stopped).Round(10*time.Millisecond))
 	p.runSeq++
-	var run api.Run
+	var run client.Run
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	id := fmt.Sprintf("probe-%d", p.runSeq)
-	err := p.cl.Call(ctx, "run.start", api.Req{Workflow: "probe", ID: id}, &run)
+	err := callCtx(ctx, p.cl, "run.start", client.Request{Workflow: "probe", ID: id}, &run)
 	if err == nil {
-		err = p.cl.Call(ctx, "run.wait", api.Req{ID: id, Wait: "20s"}, &run)
+		err = callCtx(ctx, p.cl, "run.wait", client.Request{ID: id, Wait: "20s"}, &run)
 	}
 	if err != nil || run.Status != "succeeded" {
 		t.Fatalf("a run after the heal, node-a alone: %v, %+v", err, run)
@@ -187,7 +187,7 @@ func TestSilentPartitionHeals(t *testing.T) {
 		t.Skip("cuts a flowd process off NATS three times")
 	}
 	p := startPartitioned(t, "")
-	if err := call(t, p.cl, "workflow.apply", api.Req{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
+	if err := call(t, p.cl, "workflow.apply", client.Request{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	term := p.waitLeader(10*time.Second, "node-a", 0)
@@ -324,17 +324,17 @@ func TestSilentPartitionOfARunsOwner(t *testing.T) {
 	const id = "owned-by-a"
 	p := startPartitionedWith(t, "", func(p *partitioned) {
 		// node-a alone: the run is its own.
-		if err := call(t, p.cl, "workflow.apply", api.Req{File: "downstream.yaml", YAML: yaml.String()}, nil); err != nil {
+		if err := call(t, p.cl, "workflow.apply", client.Request{File: "downstream.yaml", YAML: yaml.String()}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := call(t, p.cl, "run.start", api.Req{Workflow: "downstream", ID: id}, nil); err != nil {
+		if err := call(t, p.cl, "run.start", client.Request{Workflow: "downstream", ID: id}, nil); err != nil {
 			t.Fatal(err)
 		}
 		WaitFor(t, 20*time.Second, "node-a's first request downstream", func() bool { return len(ds.requests()) > 0 })
 	})
-	get := func() api.Run {
-		var r api.Run
-		_ = call(t, p.cl, "run.get", api.Req{ID: id}, &r)
+	get := func() client.Run {
+		var r client.Run
+		_ = call(t, p.cl, "run.get", client.Request{ID: id}, &r)
 		return r
 	}
 	first := get()
@@ -350,7 +350,7 @@ func TestSilentPartitionOfARunsOwner(t *testing.T) {
 	healed := time.Now()
 	WaitFor(t, partitionTTL+5*time.Second, "node-a ready after the heal", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
 	t.Logf("node-a ready %s after the heal", time.Since(healed).Round(10*time.Millisecond))
-	var final api.Run
+	var final client.Run
 	WaitFor(t, 60*time.Second, "the run to succeed", func() bool { final = get(); return final.Status == "succeeded" })
 
 	reqs := ds.requests()
@@ -380,8 +380,8 @@ func TestSilentPartitionOfARunsOwner(t *testing.T) {
 	if len(perStep) != steps || repeated > 1 {
 		t.Errorf("%d steps requested, %d of them more than once: want %d, and at most the step in flight at the cut again", len(perStep), repeated, steps)
 	}
-	var v api.Verification
-	if err := call(t, p.cl, "run.verify", api.Req{ID: id}, &v); err != nil || !v.OK {
+	var v client.Verification
+	if err := call(t, p.cl, "run.verify", client.Request{ID: id}, &v); err != nil || !v.OK {
 		t.Errorf("run verify: %v %+v", err, v)
 	}
 	t.Logf("%d requests; the new epoch's first was #%d; epochs %d -> %d; %d fenced commits", len(reqs), firstNew, first.Epoch, final.Epoch, len(final.Fenced))
@@ -400,14 +400,14 @@ func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
 	node := StartFlowd(t, &Cluster{URLs: []string{url}}, "node-a", "--lease-ttl", partitionTTL.String(), "--http", httpAddr)
 	p := &partitioned{t: t, url: url, a: node, aHTTP: httpAddr}
-	p.cl = client(t, &Cluster{URLs: []string{url}})
+	p.cl = dial(t, &Cluster{URLs: []string{url}})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("node-a's log, warnings and up:\n%s", importantLines(LogOf(node), 40))
 		}
 	})
 	p.waitLeader(30*time.Second, "node-a", 0)
-	if err := call(t, p.cl, "workflow.apply", api.Req{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
+	if err := call(t, p.cl, "workflow.apply", client.Request{File: "probe.yaml", YAML: "name: probe\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
@@ -417,7 +417,7 @@ func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
 	restarted := time.Now()
 	waitJetStream(t, &Cluster{URLs: []string{url}})
 	p.cl.Close()
-	p.cl = client(t, &Cluster{URLs: []string{url}})
+	p.cl = dial(t, &Cluster{URLs: []string{url}})
 	within := 4*partitionTTL + 5*time.Second // reconnect, then a part's silence limit (>= 4 s) and its backoff
 	WaitFor(t, within, "node-a ready after the NATS restart", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
 	nc, err := nats.Connect(url)
@@ -436,12 +436,12 @@ func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
 	}
 	t.Logf("ready and both streams back %s after the restart", time.Since(restarted).Round(10*time.Millisecond))
 	p.runSeq = 100
-	var run api.Run
+	var run client.Run
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = p.cl.Call(ctx, "run.start", api.Req{Workflow: "probe", ID: "after-restart"}, &run)
+	err = callCtx(ctx, p.cl, "run.start", client.Request{Workflow: "probe", ID: "after-restart"}, &run)
 	if err == nil {
-		err = p.cl.Call(ctx, "run.wait", api.Req{ID: "after-restart", Wait: "20s"}, &run)
+		err = callCtx(ctx, p.cl, "run.wait", client.Request{ID: "after-restart", Wait: "20s"}, &run)
 	}
 	if err != nil || run.Status != "succeeded" {
 		t.Fatalf("a run after the NATS restart: %v, %+v", err, run)

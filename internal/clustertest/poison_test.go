@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/cli"
 )
 
@@ -81,8 +81,8 @@ steps:
 		t.Fatal(out)
 	}
 	deaths := 0
-	status := func() api.Run {
-		var r api.Run
+	status := func() client.Run {
+		var r client.Run
 		code, out := flowctl(server, "run", "get", "poison-1", "-o", "json")
 		if code == 0 {
 			_ = json.Unmarshal([]byte(out), &r)

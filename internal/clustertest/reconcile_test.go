@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/client"
 )
 
 // Reconcile: the whole cluster (three flowd nodes) is SIGKILLed in the middle of runs
@@ -34,10 +34,10 @@ func TestWholeClusterRestart(t *testing.T) {
 		nodes[n] = StartFlowd(t, c, n, "--lease-ttl", "1s")
 		names = append(names, n)
 	}
-	cl := client(t, c)
+	cl := dial(t, c)
 	WaitFor(t, 30*time.Second, "three nodes", func() bool {
-		var st api.ClusterStatus
-		return call(t, cl, "cluster.status", api.Req{}, &st) == nil && st.Leader != "" && len(st.Nodes) == 3
+		var st client.ClusterStatus
+		return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.Leader != "" && len(st.Nodes) == 3
 	})
 	yaml := "name: work\nmax_epochs: 10\nsteps:\n"
 	for i := 1; i <= 4; i++ {
@@ -46,13 +46,13 @@ func TestWholeClusterRestart(t *testing.T) {
 			yaml += fmt.Sprintf("    needs: [s%d]\n", i-1)
 		}
 	}
-	if err := call(t, cl, "workflow.apply", api.Req{File: "work.yaml", YAML: yaml}, nil); err != nil {
+	if err := call(t, cl, "workflow.apply", client.Request{File: "work.yaml", YAML: yaml}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
 	for i := 0; i < 8; i++ {
 		var res map[string]string
-		if err := call(t, cl, "run.start", api.Req{Workflow: "work"}, &res); err != nil {
+		if err := call(t, cl, "run.start", client.Request{Workflow: "work"}, &res); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, res["id"])
@@ -72,23 +72,23 @@ func TestWholeClusterRestart(t *testing.T) {
 	}
 	for _, id := range ids {
 		WaitFor(t, 60*time.Second, "run "+id, func() bool {
-			var r api.Run
-			return call(t, cl, "run.get", api.Req{ID: id}, &r) == nil && r.Status == "succeeded"
+			var r client.Run
+			return call(t, cl, "run.get", client.Request{ID: id}, &r) == nil && r.Status == "succeeded"
 		})
-		var v api.Verification
-		if err := call(t, cl, "run.verify", api.Req{ID: id}, &v); err != nil || !v.OK {
+		var v client.Verification
+		if err := call(t, cl, "run.verify", client.Request{ID: id}, &v); err != nil || !v.OK {
 			t.Fatalf("verify %s: %v %+v", id, err, v)
 		}
 	}
 	got := readEffects(t, effects)
 	repeats, changes, running := 0, 0, 0
 	for _, id := range ids {
-		var r api.Run
-		var history []api.Event
-		if err := call(t, cl, "run.get", api.Req{ID: id}, &r); err != nil {
+		var r client.Run
+		var history []client.Event
+		if err := call(t, cl, "run.get", client.Request{ID: id}, &r); err != nil {
 			t.Fatal(err)
 		}
-		if err := call(t, cl, "run.history", api.Req{ID: id}, &history); err != nil {
+		if err := call(t, cl, "run.history", client.Request{ID: id}, &history); err != nil {
 			t.Fatal(err)
 		}
 		cp := map[string]int64{} // step: the epoch of its checkpoint

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
-	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -154,8 +154,8 @@ func Load(args []string, env []string) (*Config, error) {
 		bad("data-dir", "must not be empty")
 	}
 	c.NodeID = get("node-id")
-	if c.NodeID != "" && !checkpoint.ValidID(c.NodeID) {
-		bad("node-id", "%q: %s", c.NodeID, checkpoint.IDRule)
+	if c.NodeID != "" && !ident.ValidID(c.NodeID) {
+		bad("node-id", "%q: %s", c.NodeID, ident.IDRule)
 	}
 	c.NATSURL = get("nats-url")
 	if c.NATSURL != "" && !strings.Contains(c.NATSURL, "://") {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/api"
+	"github.com/flowrun/flow/internal/apiserver"
 )
 
 // Daemon is a running flowd.
@@ -27,7 +27,7 @@ type Daemon struct {
 	cfg    *Config
 	log    *slog.Logger
 	engine *engine.Engine
-	api    *api.Server
+	api    *apiserver.Server
 	http   *http.Server
 	ln     net.Listener
 	done   chan struct{}
@@ -71,7 +71,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 	}
 	d.engine = e
 	metrics.engine = e
-	if d.api, err = api.Serve(e); err != nil {
+	if d.api, err = apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}); err != nil {
 		d.stopEngine()
 		return nil, err
 	}

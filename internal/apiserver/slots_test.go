@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 )
 
 // run.wait requests hold slots of their own: however many waits a node holds (each up
@@ -24,24 +25,24 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 			if shared {
 				waiting = slots
 			}
-			s, err := serveWith(e, slots, waiting)
+			s, err := serveWith(configFor(e), slots, waiting)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(s.Stop)
 			cl := dial(t, e)
 			ctx := ctxT(t, 30*time.Second)
-			if err := cl.Call(ctx, "workflow.apply", Req{File: "w.yaml", YAML: "name: w\nsteps:\n  - name: a\n    uses: noop\n"}, nil); err != nil {
+			if _, err := cl.ApplyWorkflow(ctx, "w.yaml", []byte("name: w\nsteps:\n  - name: a\n    uses: noop\n")); err != nil {
 				t.Fatal(err)
 			}
 			// The engine runs no scheduler: the run stays pending and a wait on it lasts.
-			if err := cl.Call(ctx, "run.start", Req{Workflow: "w", ID: "held"}, nil); err != nil {
+			if _, err := cl.StartRun(ctx, "w", client.StartOptions{ID: "held"}); err != nil {
 				t.Fatal(err)
 			}
 			nc := connect(t, e)
-			wait, _ := json.Marshal(Req{V: Version, ID: "held", Wait: "20s"})
+			wait, _ := json.Marshal(client.Request{V: client.Version, ID: "held", Wait: "20s"})
 			for i := 0; i < 2; i++ {
-				if err := nc.PublishRequest(Subject+".run.wait", nats.NewInbox(), wait); err != nil {
+				if err := nc.PublishRequest(client.Subject+".run.wait", nats.NewInbox(), wait); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -52,8 +53,8 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond) // polling the server's slots, with a deadline
 			}
-			get, _ := json.Marshal(Req{V: Version, ID: "held"})
-			_, err = nc.Request(Subject+".run.get", get, 2*time.Second)
+			get, _ := json.Marshal(client.Request{V: client.Version, ID: "held"})
+			_, err = nc.Request(client.Subject+".run.get", get, 2*time.Second)
 			switch {
 			case !shared && err != nil:
 				t.Fatalf("run.get while two waits hold their slots: %v", err)
@@ -63,7 +64,7 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 				t.Fatalf("control: run.get failed otherwise: %v", err)
 			}
 			// A third wait waits for a slot: it is not answered while the two hold theirs.
-			if _, err := nc.Request(Subject+".run.wait", wait, time.Second); err == nil {
+			if _, err := nc.Request(client.Subject+".run.wait", wait, time.Second); err == nil {
 				t.Fatal("a third wait was answered while two held the only wait slots")
 			}
 		})
@@ -77,8 +78,7 @@ func TestRequestsFailWhenTheNodeCannotCatchUp(t *testing.T) {
 	serve(t, e)
 	cl := dial(t, e)
 	ctx := ctxT(t, 30*time.Second)
-	var runs []Run
-	if err := cl.Call(ctx, "run.list", Req{}, &runs); err != nil {
+	if _, err := cl.Runs(ctx, client.ListOptions{}); err != nil {
 		t.Fatalf("before: %v", err)
 	}
 	if _, err := e.JetStream().Publish(ctx, "flow.log", []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
@@ -89,9 +89,9 @@ func TestRequestsFailWhenTheNodeCannotCatchUp(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the applier did not stop on a message of a newer format")
 	}
-	err := cl.Call(ctx, "run.list", Req{}, &runs)
-	var apiErr *Error
-	if !errors.As(err, &apiErr) || apiErr.Code != CodeInternal || !strings.Contains(apiErr.Message, "cannot catch up with the log") {
+	_, err := cl.Runs(ctx, client.ListOptions{})
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Code != client.CodeInternal || !strings.Contains(apiErr.Message, "cannot catch up with the log") {
 		t.Fatalf("run.list after the applier stopped: %v; want an internal error saying the node cannot catch up", err)
 	}
 }

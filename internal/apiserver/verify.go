@@ -1,16 +1,17 @@
-package api
+package apiserver
 
 import (
 	"fmt"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 )
 
 // Verify re-checks a run's invariants from the state alone: epochs only grow; every
 // accepted commit carried the run's epoch of that moment; no (step, item) has two
 // accepted commits; every fenced commit carried an epoch no newer than the current one.
-func Verify(v *checkpoint.RunView) Verification {
-	res := Verification{ID: v.Run.ID, Checked: []string{
+func Verify(v *checkpoint.RunView) client.Verification {
+	res := client.Verification{ID: v.Run.ID, Checked: []string{
 		"epochs only grow",
 		"every accepted commit carried the run's epoch of that moment",
 		"one accepted commit per step and item",

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/backoff"
@@ -46,9 +47,14 @@ func startEngine(t *testing.T, unsafe checkpoint.Unsafe) *engine.Engine {
 	return e
 }
 
+// configFor serves e as flowd does: on its connection, supervised with its parts.
+func configFor(e *engine.Engine) Config {
+	return Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}
+}
+
 func serve(t *testing.T, e *engine.Engine) *Server {
 	t.Helper()
-	s, err := Serve(e)
+	s, err := Serve(configFor(e))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,9 +62,9 @@ func serve(t *testing.T, e *engine.Engine) *Server {
 	return s
 }
 
-func dial(t *testing.T, e *engine.Engine) *Client {
+func dial(t *testing.T, e *engine.Engine, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := Dial(e.ClientURL())
+	c, err := client.Dial(e.ClientURL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,18 +129,16 @@ func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
 		{`not json`, "the request is not valid JSON for this operation"},
 	} {
 		code, msg, _ := ask(c.body)
-		if code != CodeBadRequest || !strings.Contains(msg, c.want) {
-			t.Errorf("%s: answered %q %q; want %s mentioning %q", c.body, code, msg, CodeBadRequest, c.want)
+		if code != client.CodeBadRequest || !strings.Contains(msg, c.want) {
+			t.Errorf("%s: answered %q %q; want %s mentioning %q", c.body, code, msg, client.CodeBadRequest, c.want)
 		}
 	}
 	// The control: the same operation at version 1 with known fields is answered.
 	if code, msg, data := ask(`{"v":1,"limit":5}`); code != "" || string(data) != "[]" {
 		t.Fatalf("a valid request: %q %q %s", code, msg, data)
 	}
-	// The client sets the version itself: a Req with another V is sent as version 1
-	// (and answered by the server's own endpoint).
-	var wfs []Workflow
-	if err := dial(t, e).Call(ctxT(t, 10*time.Second), "workflow.list", Req{V: 7}, &wfs); err != nil || len(wfs) != 0 {
+	// The client sends version 1 (and is answered by the server's own endpoint).
+	if wfs, err := dial(t, e).Workflows(ctxT(t, 10*time.Second)); err != nil || len(wfs) != 0 {
 		t.Fatalf("client call: %v %v", err, wfs)
 	}
 }
@@ -153,8 +157,8 @@ func TestErrorAnswersDoNotRaceWithMicro(t *testing.T) {
 	nc := connect(t, e)
 	const n = 20
 	for i := 0; i < n; i++ {
-		m, err := nc.Request(Subject+".workflow.list", []byte(`{"v":2}`), 5*time.Second)
-		if err != nil || m.Header.Get(micro.ErrorCodeHeader) != CodeBadRequest {
+		m, err := nc.Request(client.Subject+".workflow.list", []byte(`{"v":2}`), 5*time.Second)
+		if err != nil || m.Header.Get(micro.ErrorCodeHeader) != client.CodeBadRequest {
 			t.Fatalf("bad request %d: %v", i, err)
 		}
 	}
@@ -172,7 +176,7 @@ func newSilent(t *testing.T, e *engine.Engine, op string) *silent {
 	t.Helper()
 	nc := connect(t, e)
 	s := &silent{first: make(chan struct{})}
-	sub, err := nc.QueueSubscribe(Subject+"."+op, "flow-api", func(*nats.Msg) {
+	sub, err := nc.QueueSubscribe(client.Subject+"."+op, "flow-api", func(*nats.Msg) {
 		if s.got.Add(1) == 1 {
 			close(s.first)
 		}
@@ -192,18 +196,17 @@ func newSilent(t *testing.T, e *engine.Engine, op string) *silent {
 func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
 	e := startEngine(t, checkpoint.Unsafe{})
 	paused := newSilent(t, e, "workflow.list")
-	c := dial(t, e)
-	c.Timeout, c.AttemptTimeout = 9*time.Second, 3*time.Second
+	const attempt = 3 * time.Second
+	c := dial(t, e, client.WithTimeout(9*time.Second), client.WithAttemptTimeout(attempt))
 	type result struct {
-		wfs []Workflow
+		wfs []client.Workflow
 		err error
 		d   time.Duration
 	}
 	done := make(chan result, 1)
 	go func() {
-		var wfs []Workflow
 		start := time.Now()
-		err := c.Call(context.Background(), "workflow.list", Req{}, &wfs)
+		wfs, err := c.Workflows(context.Background())
 		done <- result{wfs, err, time.Since(start)}
 	}()
 	// The paused node is the only member of the group: the first try is its.
@@ -230,8 +233,8 @@ func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
 	if got := paused.got.Load(); got != 1 {
 		t.Fatalf("the paused node got %d requests, want 1", got)
 	}
-	if r.d < c.AttemptTimeout {
-		t.Fatalf("answered after %s, before the first try ran out (%s): not a retry", r.d, c.AttemptTimeout)
+	if r.d < attempt {
+		t.Fatalf("answered after %s, before the first try ran out (%s): not a retry", r.d, attempt)
 	}
 }
 
@@ -242,22 +245,22 @@ func TestClientDoesNotRetryWrites(t *testing.T) {
 	e := startEngine(t, checkpoint.Unsafe{})
 	apply := newSilent(t, e, "workflow.apply")
 	list := newSilent(t, e, "workflow.list")
-	c := dial(t, e)
-	c.Timeout, c.AttemptTimeout = 1500*time.Millisecond, 200*time.Millisecond
-	err := c.Call(context.Background(), "workflow.apply", Req{File: "x.yaml", YAML: "name: x\nsteps:\n  - name: a\n    uses: noop\n"}, nil)
-	if !errors.Is(err, ErrUnreachable) {
+	const whole, attempt = 1500 * time.Millisecond, 200 * time.Millisecond
+	c := dial(t, e, client.WithTimeout(whole), client.WithAttemptTimeout(attempt))
+	_, err := c.ApplyWorkflow(context.Background(), "x.yaml", []byte("name: x\nsteps:\n  - name: a\n    uses: noop\n"))
+	if !errors.Is(err, client.ErrUnreachable) {
 		t.Fatalf("a write to a silent node: %v; want ErrUnreachable", err)
 	}
 	if got := apply.got.Load(); got != 1 {
 		t.Fatalf("workflow.apply was sent %d times; want once", got)
 	}
 	// The control: the read-only operation is retried per AttemptTimeout.
-	err = c.Call(context.Background(), "workflow.list", Req{}, nil)
-	if !errors.Is(err, ErrUnreachable) {
+	_, err = c.Workflows(context.Background())
+	if !errors.Is(err, client.ErrUnreachable) {
 		t.Fatalf("a read to a silent node: %v; want ErrUnreachable", err)
 	}
 	if got := list.got.Load(); got < 3 {
-		t.Fatalf("workflow.list was sent %d times in %s at %s a try; want retries", got, c.Timeout, c.AttemptTimeout)
+		t.Fatalf("workflow.list was sent %d times in %s at %s a try; want retries", got, whole, attempt)
 	}
 }
 
@@ -267,18 +270,17 @@ func TestClientDoesNotRetryWrites(t *testing.T) {
 // of its own on the same NATS server; and, once stopped, the server answers nothing.
 func TestStoppedServerAnswersStopping(t *testing.T) {
 	e := startEngine(t, checkpoint.Unsafe{})
-	s, err := Serve(e)
+	s, err := Serve(configFor(e))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := dial(t, e)
-	c.Timeout = 5 * time.Second
-	if err := c.Call(ctxT(t, 10*time.Second), "workflow.list", Req{}, nil); err != nil {
+	c := dial(t, e, client.WithTimeout(5*time.Second))
+	if _, err := c.Workflows(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatalf("before Stop: %v", err)
 	}
 	s.Stop()
 	// Stopped: no node serves the API any more.
-	if err := c.Call(ctxT(t, 10*time.Second), "workflow.list", Req{}, nil); !errors.Is(err, ErrUnreachable) {
+	if _, err := c.Workflows(ctxT(t, 10*time.Second)); !errors.Is(err, client.ErrUnreachable) {
 		t.Fatalf("after Stop: %v; want ErrUnreachable", err)
 	}
 	var ran atomic.Bool
@@ -287,17 +289,17 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer late.Stop()
-	h := s.async(s.wrap(func(context.Context, *Req) (any, error) { ran.Store(true); return "ran", nil }), s.slots)
-	if err := late.AddEndpoint("late", h, micro.WithEndpointSubject(Subject+".cluster.status")); err != nil {
+	h := s.async(s.wrap(func(context.Context, *client.Request) (any, error) { ran.Store(true); return "ran", nil }), s.slots)
+	if err := late.AddEndpoint("late", h, micro.WithEndpointSubject(client.Subject+".cluster.status")); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	err = c.Call(ctxT(t, 10*time.Second), "cluster.status", Req{}, nil)
-	var ae *Error
-	if !errors.As(err, &ae) || ae.Code != CodeInternal || !strings.Contains(ae.Message, "this node is stopping: try again (another node answers)") {
-		t.Fatalf("a request delivered after Stop: %v; want %s \"this node is stopping\"", err, CodeInternal)
+	_, err = c.ClusterStatus(ctxT(t, 10*time.Second))
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Code != client.CodeInternal || !strings.Contains(ae.Message, "this node is stopping: try again (another node answers)") {
+		t.Fatalf("a request delivered after Stop: %v; want %s \"this node is stopping\"", err, client.CodeInternal)
 	}
 	if ran.Load() {
 		t.Fatal("the handler ran after Stop")
@@ -341,10 +343,10 @@ func TestRunVerifyReportsEachBrokenInvariant(t *testing.T) {
 		_, err := w(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: id, Step: step, Item: checkpoint.ItemWhole, Epoch: ep, Owner: "w", Output: json.RawMessage(`{}`)})
 		return err
 	}
-	verify := func(id string) Verification {
+	verify := func(id string) client.Verification {
 		t.Helper()
-		var v Verification
-		if err := c.Call(ctx, "run.verify", Req{ID: id}, &v); err != nil {
+		v, err := c.Verify(ctx, id)
+		if err != nil {
 			t.Fatalf("run.verify %s: %v", id, err)
 		}
 		if len(v.Checked) != 4 || v.ID != id {

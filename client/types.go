@@ -1,11 +1,13 @@
-package api
+package client
 
 import (
 	"encoding/json"
-	"time"
-
-	"github.com/flowrun/flow/checkpoint"
+	"fmt"
+	"strings"
 )
+
+// Subject is the prefix of every operation's subject: flow.v1.<op>.
+const Subject = "flow.v1"
 
 // Version of the request format.
 const Version = 1
@@ -18,8 +20,10 @@ const (
 	CodeInternal   = "internal"
 )
 
-// Req is every request: the version and the fields its operation reads.
-type Req struct {
+// Request is every request on the wire: the version and the fields its operation
+// reads. The methods of Client fill it; it is exported for servers and for clients in
+// other languages that want the same shape.
+type Request struct {
 	V        int               `json:"v"`
 	ID       string            `json:"id,omitempty"`
 	Name     string            `json:"name,omitempty"`
@@ -154,43 +158,38 @@ type Tick struct {
 	RunID   string `json:"run_id,omitempty"`
 }
 
-// tsNano is ts with the fraction of the second (history events: steps take less than one).
-func tsNano(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339Nano)
+// Drill is the evidence of a zombie drill: the drill's run and its verification.
+type Drill struct {
+	Run    Run          `json:"run"`
+	Verify Verification `json:"verify"`
 }
 
-func ts(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format(time.RFC3339)
+// Change is the answer to a retry, cancel or purge: the run and its new status.
+type Change struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
 }
 
-// FromRun builds the JSON shape of a run (steps and fenced commits when v has them).
-func FromRun(r *checkpoint.Run, v *checkpoint.RunView) Run {
-	out := Run{ID: r.ID, Workflow: r.Workflow, Version: r.Version, Status: string(r.Status), Trigger: r.Trigger,
-		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs,
-		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
-		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []Epoch{}, Fenced: []Fenced{}}
-	if len(r.Inputs) > 0 && json.Valid(r.Inputs) {
-		out.Inputs = r.Inputs // as stored: decoding into any would round an int64 through float64
+// Terminal reports whether the run has ended: succeeded, failed, cancelled or
+// dead-lettered. (A failed, cancelled or dead-lettered run may be retried.)
+func (r Run) Terminal() bool {
+	switch r.Status {
+	case "succeeded", "failed", "cancelled", "dead_lettered":
+		return true
 	}
-	for _, e := range r.Epochs {
-		out.Epochs = append(out.Epochs, Epoch{Epoch: e.Epoch, Owner: e.Owner, Reason: e.Reason, At: ts(e.At)})
-	}
-	if v != nil {
-		out.Steps = []Step{}
-		for _, s := range v.Steps {
-			out.Steps = append(out.Steps, Step{Name: s.Name, Status: string(s.Status), Attempts: s.Attempts, Epoch: s.Epoch,
-				Items: s.Items, ItemsDone: s.ItemsDone, Output: s.Output, Error: s.Error})
+	return false
+}
+
+// Progress is one line on the run's progress: status, epoch and each step's status
+// (with foreach items done of total), as flowctl run watch prints it.
+func (r Run) Progress() string {
+	var parts []string
+	for _, s := range r.Steps {
+		p := s.Name + ":" + s.Status
+		if s.Items > 0 {
+			p += fmt.Sprintf("(%d/%d)", s.ItemsDone, s.Items)
 		}
-		for _, f := range v.Fenced {
-			out.Fenced = append(out.Fenced, Fenced{Step: f.Step, Item: f.Item, Epoch: f.Epoch, CurrentEpoch: f.CurrentEpoch,
-				Owner: f.Owner, Reason: f.Reason, At: ts(f.At)})
-		}
+		parts = append(parts, p)
 	}
-	return out
+	return fmt.Sprintf("%s epoch %d (changes %d) %s", r.Status, r.Epoch, r.EpochChanges, strings.Join(parts, " "))
 }

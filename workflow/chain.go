@@ -1,13 +1,14 @@
-package engine
+package workflow
 
 import (
 	"fmt"
 	"strings"
 )
 
-// ChainWorkflow is the workflow of the W1 and W2 workloads (docs/perf.md): n no-op steps,
-// each needing the one before. The engine's benchmarks and `flowctl bench` both run it.
-func ChainWorkflow(name string, n int) string {
+// ChainYAML is the YAML of the W1 and W2 workloads' workflow (docs/perf.md): n no-op
+// steps, each needing the one before. The engine's benchmarks and `flowctl bench` both
+// run it.
+func ChainYAML(name string, n int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: %s\ndescription: %d no-op steps in a chain (the W1/W2 workloads)\nsteps:\n", name, n)
 	for i := 1; i <= n; i++ {

@@ -1,0 +1,200 @@
+package client
+
+import (
+	"context"
+	"time"
+)
+
+// ApplyWorkflow applies a workflow's YAML; file names it in errors. A changed YAML makes
+// a new version; the same YAML again changes nothing.
+func (c *Client) ApplyWorkflow(ctx context.Context, file string, yaml []byte) (Workflow, error) {
+	var w Workflow
+	err := c.call(ctx, "workflow.apply", Request{File: file, YAML: string(yaml)}, &w)
+	return w, err
+}
+
+// ValidateWorkflow checks a workflow's YAML on the server (with the step kinds its
+// nodes have registered) without applying it.
+func (c *Client) ValidateWorkflow(ctx context.Context, file string, yaml []byte) (Workflow, error) {
+	var w Workflow
+	err := c.call(ctx, "workflow.validate", Request{File: file, YAML: string(yaml)}, &w)
+	return w, err
+}
+
+// Workflows lists every workflow version.
+func (c *Client) Workflows(ctx context.Context) ([]Workflow, error) {
+	var ws []Workflow
+	err := c.call(ctx, "workflow.list", Request{}, &ws)
+	return ws, err
+}
+
+// Workflow is a workflow's latest version, with its source.
+func (c *Client) Workflow(ctx context.Context, name string) (Workflow, error) {
+	var w Workflow
+	err := c.call(ctx, "workflow.show", Request{Name: name}, &w)
+	return w, err
+}
+
+// StartOptions are a new run's optional settings.
+type StartOptions struct {
+	// ID is the run's ID (default: generated). Starting an ID that exists is a conflict,
+	// so a caller that retries a start with the same ID starts one run.
+	ID string
+	// Inputs are the run's inputs, as the workflow's inputs section declares them.
+	Inputs map[string]string
+}
+
+// StartRun starts a run of the workflow's latest version and returns its ID.
+func (c *Client) StartRun(ctx context.Context, workflow string, opts StartOptions) (string, error) {
+	var started struct {
+		ID string `json:"id"`
+	}
+	err := c.call(ctx, "run.start", Request{Workflow: workflow, ID: opts.ID, Inputs: opts.Inputs}, &started)
+	return started.ID, err
+}
+
+// Run is a run with its steps, epochs and fenced commits.
+func (c *Client) Run(ctx context.Context, id string) (Run, error) {
+	var r Run
+	err := c.call(ctx, "run.get", Request{ID: id}, &r)
+	return r, err
+}
+
+// ListOptions select runs. The zero value lists the newest 50 of every workflow.
+type ListOptions struct {
+	Workflow string // only this workflow
+	Status   string // only this status (pending, running, succeeded, failed, cancelled, dead_lettered)
+	Limit    int    // at most this many (default 50, at most 10000)
+	After    string // the run ID the previous page ended with
+}
+
+func (o ListOptions) request() Request {
+	return Request{Workflow: o.Workflow, Status: o.Status, Limit: o.Limit, After: o.After}
+}
+
+// Runs lists runs, newest first, without their steps.
+func (c *Client) Runs(ctx context.Context, opts ListOptions) ([]Run, error) {
+	var runs []Run
+	err := c.call(ctx, "run.list", opts.request(), &runs)
+	return runs, err
+}
+
+// WaitRun waits on the server, at most wait (0: the server's 30s; at most one minute),
+// for the run to end, and returns it as it is then: look at Run.Terminal and ask again
+// if it has not ended.
+func (c *Client) WaitRun(ctx context.Context, id string, wait time.Duration) (Run, error) {
+	req := Request{ID: id}
+	if wait > 0 {
+		req.Wait = wait.String()
+	}
+	var r Run
+	err := c.call(ctx, "run.wait", req, &r)
+	return r, err
+}
+
+// watchEvery is how often WatchRun reads the run.
+const watchEvery = 200 * time.Millisecond
+
+// WatchRun follows the run until it ends or ctx does, calling fn (if not nil) with the
+// run each time its status, epoch or steps changed, and returns the run as it ended.
+func (c *Client) WatchRun(ctx context.Context, id string, fn func(Run)) (Run, error) {
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	last := ""
+	for {
+		r, err := c.Run(ctx, id)
+		if err != nil {
+			return r, err
+		}
+		if line := r.Progress(); fn != nil && line != last {
+			fn(r)
+			last = line
+		}
+		if r.Terminal() {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// History is the run's events, in log order.
+func (c *Client) History(ctx context.Context, id string) ([]Event, error) {
+	var evs []Event
+	err := c.call(ctx, "run.history", Request{ID: id}, &evs)
+	return evs, err
+}
+
+// Verify checks the run's invariants again from the state.
+func (c *Client) Verify(ctx context.Context, id string) (Verification, error) {
+	var v Verification
+	err := c.call(ctx, "run.verify", Request{ID: id}, &v)
+	return v, err
+}
+
+// RetryRun starts a failed, dead-lettered or cancelled run again from its checkpoints.
+func (c *Client) RetryRun(ctx context.Context, id string) (Change, error) {
+	return c.change(ctx, "run.retry", id)
+}
+
+// CancelRun cancels a pending or running run.
+func (c *Client) CancelRun(ctx context.Context, id string) (Change, error) {
+	return c.change(ctx, "run.cancel", id)
+}
+
+// DeadLetters lists the dead-lettered runs (ListOptions.Status is ignored).
+func (c *Client) DeadLetters(ctx context.Context, opts ListOptions) ([]Run, error) {
+	var runs []Run
+	err := c.call(ctx, "dlq.list", opts.request(), &runs)
+	return runs, err
+}
+
+// DeadLetter is a dead-lettered run with its epoch history; a run that is not in the
+// queue is not found.
+func (c *Client) DeadLetter(ctx context.Context, id string) (Run, error) {
+	var r Run
+	err := c.call(ctx, "dlq.show", Request{ID: id}, &r)
+	return r, err
+}
+
+// RetryDeadLetter retries a dead-lettered run (a new epoch; its epoch changes reset).
+func (c *Client) RetryDeadLetter(ctx context.Context, id string) (Change, error) {
+	return c.change(ctx, "dlq.retry", id)
+}
+
+// PurgeDeadLetter removes a run from the dead-letter queue for good: it ends cancelled,
+// its history kept.
+func (c *Client) PurgeDeadLetter(ctx context.Context, id string) (Change, error) {
+	return c.change(ctx, "dlq.purge", id)
+}
+
+func (c *Client) change(ctx context.Context, op, id string) (Change, error) {
+	var ch Change
+	err := c.call(ctx, op, Request{ID: id}, &ch)
+	return ch, err
+}
+
+// Schedules lists the scheduled workflows with their next fire times and last ticks.
+func (c *Client) Schedules(ctx context.Context) ([]CronEntry, error) {
+	var cs []CronEntry
+	err := c.call(ctx, "cron.list", Request{}, &cs)
+	return cs, err
+}
+
+// ClusterStatus is the leader, its term and the nodes that answered.
+func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
+	var st ClusterStatus
+	err := c.call(ctx, "cluster.status", Request{}, &st)
+	return st, err
+}
+
+// DrillZombie runs the zombie drill: a worker paused past its lease, another taking
+// over, and the paused one's commit fenced (about 1.5 lease TTLs).
+func (c *Client) DrillZombie(ctx context.Context) (Drill, error) {
+	var d Drill
+	err := c.call(ctx, "drill.zombie", Request{}, &d)
+	return d, err
+}

@@ -1,0 +1,41 @@
+package apiserver
+
+import (
+	"context"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Engine is what the API needs of a node, and all it may use: *engine.Engine
+// implements it. Reads come from this node's state once CatchUp has returned; writes go
+// through the engine, which writes them to the log.
+type Engine interface {
+	NodeID() string
+	// Applied is the log sequence this node's state has applied.
+	Applied() uint64
+	// CatchUp waits until this node has applied the log as it is now.
+	CatchUp(ctx context.Context) error
+	IsLeader() bool
+	// Leader is the leader the leader key names, with its term.
+	Leader(ctx context.Context) (epoch.Leader, error)
+
+	ValidateWorkflow(file string, data []byte) (*workflow.Workflow, error)
+	ApplyWorkflow(ctx context.Context, file string, data []byte) (*workflow.Workflow, error)
+	Workflows() ([]checkpoint.WorkflowVersion, error)
+	Workflow(name string, version int) (*workflow.Workflow, error)
+	Ticks(workflow string) ([]checkpoint.Tick, error)
+
+	StartRun(ctx context.Context, workflow string, inputs map[string]any, opts engine.RunOptions) (string, error)
+	Run(id string) (*checkpoint.RunView, error)
+	ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string, error)
+	WaitRun(ctx context.Context, id string) (*checkpoint.Run, error)
+	Retry(ctx context.Context, id string) error
+	Cancel(ctx context.Context, id, reason string) error
+	Purge(ctx context.Context, id string) error
+	DrillZombie(ctx context.Context) (*checkpoint.RunView, error)
+}
+
+var _ Engine = (*engine.Engine)(nil)

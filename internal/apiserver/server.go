@@ -1,0 +1,354 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/internal/supervise"
+)
+
+// nodeSubject is answered by every node (cluster status gathers the answers).
+const nodeSubject = client.Subject + ".node"
+
+// Server serves the API for one engine.
+type Server struct {
+	e       Engine
+	nc      *nats.Conn
+	silence time.Duration
+	// svc and node are the current registration (under mu): the "api" part registers
+	// them again when its probe goes unanswered.
+	svc       micro.Service
+	node      *nats.Subscription
+	stopServe context.CancelFunc
+	served    <-chan struct{} // closed when the "api" part has ended
+	// Requests are handled each on a goroutine of its own (an endpoint's subscription
+	// delivers one message at a time: a slow or waiting handler would hold up the rest),
+	// at most maxConcurrent at once, all ended by Stop.
+	waitCtx  context.Context
+	stopWait context.CancelFunc
+	waits    sync.WaitGroup
+	slots    chan struct{} // requests at once
+	// waiting bounds the run.wait requests on their own, so that waits (up to a minute
+	// each) never take the slots of the other requests.
+	waiting chan struct{}
+	mu      sync.Mutex
+	stopped bool // under mu: no request starts after Stop began waiting
+}
+
+// maxConcurrent bounds the requests one node handles at once, maxWaits the run.wait
+// requests; more wait in NATS.
+const (
+	maxConcurrent = 256
+	maxWaits      = 1024
+)
+
+type handler func(ctx context.Context, r *client.Request) (any, error)
+
+// apiError is an error with a code for the client.
+type apiError struct {
+	code, msg string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &apiError{client.CodeBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// Config is what Serve needs.
+type Config struct {
+	Engine Engine     // required: the node the API answers for
+	Conn   *nats.Conn // required: the connection the service is registered on
+	// Supervisor keeps the service alive (a part named "api"); default: one of its own.
+	Supervisor *supervise.Supervisor
+	// Silence is how long the service may go without answering its own ping before it
+	// is registered again (default 4s; flowd gives the engine's Silence).
+	Silence time.Duration
+}
+
+// defaultSilence is Config.Silence's default.
+const defaultSilence = 4 * time.Second
+
+// Serve registers the "flow" micro service on cfg.Conn. The service is a supervised
+// part ("api"): it is alive while a ping through the server to its own endpoint is
+// answered, and registered again when it is not.
+func Serve(cfg Config) (*Server, error) {
+	return serveWith(cfg, make(chan struct{}, maxConcurrent), make(chan struct{}, maxWaits))
+}
+
+// serveWith is Serve with the request and run.wait slots given (tests size them).
+func serveWith(cfg Config, slots, waiting chan struct{}) (*Server, error) {
+	if cfg.Engine == nil || cfg.Conn == nil {
+		return nil, errors.New("apiserver: Config needs an Engine and a Conn")
+	}
+	if cfg.Silence <= 0 {
+		cfg.Silence = defaultSilence
+	}
+	sup := cfg.Supervisor
+	if sup == nil {
+		sup = supervise.New()
+	}
+	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, slots: slots, waiting: waiting}
+	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
+	// The first registration is made here, so that a node that cannot serve fails to start.
+	if err := s.register(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopServe = cancel
+	first := true
+	s.served = sup.Go(ctx, supervise.Part{Name: "api", Silence: s.silence,
+		Run: func(ctx context.Context, alive func()) error {
+			if !first {
+				if err := waitConnected(ctx, s.nc); err != nil {
+					return err
+				}
+				if err := s.register(); err != nil {
+					return err
+				}
+			}
+			first = false
+			defer s.unregister()
+			return s.probe(ctx, alive)
+		}})
+	return s, nil
+}
+
+// register adds the service's endpoints and the node subscription.
+func (s *Server) register() error {
+	nc := s.nc
+	svc, err := micro.AddService(nc, micro.Config{Name: "flow", Version: "1.0.0",
+		Description: "flow workflow engine API"})
+	if err != nil {
+		return fmt.Errorf("api: %w", err)
+	}
+	ops := map[string]handler{
+		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
+		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
+		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
+		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel,
+		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
+		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "drill.zombie": s.drillZombie,
+	}
+	ops["run.wait"] = s.runWait
+	for op, h := range ops {
+		name := strings.ReplaceAll(op, ".", "-")
+		slots := s.slots
+		if op == "run.wait" {
+			slots = s.waiting
+		}
+		if err := svc.AddEndpoint(name, s.async(s.wrap(h), slots), micro.WithEndpointSubject(client.Subject+"."+op),
+			micro.WithEndpointQueueGroup("flow-api")); err != nil {
+			stopService(nc, svc, nil)
+			return fmt.Errorf("api: endpoint %s: %w", op, err)
+		}
+	}
+	node, err := nc.Subscribe(nodeSubject, func(m *nats.Msg) {
+		b, _ := json.Marshal(s.nodeInfo())
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		stopService(nc, svc, nil)
+		return err
+	}
+	// A round trip: the server has every subscription before a client can ask.
+	if err := nc.Flush(); err != nil {
+		stopService(nc, svc, node)
+		return fmt.Errorf("api: %w", err)
+	}
+	s.mu.Lock()
+	s.svc, s.node = svc, node
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) unregister() {
+	s.mu.Lock()
+	svc, node := s.svc, s.node
+	s.svc, s.node = nil, nil
+	s.mu.Unlock()
+	if svc != nil {
+		stopService(s.nc, svc, node)
+	}
+}
+
+// stopService stops a registration, once the connection is up (for at most
+// stopWaitLimit). A micro service stops by draining its subscriptions, and nats.go
+// keeps a draining subscription through a reconnect, sends it to the new server, then
+// drops it on the client without unsubscribing: the server goes on giving it requests
+// of the queue group that nobody answers (measured: 9 of 20 cluster.status requests
+// lost after a healed partition). Draining while connected does not leave one.
+func stopService(nc *nats.Conn, svc micro.Service, node *nats.Subscription) {
+	ctx, cancel := context.WithTimeout(context.Background(), stopWaitLimit)
+	defer cancel()
+	_ = waitConnected(ctx, nc)
+	if node != nil {
+		_ = node.Unsubscribe()
+	}
+	_ = svc.Stop()
+	// A round trip: once it is back, the server has taken the unsubscriptions, and a
+	// request sent after Stop goes to another node (or to none), not to this one.
+	_ = nc.FlushTimeout(2 * time.Second)
+}
+
+// stopWaitLimit bounds how long a registration waits for the connection to stop.
+const stopWaitLimit = 10 * time.Second
+
+// waitConnected returns once nc is connected, or closed (nothing then to wait for),
+// or ctx ends.
+func waitConnected(ctx context.Context, nc *nats.Conn) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !nc.IsConnected() && !nc.IsClosed() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// probe pings this node's own service through the server until ctx ends: an answer
+// shows the server still delivers its requests to it.
+func (s *Server) probe(ctx context.Context, alive func()) error {
+	s.mu.Lock()
+	subject, err := micro.ControlSubject(micro.PingVerb, s.svc.Info().Name, s.svc.Info().ID)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	every := max(s.silence/4, 10*time.Millisecond)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
+		if _, err := s.nc.RequestWithContext(pctx, subject, nil); err == nil {
+			alive()
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// Stop stops serving (run.wait requests in flight are answered with the run as it is).
+func (s *Server) Stop() {
+	s.stopServe()
+	<-s.served
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.stopWait()
+	s.waits.Wait()
+}
+
+// async runs h on a goroutine of its own, owned by the server, once one of slots is free.
+func (s *Server) async(h micro.HandlerFunc, slots chan struct{}) micro.HandlerFunc {
+	return func(req micro.Request) {
+		slots <- struct{}{}
+		s.mu.Lock()
+		if s.stopped { // a message delivered while the subscription was going away
+			s.mu.Unlock()
+			<-slots
+			s.fail(req, client.CodeInternal, "this node is stopping: try again (another node answers)")
+			return
+		}
+		s.waits.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer func() { <-slots; s.waits.Done() }()
+			h(req)
+		}()
+	}
+}
+
+func (s *Server) wrap(h handler) micro.HandlerFunc {
+	return func(req micro.Request) {
+		var r client.Request
+		dec := json.NewDecoder(strings.NewReader(string(req.Data())))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&r); err != nil {
+			s.fail(req, client.CodeBadRequest, "the request is not valid JSON for this operation: "+err.Error())
+			return
+		}
+		if r.V != client.Version {
+			s.fail(req, client.CodeBadRequest, fmt.Sprintf("request version %d; this server speaks version %d (upgrade flowctl or flowd)", r.V, client.Version))
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		// Answer from a state that has caught up with the log as it is now, so that
+		// whichever node answers, a client reads what it (or anyone) wrote before.
+		if err := s.e.CatchUp(ctx); err != nil {
+			s.fail(req, client.CodeInternal, "this node cannot catch up with the log: "+err.Error())
+			return
+		}
+		out, err := h(ctx, &r)
+		if err != nil {
+			code, msg := classify(err)
+			s.fail(req, code, msg)
+			return
+		}
+		data, err := json.Marshal(out)
+		if err != nil {
+			s.fail(req, client.CodeInternal, "the answer does not encode: "+err.Error())
+			return
+		}
+		s.answer(req, &nats.Msg{Data: data})
+	}
+}
+
+// Answers go out on the connection, not through micro.Request's methods: requests are
+// answered on goroutines of their own after micro's handler has returned, and micro
+// reads the request's error field for its statistics right then, while Request.Error
+// would write it (a data race, seen under -race by TestErrorAnswersDoNotRaceWithMicro).
+// The headers are micro's, so every client reads them alike; micro's own statistics
+// count these requests but not their errors (flow's metrics do not use them).
+func (s *Server) answer(req micro.Request, m *nats.Msg) {
+	m.Subject = req.Reply()
+	if m.Subject == "" {
+		return // a request nobody waits for
+	}
+	_ = s.nc.PublishMsg(m)
+}
+
+func (s *Server) fail(req micro.Request, code, msg string) {
+	h := nats.Header{}
+	h.Set(micro.ErrorHeader, msg)
+	h.Set(micro.ErrorCodeHeader, code)
+	s.answer(req, &nats.Msg{Header: h})
+}
+
+func classify(err error) (string, string) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae.code, ae.msg
+	case errors.Is(err, checkpoint.ErrNotFound):
+		var nf *checkpoint.NotFoundError
+		if errors.As(err, &nf) {
+			return client.CodeNotFound, nf.Error() // the thing, without the layers it passed through
+		}
+		return client.CodeNotFound, err.Error()
+	case errors.Is(err, engine.ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
+		return client.CodeBadRequest, strings.TrimPrefix(err.Error(), "engine: bad input: ")
+	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, checkpoint.ErrRunExists):
+		return client.CodeConflict, err.Error()
+	}
+	return client.CodeInternal, err.Error()
+}
