@@ -1,0 +1,603 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// Apply transcripts (issue 13, point 6): the files in testdata/*.txt drive a Store
+// message by message and print every verdict and the state it leaves, one file per
+// rule, in the manner of etcd raft's testdata. Each file is meant to be read as the
+// specification of its rule; `go test ./checkpoint -run TestTranscripts -rewrite`
+// rewrites the expected output, which must then be read and checked by hand.
+//
+// Commands:
+//
+//	apply [seq=N]
+//	<entry>
+//	<entry>...
+//	    One log message holding the entries, at sequence N (default: the next one).
+//	    Prints one line per entry, "<seq>.<index> <kind> <run> [<step>[<item>]]:
+//	    <verdict>", where the verdict is ok, fenced: <reason> (epoch E, run's C),
+//	    rejected: stale term ..., conflict: ..., invalid: ..., dead-lettered: ...,
+//	    not found: ..., run exists: .... An accepted assign also prints the epoch it
+//	    began and why. A message that does not decode prints "<seq>: corrupt: ...".
+//	state run=R [run=R2...]
+//	    The run: status, epoch, owner, epoch changes/max_epochs, its epochs (reason,
+//	    owner, term), its steps (status, attempts, checkpoint, foreach items) and its
+//	    fenced records.
+//	history run=R
+//	    The run's events (View), in log order.
+//	runs [status=S]
+//	    Run IDs and statuses.
+//	stale-terms
+//	    The highest applied term and the scheduler entries rejected for their term.
+//	applied
+//	    The applied sequence and the highest term.
+//
+// An entry is "<kind> key=value...": run, epoch, term, owner, step, item (default -1,
+// the whole step), worker, reason, out (JSON, as written), error, attempt, items,
+// status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
+// foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf). A
+// value with spaces is written in double quotes. epoch=@R is run R's current epoch when the
+// message is built; an assign without epoch= carries the run's current epoch (what a
+// scheduler reading the state writes). Every entry's At is t0.
+
+// TestTranscripts replays every transcript with every guard on.
+func TestTranscripts(t *testing.T) {
+	walkTranscripts(t, func(t *testing.T, path string) {
+		tr := &transcript{s: memStore(t, Unsafe{})}
+		datadriven.RunTest(t, path, tr.handle)
+	})
+}
+
+// TestTranscriptsNeedTheirGuards is the transcripts' negative control: with any one
+// guard (field of Unsafe) switched off, some transcript's output differs from what it
+// expects. A guard no transcript catches is a rule the transcripts do not specify.
+func TestTranscriptsNeedTheirGuards(t *testing.T) {
+	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
+		t.Skip("rewriting the expected output: the control compares against it")
+	}
+	// Every field of Unsafe, so that a guard added later needs a transcript too.
+	ut := reflect.TypeFor[Unsafe]()
+	for i := range ut.NumField() {
+		guard := ut.Field(i).Name
+		var unsafe Unsafe
+		reflect.ValueOf(&unsafe).Elem().Field(i).SetBool(true)
+		t.Run(guard, func(t *testing.T) {
+			var caught []string
+			walkTranscripts(t, func(t *testing.T, path string) {
+				tr := &transcript{s: memStore(t, unsafe)}
+				first := true
+				datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+					got := tr.handle(t, d)
+					if got != "" && !strings.HasSuffix(got, "\n") {
+						got += "\n"
+					}
+					if got != d.Expected && first {
+						// Only the first difference of a file: the state diverges after it.
+						first = false
+						caught = append(caught, fmt.Sprintf("%s: %s", d.Pos, firstDiff(d.Expected, got)))
+					}
+					return d.Expected // the difference is recorded, not failed on
+				})
+			})
+			if len(caught) == 0 {
+				t.Fatalf("with Unsafe.%s set (its guard off), every transcript gives its expected output: no transcript specifies that guard", guard)
+			}
+			for _, c := range caught {
+				t.Logf("%s caught by %s", guard, c)
+			}
+		})
+	}
+}
+
+func walkTranscripts(t *testing.T, f func(t *testing.T, path string)) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		if !strings.HasSuffix(path, ".txt") {
+			t.Skipf("%s is not a transcript", path)
+		}
+		f(t, path)
+	})
+}
+
+// firstDiff names the first line where two outputs differ.
+func firstDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			return fmt.Sprintf("expected %q, got %q", wl, gl)
+		}
+	}
+	return "outputs differ"
+}
+
+type transcript struct {
+	s *Store
+}
+
+func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
+	switch d.Cmd {
+	case "apply":
+		return tr.apply(t, d)
+	case "state":
+		var b strings.Builder
+		for _, run := range tr.runArgs(t, d) {
+			tr.printRun(t, d, &b, run)
+		}
+		return b.String()
+	case "history":
+		var b strings.Builder
+		for _, run := range tr.runArgs(t, d) {
+			tr.printHistory(t, d, &b, run)
+		}
+		return b.String()
+	case "runs":
+		return tr.runs(t, d)
+	case "stale-terms":
+		return tr.staleTerms(t, d)
+	case "applied":
+		return fmt.Sprintf("applied %d, highest term %d", tr.s.Applied(), tr.s.HighestTerm())
+	}
+	d.Fatalf(t, "unknown command %q (apply, state, history, runs, stale-terms, applied)", d.Cmd)
+	return ""
+}
+
+func (tr *transcript) runArgs(t *testing.T, d *datadriven.TestData) []string {
+	arg, ok := d.Arg("run")
+	if !ok || len(arg.Vals) == 0 {
+		d.Fatalf(t, "%s needs run=<id>", d.Cmd)
+	}
+	var runs []string
+	for _, a := range d.CmdArgs {
+		if a.Key == "run" {
+			runs = append(runs, a.Vals...)
+		}
+	}
+	return runs
+}
+
+// apply applies the input lines as one log message.
+func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
+	seq := tr.s.Applied() + 1
+	if d.HasArg("seq") {
+		d.ScanArgs(t, "seq", &seq)
+	}
+	var entries []Entry
+	var datas [][]byte
+	for _, line := range strings.Split(d.Input, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		e, err := tr.parseEntry(line)
+		if err != nil {
+			d.Fatalf(t, "entry %q: %v", line, err)
+		}
+		raw, err := json.Marshal(e)
+		if err != nil {
+			d.Fatalf(t, "entry %q: %v", line, err)
+		}
+		entries = append(entries, e)
+		datas = append(datas, raw)
+	}
+	if len(entries) == 0 {
+		d.Fatalf(t, "apply needs at least one entry")
+	}
+	verdicts, err := tr.s.Apply(seq, EncodeEnvelope("transcript", datas))
+	if err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) {
+			return fmt.Sprintf("%d: corrupt: %s", seq, ce.Detail)
+		}
+		d.Fatalf(t, "apply at %d: %v", seq, err)
+	}
+	if verdicts == nil {
+		return fmt.Sprintf("%d: skipped: at or below the applied sequence", seq)
+	}
+	var b strings.Builder
+	for i, e := range entries {
+		fmt.Fprintf(&b, "%d.%d %s %s%s: %s\n", seq, i, e.Kind, e.Run, stepRef(e.Step, e.Item), tr.verdict(seq, e, verdicts[i]))
+	}
+	return b.String()
+}
+
+// verdict prints an entry's outcome in a stable form.
+func (tr *transcript) verdict(seq uint64, e Entry, err error) string {
+	var fe *FencedError
+	var st *StaleTermError
+	switch {
+	case err == nil:
+		if e.Kind == KindAssign {
+			if r, rerr := tr.s.Run(e.Run); rerr == nil {
+				for _, ep := range r.Epochs {
+					if ep.Epoch == int64(seq) {
+						s := fmt.Sprintf("ok, epoch %d (%s)", ep.Epoch, ep.Reason)
+						if e.Worker != "" {
+							s += ", claimed by " + e.Worker
+						}
+						return s
+					}
+				}
+			}
+		}
+		return "ok"
+	case errors.As(err, &fe):
+		return fmt.Sprintf("fenced: %s (epoch %d, run's %d)", fe.Reason, fe.Epoch, fe.CurrentEpoch)
+	case errors.As(err, &st):
+		return fmt.Sprintf("rejected: stale term (term %d < highest %d)", st.Term, st.HighestTerm)
+	}
+	for _, s := range []struct {
+		label    string
+		sentinel error
+	}{
+		{"dead-lettered", ErrDeadLettered},
+		{"conflict", ErrConflict},
+		{"invalid", ErrInvalidEntry},
+		{"not found", ErrNotFound},
+		{"run exists", ErrRunExists},
+		{"tick exists", ErrTickExists},
+	} {
+		if errors.Is(err, s.sentinel) {
+			return s.label + ": " + strings.TrimPrefix(err.Error(), s.sentinel.Error()+": ")
+		}
+	}
+	return "error: " + err.Error()
+}
+
+// parseEntry reads "<kind> key=value ...".
+func (tr *transcript) parseEntry(line string) (Entry, error) {
+	toks, err := tokenize(line)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Kind: Kind(toks[0].key), Item: ItemWhole, At: t0}
+	if toks[0].val != "" {
+		return Entry{}, fmt.Errorf("an entry starts with its kind")
+	}
+	if e.Kind == KindSubmit {
+		e.Submit = &Submit{Workflow: "wf", Version: 1, Trigger: TriggerManual}
+	}
+	epochSet := false
+	for _, tok := range toks[1:] {
+		k, v := tok.key, tok.val
+		num := func() (int64, error) { return strconv.ParseInt(v, 10, 64) }
+		var n int64
+		switch k {
+		case "run":
+			e.Run = v
+		case "owner":
+			e.Owner = v
+		case "step":
+			e.Step = v
+		case "worker":
+			e.Worker = v
+		case "reason":
+			e.Reason = v
+		case "error":
+			e.Error = v
+		case "status":
+			e.Status = RunStatus(v)
+		case "out": // JSON, as written: out="text" is a JSON string
+			e.Output = json.RawMessage(tok.raw)
+		case "final":
+			e.Final, err = flagValue(v)
+		case "skipped":
+			e.Skipped, err = flagValue(v)
+		case "epoch":
+			epochSet = true
+			if run, ok := strings.CutPrefix(v, "@"); ok {
+				r, rerr := tr.s.Run(run)
+				if rerr != nil {
+					return Entry{}, fmt.Errorf("epoch=%s: %w", v, rerr)
+				}
+				e.Epoch = r.Epoch
+			} else {
+				e.Epoch, err = num()
+			}
+		case "term":
+			e.Term, err = num()
+		case "item":
+			n, err = num()
+			e.Item = int(n)
+		case "attempt":
+			n, err = num()
+			e.Attempt = int(n)
+		case "items":
+			n, err = num()
+			e.Items = int(n)
+		case "steps", "max_epochs", "workflow":
+			if e.Submit == nil {
+				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
+			}
+			switch k {
+			case "steps":
+				for name := range strings.SplitSeq(v, ",") {
+					base, foreach := strings.CutSuffix(name, "*")
+					e.Submit.Steps = append(e.Submit.Steps, StepSpec{Name: base, Foreach: foreach})
+				}
+			case "max_epochs":
+				n, err = num()
+				e.Submit.MaxEpochs = int(n)
+			case "workflow":
+				e.Submit.Workflow = v
+			}
+		default:
+			return Entry{}, fmt.Errorf("unknown key %q", k)
+		}
+		if err != nil {
+			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
+		}
+	}
+	if e.Kind == KindAssign && !epochSet {
+		if r, rerr := tr.s.Run(e.Run); rerr == nil {
+			e.Epoch = r.Epoch
+		}
+	}
+	return e, nil
+}
+
+func flagValue(v string) (bool, error) {
+	if v == "" {
+		return true, nil
+	}
+	return strconv.ParseBool(v)
+}
+
+// token is key=val; raw is the value as written (a JSON output keeps its quotes).
+type token struct{ key, val, raw string }
+
+// tokenize splits "kind k=v k2="a b" k3={"x": 1} flag" into tokens. A value is a
+// quoted Go string, a JSON object or array (up to its closing bracket), or runs to the
+// next space.
+func tokenize(line string) ([]token, error) {
+	var toks []token
+	i := 0
+	for {
+		for i < len(line) && line[i] == ' ' {
+			i++
+		}
+		if i == len(line) {
+			break
+		}
+		start := i
+		for i < len(line) && line[i] != ' ' && line[i] != '=' {
+			i++
+		}
+		tok := token{key: line[start:i]}
+		if i < len(line) && line[i] == '=' {
+			i++
+			n, err := valueLen(line[i:])
+			if err != nil {
+				return nil, fmt.Errorf("%s=: %w", tok.key, err)
+			}
+			tok.val = line[i : i+n]
+			tok.raw = tok.val
+			if strings.HasPrefix(tok.val, `"`) {
+				if tok.val, err = strconv.Unquote(tok.val); err != nil {
+					return nil, fmt.Errorf("%s=: %w", tok.key, err)
+				}
+			}
+			i += n
+		}
+		toks = append(toks, tok)
+	}
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("empty entry")
+	}
+	return toks, nil
+}
+
+func valueLen(s string) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	switch s[0] {
+	case '"':
+		for i := 1; i < len(s); i++ {
+			switch s[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1, nil
+			}
+		}
+		return 0, fmt.Errorf("unterminated string")
+	case '{', '[':
+		depth, inStr := 0, false
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			switch {
+			case inStr && c == '\\':
+				i++
+			case c == '"':
+				inStr = !inStr
+			case inStr:
+			case c == '{' || c == '[':
+				depth++
+			case c == '}' || c == ']':
+				depth--
+				if depth == 0 {
+					return i + 1, nil
+				}
+			}
+		}
+		return 0, fmt.Errorf("unbalanced JSON value")
+	}
+	if n := strings.IndexByte(s, ' '); n >= 0 {
+		return n, nil
+	}
+	return len(s), nil
+}
+
+// printRun prints a run's state deterministically (no times, no pointers).
+func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.Builder, id string) {
+	v, err := tr.s.View(id)
+	if errors.Is(err, ErrNotFound) {
+		fmt.Fprintf(b, "run %s: not found\n", id)
+		return
+	}
+	if err != nil {
+		d.Fatalf(t, "view %s: %v", id, err)
+	}
+	r := v.Run
+	fmt.Fprintf(b, "run %s: %s, epoch %d, owner %s, epoch changes %d/%d", r.ID, r.Status, r.Epoch, orDash(r.Owner), r.EpochChanges, r.MaxEpochs)
+	if r.HandedBack {
+		b.WriteString(", handed back")
+	}
+	if r.RetryRequested {
+		b.WriteString(", retry requested")
+	}
+	b.WriteString("\n")
+	if len(r.Epochs) > 0 {
+		var eps []string
+		for _, ep := range r.Epochs {
+			owner := ep.Owner
+			if owner == "" {
+				owner = "unclaimed"
+			}
+			eps = append(eps, fmt.Sprintf("%d %s (%s, term %d)", ep.Epoch, ep.Reason, owner, ep.Term))
+		}
+		fmt.Fprintf(b, "  epochs: %s\n", strings.Join(eps, "; "))
+	}
+	if r.Error != "" {
+		fmt.Fprintf(b, "  error: %s\n", r.Error)
+	}
+	if r.FailedStep != "" {
+		fmt.Fprintf(b, "  failed step: %s\n", r.FailedStep)
+	}
+	if r.DeadLetter != "" {
+		fmt.Fprintf(b, "  dead letter: %s\n", r.DeadLetter)
+	}
+	for _, st := range v.Steps {
+		name := st.Name
+		if st.Foreach {
+			name += "*"
+		}
+		fmt.Fprintf(b, "  step %s: %s, attempts %d", name, st.Status, st.Attempts)
+		if st.Epoch != 0 {
+			fmt.Fprintf(b, ", epoch %d", st.Epoch)
+		}
+		if st.Foreach {
+			fmt.Fprintf(b, ", items %d/%d done", st.ItemsDone, st.Items)
+		}
+		if st.Seq != 0 {
+			fmt.Fprintf(b, ", checkpoint seq %d", st.Seq)
+		}
+		if len(st.Output) > 0 {
+			fmt.Fprintf(b, ", out %s", st.Output)
+		}
+		if st.Error != "" {
+			fmt.Fprintf(b, ", error %q", st.Error)
+		}
+		b.WriteString("\n")
+		for _, it := range st.ItemCheckpoints {
+			fmt.Fprintf(b, "    item %d: epoch %d, owner %s, checkpoint seq %d.%d", it.Index, it.Epoch, it.Owner, it.Seq, it.Entry)
+			if len(it.Output) > 0 {
+				fmt.Fprintf(b, ", out %s", it.Output)
+			}
+			b.WriteString("\n")
+		}
+	}
+	if len(v.Fenced) != r.Fenced {
+		fmt.Fprintf(b, "  fenced count %d, but %d fenced records\n", r.Fenced, len(v.Fenced))
+	}
+	for _, f := range v.Fenced {
+		fmt.Fprintf(b, "  fenced %d: %s%s by %s at epoch %d (run's %d): %s\n",
+			f.Seq, f.Kind, stepRef(f.Step, f.Item), f.Owner, f.Epoch, f.CurrentEpoch, f.Reason)
+	}
+}
+
+// stepRef prints " a" for a whole step, " b[2]" for an item, "" for none.
+func stepRef(step string, item int) string {
+	switch {
+	case step == "":
+		return ""
+	case item == ItemWhole:
+		return " " + step
+	}
+	return fmt.Sprintf(" %s[%d]", step, item)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (tr *transcript) printHistory(t *testing.T, d *datadriven.TestData, b *strings.Builder, id string) {
+	v, err := tr.s.View(id)
+	if err != nil {
+		d.Fatalf(t, "view %s: %v", id, err)
+	}
+	for _, ev := range v.Events {
+		fmt.Fprintf(b, "%d.%d %s%s", ev.Seq, ev.Index, ev.Kind, stepRef(ev.Step, ev.Item))
+		switch {
+		case ev.Epoch != 0 && ev.Kind == KindAssign:
+			fmt.Fprintf(b, " (saw epoch %d)", ev.Epoch) // an assign carries the epoch it replaces
+		case ev.Epoch != 0:
+			fmt.Fprintf(b, " epoch %d", ev.Epoch)
+		}
+		if ev.Term != 0 {
+			fmt.Fprintf(b, " term %d", ev.Term)
+		}
+		if ev.Owner != "" {
+			fmt.Fprintf(b, " by %s", ev.Owner)
+		}
+		fmt.Fprintf(b, ": %s", ev.Outcome)
+		if ev.Detail != "" {
+			fmt.Fprintf(b, " (%s)", ev.Detail)
+		}
+		b.WriteString("\n")
+	}
+}
+
+func (tr *transcript) runs(t *testing.T, d *datadriven.TestData) string {
+	var opts ListOptions
+	if d.HasArg("status") {
+		var s string
+		d.ScanArgs(t, "status", &s)
+		opts.Status = RunStatus(s)
+	}
+	var b strings.Builder
+	err := tr.s.EachRun(opts, func(r *Run) bool {
+		fmt.Fprintf(&b, "%s %s\n", r.ID, r.Status)
+		return true
+	})
+	if err != nil {
+		d.Fatalf(t, "runs: %v", err)
+	}
+	if b.Len() == 0 {
+		return "(none)"
+	}
+	return b.String()
+}
+
+func (tr *transcript) staleTerms(t *testing.T, d *datadriven.TestData) string {
+	recs, err := tr.s.StaleTerms()
+	if err != nil {
+		d.Fatalf(t, "stale terms: %v", err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "highest term %d\n", tr.s.HighestTerm())
+	for _, st := range recs {
+		fmt.Fprintf(&b, "rejected %d: %s %s, term %d < %d\n", st.Seq, st.Kind, orDash(st.Run), st.Term, st.HighestTerm)
+	}
+	return b.String()
+}
