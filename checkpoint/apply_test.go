@@ -19,7 +19,7 @@ func claimedRun(t *testing.T, s *Store) int64 {
 }
 
 func TestAssignEpochIsTheEntrySequence(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	epoch := claimedRun(t, s)
 	r, err := s.Run("r1")
 	if err != nil {
@@ -37,7 +37,7 @@ func TestAssignEpochIsTheEntrySequence(t *testing.T) {
 // other worker can claim that epoch, the worker's commits are accepted, and losing it
 // counts like losing any claimed epoch.
 func TestAssignToWorkerClaimsAtOnce(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
 	epoch := int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Term: 1, Worker: "a", At: t0}))
 	r, _ := s.Run("r1")
@@ -58,7 +58,7 @@ func TestAssignToWorkerClaimsAtOnce(t *testing.T) {
 }
 
 func TestStaleCommitIsFencedAndRecorded(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	old := claimedRun(t, s)
 	mustApply(t, s, Entry{Kind: KindStart, Run: "r1", Step: "one", Item: ItemWhole, Epoch: old, Owner: "a", At: t0})
 	// a is paused; its lease lapses; the leader reclaims and b claims.
@@ -102,7 +102,7 @@ func TestStaleCommitIsFencedAndRecorded(t *testing.T) {
 }
 
 func TestForeachItemsCheckpointSeparately(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	e := claimedRun(t, s)
 	mustApply(t, s, Entry{Kind: KindStart, Run: "r1", Step: "each", Item: ItemWhole, Items: 3, Epoch: e, Owner: "a", At: t0})
 	mustApply(t, s, Entry{Kind: KindCommit, Run: "r1", Step: "each", Item: 0, Epoch: e, Owner: "a", Output: json.RawMessage(`1`), At: t0})
@@ -130,7 +130,7 @@ func TestForeachItemsCheckpointSeparately(t *testing.T) {
 }
 
 func TestMaxEpochsDeadLettersInsteadOfChanging(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	e := claimedRun(t, s) // max_epochs 3
 	for i := 0; i < 3; i++ {
 		e = int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
@@ -167,7 +167,7 @@ func TestMaxEpochsDeadLettersInsteadOfChanging(t *testing.T) {
 }
 
 func TestHandBackAndNeverClaimedDoNotCount(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	e := claimedRun(t, s)
 	mustApply(t, s, Entry{Kind: KindRequeue, Run: "r1", Epoch: e, Owner: "a", At: t0})
 	e = int64(mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Epoch: e, Term: 1, Reason: ReasonLeaseExpired, At: t0}))
@@ -184,7 +184,7 @@ func TestHandBackAndNeverClaimedDoNotCount(t *testing.T) {
 }
 
 func TestStaleTermRejected(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
 	mustApply(t, s, submitEntry("r2", StepSpec{Name: "one"}))
 	mustApply(t, s, Entry{Kind: KindAssign, Run: "r1", Term: 7, At: t0})
@@ -203,7 +203,7 @@ func TestStaleTermRejected(t *testing.T) {
 }
 
 func TestCronTickOnce(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	tick := func(outcome string) Entry {
 		e := Entry{Kind: KindCronTick, Term: 1, At: t0, Tick: &CronTick{Workflow: "wf", At: t0, Outcome: outcome}}
 		if outcome == TickFired {
@@ -224,7 +224,7 @@ func TestCronTickOnce(t *testing.T) {
 }
 
 func TestCompleteNeedsEveryStep(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	e := claimedRun(t, s)
 	if _, err := applyOne(t, s, Entry{Kind: KindComplete, Run: "r1", Epoch: e, Owner: "a", Status: StatusSucceeded, At: t0}); !errors.Is(err, ErrConflict) {
 		t.Fatalf("succeed with pending steps: %v, want ErrConflict", err)
@@ -243,7 +243,7 @@ func TestCompleteNeedsEveryStep(t *testing.T) {
 }
 
 func TestListRunsPages(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	for _, id := range []string{"a1", "a2", "a3", "a4", "a5"} {
 		mustApply(t, s, submitEntry(id, StepSpec{Name: "one"}))
 	}
@@ -273,7 +273,7 @@ func TestListRunsPages(t *testing.T) {
 // Bad input: a message that cannot be applied stops with an error naming the sequence
 // and changes nothing.
 func TestCorruptMessagesChangeNothing(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	claimedRun(t, s)
 	var before bytes.Buffer
 	if err := s.Dump(&before); err != nil {
@@ -309,7 +309,7 @@ func TestCorruptMessagesChangeNothing(t *testing.T) {
 
 // Entries that decode but are invalid are rejected one by one, changing nothing else.
 func TestInvalidEntriesRejected(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	e := claimedRun(t, s)
 	bad := []Entry{
 		{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: e, At: t0},                    // no owner
@@ -345,7 +345,7 @@ func TestInvalidEntriesRejected(t *testing.T) {
 }
 
 func TestTwoAssignsOfOneRunInOneMessage(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	mustApply(t, s, submitEntry("r1", StepSpec{Name: "one"}))
 	a := Entry{Kind: KindAssign, Run: "r1", Term: 1, At: t0}
 	res, err := s.Apply(s.Applied()+1, msg(t, a, a))
@@ -358,7 +358,7 @@ func TestTwoAssignsOfOneRunInOneMessage(t *testing.T) {
 }
 
 func TestWorkflowVersions(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	wf := func(digest string) Entry {
 		return Entry{Kind: KindWorkflow, At: t0, Workflow: &WorkflowDef{Name: "wf", Digest: digest, Spec: json.RawMessage(`{"d":"` + digest + `"}`)}}
 	}
@@ -385,7 +385,7 @@ func TestWorkflowVersions(t *testing.T) {
 }
 
 func TestEachRunAndCountRuns(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	for i := 0; i < 7; i++ {
 		mustApply(t, s, submitEntry(fmt.Sprintf("p%d", i), StepSpec{Name: "one"}))
 	}
@@ -410,7 +410,7 @@ func TestEachRunAndCountRuns(t *testing.T) {
 // The cron planner waits on ScheduleChanged: a new workflow version or a recorded tick
 // wakes it, run traffic does not (it rescanned every workflow on every message before).
 func TestScheduleChangedOnlyForWorkflowsAndTicks(t *testing.T) {
-	s := memStore(t, Unsafe{})
+	s := memStore(t, nil)
 	closed := func(ch <-chan struct{}) bool {
 		select {
 		case <-ch:

@@ -8,7 +8,7 @@ import (
 
 // BenchmarkApply: the state machine alone (Pebble NoSync), 16 commits per message.
 func BenchmarkApply(b *testing.B) {
-	s := memStore(b, Unsafe{})
+	s := memStore(b, nil)
 	mustApply(b, s, submitEntry("bench", StepSpec{Name: "each", Foreach: true}))
 	epoch := int64(mustApply(b, s, Entry{Kind: KindAssign, Run: "bench", Term: 1, At: t0}))
 	mustApply(b, s, Entry{Kind: KindClaim, Run: "bench", Epoch: epoch, Owner: "w", At: t0})

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/goleak"
+
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 func TestMain(m *testing.M) {
@@ -19,9 +21,9 @@ func TestMain(m *testing.M) {
 }
 
 // memStore is a real Pebble on an in-memory file system.
-func memStore(t testing.TB, unsafe Unsafe) *Store {
+func memStore(t testing.TB, h *testhooks.Hooks) *Store {
 	t.Helper()
-	s, err := OpenStore("state", StoreOptions{FS: vfs.NewMem(), Unsafe: unsafe})
+	s, err := OpenStore("state", StoreOptions{FS: vfs.NewMem(), Hooks: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // The property test drives one run through random interleavings of a scheduler (whose
@@ -175,9 +176,9 @@ func anyAcceptedRetry(entries []Entry, results []error) bool {
 	return false
 }
 
-func fencingProperty(unsafe Unsafe) func(*rapid.T) {
+func fencingProperty(h *testhooks.Hooks) func(*rapid.T) {
 	return func(t *rapid.T) {
-		s, err := OpenStore("state", StoreOptions{FS: memFS(), Unsafe: unsafe})
+		s, err := OpenStore("state", StoreOptions{FS: memFS(), Hooks: h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +210,7 @@ func fencingProperty(unsafe Unsafe) func(*rapid.T) {
 }
 
 func TestFencingInvariantsProperty(t *testing.T) {
-	rapid.Check(t, fencingProperty(Unsafe{}))
+	rapid.Check(t, fencingProperty(nil))
 }
 
 // recordingTB lets a negative control run a property and see it fail.
@@ -245,23 +246,23 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 	setFlag(t, "rapid.nofailfile", "true")
 	for _, c := range []struct {
 		name   string
-		unsafe Unsafe
+		hooks  *testhooks.Hooks
 		damage []string // any one of them is the damage the guard prevents
 	}{
-		{"no epoch check", Unsafe{NoEpochCheck: true}, []string{"invariant 2"}},
+		{"no epoch check", &testhooks.Hooks{NoEpochCheck: true}, []string{"invariant 2"}},
 		// Without the checkpoint check the first damage rapid meets is either a second
 		// commit of a (step, item), or a final fail accepted over a checkpoint, which a
 		// retry then turns back into a pending step that starts again.
-		{"no checkpoint check", Unsafe{NoCheckpointCheck: true},
+		{"no checkpoint check", &testhooks.Hooks{NoCheckpointCheck: true},
 			[]string{"invariant 1: double commit", "invariant 3: step"}},
-		{"no term check", Unsafe{NoTermCheck: true}, []string{"stale term accepted"}},
+		{"no term check", &testhooks.Hooks{NoTermCheck: true}, []string{"stale term accepted"}},
 		// A start accepted for a checkpointed step sets it running again, and the
 		// checkpoint check then lets a second commit of it through.
-		{"no start check", Unsafe{NoStartCheck: true}, []string{"invariant 1: double commit", "invariant 3: step"}},
+		{"no start check", &testhooks.Hooks{NoStartCheck: true}, []string{"invariant 1: double commit", "invariant 3: step"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := &recordingTB{TB: t}
-			rapid.Check(rec, fencingProperty(c.unsafe))
+			rapid.Check(rec, fencingProperty(c.hooks))
 			if !rec.failed {
 				t.Fatalf("with %s the property found no violation: the guard is not shown to matter", c.name)
 			}

@@ -12,6 +12,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // DefaultMaxEpochs is used for a run submitted without max_epochs.
@@ -21,22 +23,14 @@ const DefaultMaxEpochs = 5
 // data dir into a format an older flowd cannot open (docs/decisions.md).
 const formatVersion = pebble.FormatValueSeparation
 
-// Unsafe switches off guards. They exist only for negative-control tests, which show
-// the damage each guard prevents; flowd never sets them.
-type Unsafe struct {
-	NoEpochCheck      bool // accept commits whatever their epoch
-	NoCheckpointCheck bool // accept a commit of a (step, item) that already has one
-	NoTermCheck       bool // accept scheduler entries of any term
-	NoStartCheck      bool // accept a step start of a step that is already checkpointed
-}
-
 // StoreOptions configure a Store.
 type StoreOptions struct {
 	// FS is the file system; nil means the real disk. Tests may pass vfs.NewMem():
 	// still the real Pebble, without the disk.
 	FS vfs.FS
-	// Unsafe disables guards, for negative-control tests only.
-	Unsafe Unsafe
+	// Hooks are tests' switches (internal/testhooks): the store's guards off, for the
+	// negative controls. Nil in production.
+	Hooks *testhooks.Hooks
 	// OnStatus, if set, is called after each applied message for every run whose
 	// status it changed, from the applier's goroutine: it must not block.
 	OnStatus func(run string, status RunStatus)
@@ -47,7 +41,7 @@ type StoreOptions struct {
 // run concurrently with it.
 type Store struct {
 	db       *pebble.DB
-	unsafe   Unsafe
+	hooks    *testhooks.Hooks
 	onStatus func(run string, status RunStatus)
 
 	closeOnce sync.Once
@@ -97,7 +91,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open state in %s: %w", dir, err)
 	}
-	s := &Store{db: db, unsafe: opts.Unsafe, onStatus: opts.OnStatus, runs: map[string]*cachedRun{}}
+	s := &Store{db: db, hooks: testhooks.OrProduction(opts.Hooks), onStatus: opts.OnStatus, runs: map[string]*cachedRun{}}
 	applied, err := s.getUint(keyApplied)
 	if err != nil {
 		db.Close()

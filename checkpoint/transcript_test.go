@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
+
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // Apply transcripts (issue 13, point 6): the files in testdata/*.txt drive a Store
@@ -54,28 +56,31 @@ import (
 // TestTranscripts replays every transcript with every guard on.
 func TestTranscripts(t *testing.T) {
 	walkTranscripts(t, func(t *testing.T, path string) {
-		tr := &transcript{s: memStore(t, Unsafe{})}
+		tr := &transcript{s: memStore(t, nil)}
 		datadriven.RunTest(t, path, tr.handle)
 	})
 }
 
 // TestTranscriptsNeedTheirGuards is the transcripts' negative control: with any one
-// guard (field of Unsafe) switched off, some transcript's output differs from what it
+// guard (a field of testhooks.Hooks tagged guard:"store") switched off, some transcript's output differs from what it
 // expects. A guard no transcript catches is a rule the transcripts do not specify.
 func TestTranscriptsNeedTheirGuards(t *testing.T) {
 	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
 		t.Skip("rewriting the expected output: the control compares against it")
 	}
-	// Every field of Unsafe, so that a guard added later needs a transcript too.
-	ut := reflect.TypeFor[Unsafe]()
-	for i := range ut.NumField() {
-		guard := ut.Field(i).Name
-		var unsafe Unsafe
-		reflect.ValueOf(&unsafe).Elem().Field(i).SetBool(true)
+	// Every guard of the store, so that a guard added later needs a transcript too.
+	ht := reflect.TypeFor[testhooks.Hooks]()
+	for i := range ht.NumField() {
+		if ht.Field(i).Tag.Get("guard") != "store" {
+			continue
+		}
+		guard := ht.Field(i).Name
 		t.Run(guard, func(t *testing.T) {
+			off := new(testhooks.Hooks)
+			reflect.ValueOf(off).Elem().Field(i).SetBool(true)
 			var caught []string
 			walkTranscripts(t, func(t *testing.T, path string) {
-				tr := &transcript{s: memStore(t, unsafe)}
+				tr := &transcript{s: memStore(t, off)}
 				first := true
 				datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 					got := tr.handle(t, d)
@@ -91,7 +96,7 @@ func TestTranscriptsNeedTheirGuards(t *testing.T) {
 				})
 			})
 			if len(caught) == 0 {
-				t.Fatalf("with Unsafe.%s set (its guard off), every transcript gives its expected output: no transcript specifies that guard", guard)
+				t.Fatalf("with Hooks.%s set (its guard off), every transcript gives its expected output: no transcript specifies that guard", guard)
 			}
 			for _, c := range caught {
 				t.Logf("%s caught by %s", guard, c)

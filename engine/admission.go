@@ -20,7 +20,7 @@ package engine
 // while the next assigns are written, and small enough that tasks never weigh on the
 // memory the leases need.
 func (e *Engine) queueAhead() int {
-	if n := e.queueAheadN.Load(); n > 0 {
+	if n := e.hooks.QueueAheadN.Load(); n > 0 {
 		return int(n)
 	}
 	return max(2*e.cfg.Workers, 8)
@@ -28,7 +28,7 @@ func (e *Engine) queueAhead() int {
 
 // admissionRoom is how many more runs the leader may assign now.
 func (e *Engine) admissionRoom() int {
-	if e.noAdmission.Load() {
+	if e.hooks.NoAdmission.Load() {
 		return 1 << 30
 	}
 	assigned, _ := e.store.Held()
@@ -41,11 +41,11 @@ func (e *Engine) admissionRoom() int {
 // concurrency limit do not wait for room and do not close the short path to others.
 // admitted releases the reservation once the assign was applied (or failed).
 func (e *Engine) admit() bool {
-	if e.noAdmission.Load() {
+	if e.hooks.NoAdmission.Load() {
 		e.admitting.Add(1)
 		return true
 	}
-	if e.backlogged.Load() && !e.admitPastWaiting.Load() {
+	if e.backlogged.Load() && !e.hooks.AdmitPastWaiting.Load() {
 		return false
 	}
 	for {

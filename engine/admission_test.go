@@ -34,8 +34,8 @@ func TestAdmissionBoundsEpochs(t *testing.T) {
 		t.Run(fmt.Sprintf("admission=%v", admission), func(t *testing.T) {
 			e := startEngine(t, func(c *Config) { c.Workers = workers })
 			defer stopEngine(e)
-			e.queueAheadN.Store(ahead)
-			e.noAdmission.Store(!admission)
+			e.hooks.QueueAheadN.Store(ahead)
+			e.hooks.NoAdmission.Store(!admission)
 			apply(t, e, "name: one\nsteps:\n  - name: a\n    uses: noop\n")
 			ctx := ctxT(t, 60*time.Second)
 			ids := make([]string, runs)
@@ -283,8 +283,8 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			defer stopEngine(e)
 			defer close(release)
 			waitLeader(t, e)
-			e.queueAheadN.Store(1)
-			e.admitPastWaiting.Store(!guard)
+			e.hooks.QueueAheadN.Store(1)
+			e.hooks.AdmitPastWaiting.Store(!guard)
 			apply(t, e, "name: blocks\nsteps:\n  - name: a\n    uses: block\n")
 			ctx := ctxT(t, 30*time.Second)
 			// One run on the only worker, one assigned waiting for it, three waiting for room.
@@ -305,7 +305,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			}); err != nil {
 				t.Fatal("the backlog did not form:", err)
 			}
-			for settle := time.Now().Add(10 * time.Second); e.scheduledUpTo.Load() < e.store.Applied(); {
+			for settle := time.Now().Add(10 * time.Second); e.hooks.ScheduledUpTo.Load() < e.store.Applied(); {
 				if time.Now().After(settle) {
 					t.Fatalf("the scheduler did not finish its pass over sequence %d", e.store.Applied())
 				}
@@ -313,7 +313,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			}
 			// Room appears; the scheduler has not run since (nothing was applied).
 			before := e.store.Applied()
-			e.queueAheadN.Store(10)
+			e.hooks.QueueAheadN.Store(10)
 			late, err := e.StartRun(ctx, "blocks", nil, RunOptions{})
 			if err != nil {
 				t.Fatal(err)

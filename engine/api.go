@@ -144,7 +144,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// give the existing run an epoch past its workflow's limits.
 	// The short path is an assign like the scheduler's: only with room under admission
 	// and no older run waiting for one (admission.go).
-	if term := e.Leading(); (generated || e.fastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
+	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
 		defer e.admitted()
 		return id, e.submitAndAssign(ctx, submit, term)
 	}

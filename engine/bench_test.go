@@ -30,7 +30,7 @@ func benchEngine(b testing.TB, workers int) *Engine {
 		c.Lease.TTL = 10 * time.Second
 	})
 	// FLOW_BENCH_NO_ADMISSION=1: admission off (the code before issue 12), to compare.
-	e.noAdmission.Store(os.Getenv("FLOW_BENCH_NO_ADMISSION") == "1")
+	e.hooks.NoAdmission.Store(os.Getenv("FLOW_BENCH_NO_ADMISSION") == "1")
 	return e
 }
 

@@ -38,7 +38,7 @@ func (e *Engine) stopEnded(run string, status checkpoint.RunStatus) {
 	// Counted before the lookup: a runExec not yet registered at the lookup sees the
 	// count move when it starts (checkEnded) and reads the run's status itself.
 	e.runsEnded.Add(1)
-	if e.keepEndedRunning.Load() {
+	if e.hooks.KeepEndedRunning.Load() {
 		return
 	}
 	e.mu.Lock()
@@ -63,7 +63,7 @@ func (x *runExec) end(cause error) {
 // in e.mu.running: a cancel applied in between found nothing to stop. It costs one
 // atomic load unless a run ended (anywhere) meanwhile; then one read of this run.
 func (x *runExec) checkEnded() {
-	if x.e.keepEndedRunning.Load() {
+	if x.e.hooks.KeepEndedRunning.Load() {
 		return
 	}
 	if endedFromOutside(x.run.Status) {

@@ -49,7 +49,7 @@ func TestCancelStopsTheStepProcess(t *testing.T) {
 			}
 			t.Cleanup(srv.Shutdown) // after the engines' Stop (cleanups run last-in first-out)
 			a := startEngine(t, func(c *Config) { c.NATSURL = srv.ClientURL() })
-			a.keepEndedRunning.Store(control)
+			a.hooks.KeepEndedRunning.Store(control)
 			dir := t.TempDir()
 			pidFile, marker := filepath.Join(dir, "pid"), filepath.Join(dir, "marker")
 			apply(t, a, fmt.Sprintf(`

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
@@ -53,8 +52,6 @@ type Config struct {
 	Now func() time.Time
 	// StepObserver, if set, is told of every finished step attempt (for metrics).
 	StepObserver func(kind string, d time.Duration, err error)
-	// Unsafe switches guards off, for negative-control tests only.
-	Unsafe checkpoint.Unsafe
 
 	// unsynced: the embedded server does not fsync (benchmarks of what is not the disk).
 	unsynced bool

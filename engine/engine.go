@@ -20,6 +20,7 @@ import (
 	"github.com/flowrun/flow/internal/natsnode"
 	"github.com/flowrun/flow/internal/streams"
 	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/testhooks"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -55,29 +56,19 @@ type Engine struct {
 	stats   Stats
 	specs   sync.Map // "name@version" -> *workflow.Workflow
 
-	// Test switches for the degraded guard: one makes the node degraded, the other
-	// switches the guard off (its negative control).
-	forceDegraded, ignoreDegraded atomic.Bool
-	holdingBack                   atomic.Bool  // the worker loop is waiting out a degraded lease
-	fastPathGivenIDs              atomic.Bool  // test: submit+assign also for given run IDs (unsafe)
-	noOwnRuns                     atomic.Bool  // test: the leader never assigns a run to itself
-	lostClaims                    atomic.Int32 // test: this many claim writes are not made and fail as of unknown outcome
+	// hooks are the tests' switches and signals (internal/testhooks); production's
+	// zero value unless a test in this package set them before Start.
+	hooks *testhooks.Hooks
 
-	// admission (admission.go): assigns written and not yet applied, whether runs wait
-	// for room, a test's override of how many runs may wait assigned for a worker, and
-	// the guard's off switch (its negative control).
-	admitting        atomic.Int64
-	backlogged       atomic.Bool // the scheduler's last pass left runs waiting for room
-	queueAheadN      atomic.Int32
-	noAdmission      atomic.Bool
-	admitPastWaiting atomic.Bool   // test: the short path may pass runs waiting for room (negative control)
-	scheduledUpTo    atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen (tests wait on it)
+	holdingBack atomic.Bool // the worker loop is waiting out a degraded lease
 
-	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far, and the
-	// test switch that keeps a cancelled run's epoch running (the negative control of
-	// TestCancelStopsTheStepProcess; false in production).
-	runsEnded        atomic.Uint64
-	keepEndedRunning atomic.Bool
+	// admission (admission.go): assigns written and not yet applied, and whether runs
+	// wait for room.
+	admitting  atomic.Int64
+	backlogged atomic.Bool // the scheduler's last pass left runs waiting for room
+
+	// Cancel propagation (cancel.go): runs cancelled or dead-lettered so far.
+	runsEnded atomic.Uint64
 
 	mu struct {
 		sync.Mutex
@@ -93,7 +84,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{})}
+	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
 	e.sup = supervise.New(supervise.WithLogger(e.log))
 	e.cfg.Lease.Supervisor = e.sup
 	if err := cfg.Registry.Register(DrillStepKind, steps.Func(e.drillPause)); err != nil {
@@ -143,7 +134,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if e.srv == nil {
 		e.warnIfUnsynced()
 	}
-	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Unsafe: e.cfg.Unsafe, OnStatus: e.statusChanged}); err != nil {
+	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
 		return err
 	}
 	// Streams and buckets are created by whichever node comes first; on a cluster two
@@ -202,16 +193,16 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if e.clog, err = logstream.Open(sctx, logstream.Config{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
-		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log, Supervisor: e.sup}); err != nil {
+		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log, Supervisor: e.sup, Hooks: e.hooks}); err != nil {
 		return err
 	}
 	e.cfg.MaxOutputBytes = e.clog.MaxOutputBytes() // fitted to the server's max_payload
-	electionCfg := e.cfg.Lease
-	electionCfg.Unsafe = epoch.Unsafe{} // the negative controls are for run leases
-	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, electionCfg, e.replicas); err != nil {
+	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, e.cfg.Lease, e.replicas); err != nil {
 		return err
 	}
-	if e.leases, err = epoch.NewLeases(sctx, e.js, e.cfg.Lease, e.replicas); err != nil {
+	leaseCfg := e.cfg.Lease
+	leaseCfg.Hooks = e.hooks // the lease guards' negative controls are for run leases
+	if e.leases, err = epoch.NewLeases(sctx, e.js, leaseCfg, e.replicas); err != nil {
 		return err
 	}
 	if e.tasks, err = openTasks(sctx, e.js, e.replicas, e.leases.Config().TTL, e.log); err != nil {
@@ -308,9 +299,6 @@ type Stats struct {
 // Stats returns this node's counters.
 func (e *Engine) Stats() *Stats { return &e.stats }
 
-// Stopped is closed when Stop has finished.
-func (e *Engine) Stopped() <-chan struct{} { return e.stopped }
-
 func (e *Engine) closeAll() {
 	if e.clog != nil {
 		e.clog.Stop()
@@ -345,9 +333,6 @@ func (e *Engine) Conn() *nats.Conn { return e.nc }
 
 // NodeID names this node.
 func (e *Engine) NodeID() string { return e.cfg.NodeID }
-
-// Elector is this node's elector.
-func (e *Engine) Elector() *epoch.Elector { return e.elector }
 
 // Counters are this node's lease and election counters.
 func (e *Engine) Counters() *epoch.Counters { return e.leases.Config().Counters }

@@ -14,6 +14,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 func TestMain(m *testing.M) {
@@ -27,6 +28,12 @@ var testLease = epoch.Config{TTL: time.Second, Backoff: backoff.Policy{Base: 20 
 
 func startEngine(t testing.TB, mod func(*Config)) *Engine {
 	t.Helper()
+	return startEngineWith(t, nil, mod)
+}
+
+// startEngineWith starts an engine with the test switches h (nil: production's).
+func startEngineWith(t testing.TB, h *testhooks.Hooks, mod func(*Config)) *Engine {
+	t.Helper()
 	cfg := Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "-", Lease: testLease}
 	if os.Getenv("FLOW_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -37,6 +44,9 @@ func startEngine(t testing.TB, mod func(*Config)) *Engine {
 	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if h != nil {
+		e.hooks = h
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

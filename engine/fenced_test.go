@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/testhooks"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -90,15 +90,13 @@ steps:
 // wakes and commits s2 with its old epoch. With bBlocks "s2", nobody has committed s2
 // when the zombie does, so only the epoch check can fence it; with "s3", node-b has
 // checkpointed s2 first, and either check can.
-func runStolen(t *testing.T, unsafe checkpoint.Unsafe, bBlocks string) (a *Engine, v *checkpoint.RunView) {
+func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engine, v *checkpoint.RunView) {
 	g := newGates(t)
-	zombieLease := testLease
-	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
-	a = startEngine(t, func(c *Config) {
+	zombie := guardsOff.hooks()
+	zombie.NoRenew, zombie.NoKillSwitch = true, true // node-a's worker has no heartbeat
+	a = startEngineWith(t, zombie, func(c *Config) {
 		c.NATSListen = "127.0.0.1:0"
 		c.Workers = 1
-		c.Lease = zombieLease
-		c.Unsafe = unsafe
 		c.Registry = steps.NewRegistry(0)
 		_ = c.Registry.Register("gate", g.step("node-a", map[string]bool{"s2": true}))
 	})
@@ -110,10 +108,9 @@ func runStolen(t *testing.T, unsafe checkpoint.Unsafe, bBlocks string) (a *Engin
 	}
 	aIn, _ := g.pair("node-a/s2")
 	<-aIn
-	b := startEngine(t, func(c *Config) {
+	b := startEngineWith(t, guardsOff.hooks(), func(c *Config) {
 		c.NodeID = "node-b"
 		c.NATSURL = a.ClientURL()
-		c.Unsafe = unsafe
 		c.Registry = steps.NewRegistry(0)
 		_ = c.Registry.Register("gate", g.step("node-b", map[string]bool{bBlocks: true}))
 	})
@@ -174,7 +171,7 @@ func countAccepted(v *checkpoint.RunView, step string) int {
 // holds the new epoch and waits in s2), so the checkpoint check has nothing to fence
 // it with. It is fenced as stale-epoch, node-a stops, and node-b's s2 is the one kept.
 func TestFencedStop(t *testing.T) {
-	a, v := runStolen(t, checkpoint.Unsafe{}, "s2")
+	a, v := runStolen(t, storeGuardsOff{}, "s2")
 	// node-a stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
 	for a.Stats().Stolen.Load() != 1 {
@@ -211,7 +208,7 @@ func TestFencedStop(t *testing.T) {
 // (nobody else's yet) is accepted with its stale epoch, and the run keeps the zombie's
 // output; node-b's own s2 is then fenced by the checkpoint check.
 func TestFencedStopWithoutTheEpochCheck(t *testing.T) {
-	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true}, "s2")
+	_, v := runStolen(t, storeGuardsOff{epoch: true}, "s2")
 	ev, _ := zombieCommit(v)
 	if ev.Outcome != "accepted" {
 		t.Fatalf("without the epoch check the zombie's commit was %q; the control expects it accepted", ev.Outcome)
@@ -224,7 +221,7 @@ func TestFencedStopWithoutTheEpochCheck(t *testing.T) {
 // The checkpoint check: with the epoch check off, a zombie's commit of a step the new
 // owner has already checkpointed is fenced as checkpoint-exists.
 func TestCheckpointCheckFencesAZombieOnACommittedStep(t *testing.T) {
-	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true}, "s3")
+	_, v := runStolen(t, storeGuardsOff{epoch: true}, "s3")
 	ev, _ := zombieCommit(v)
 	if ev.Outcome == "accepted" || len(v.Fenced) != 1 || v.Fenced[0].Reason != "checkpoint-exists" {
 		t.Fatalf("zombie's commit %q, fenced %+v; want it fenced as checkpoint-exists", ev.Outcome, v.Fenced)
@@ -237,7 +234,7 @@ func TestCheckpointCheckFencesAZombieOnACommittedStep(t *testing.T) {
 // The checkpoint check's negative control: with both checks off, the zombie's stale
 // commit of s2 is accepted beside node-b's: the double commit fencing exists to prevent.
 func TestFencedStopNegativeControl(t *testing.T) {
-	_, v := runStolen(t, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true}, "s3")
+	_, v := runStolen(t, storeGuardsOff{epoch: true, checkpoint: true}, "s3")
 	if n := countAccepted(v, "s2"); n != 2 {
 		t.Fatalf("without fencing s2 was accepted %d times; the control expects the double commit", n)
 	}
@@ -278,12 +275,9 @@ func TestDrillZombie(t *testing.T) {
 // Lock delay: the leader waits after a lease lapsed before it gives the run a new epoch.
 func TestLockDelay(t *testing.T) {
 	g := newGates(t)
-	zombieLease := testLease
-	zombieLease.Unsafe = epoch.Unsafe{NoHeartbeat: true}
 	const delay = 1500 * time.Millisecond
-	a := startEngine(t, func(c *Config) {
+	a := startEngineWith(t, &testhooks.Hooks{NoRenew: true, NoKillSwitch: true}, func(c *Config) {
 		c.Workers = 1
-		c.Lease = zombieLease
 		c.LockDelay = delay
 		c.ReconcileInterval = 100 * time.Millisecond
 		c.Registry = steps.NewRegistry(0)
@@ -304,4 +298,11 @@ func TestLockDelay(t *testing.T) {
 		t.Fatalf("new epoch %s after the first; want at least TTL + lock delay (%s)", gap, testLease.TTL+delay)
 	}
 	g.release("node-a/s2")
+}
+
+// storeGuardsOff names the state machine's guards a test turns off on both nodes.
+type storeGuardsOff struct{ epoch, checkpoint bool }
+
+func (g storeGuardsOff) hooks() *testhooks.Hooks {
+	return &testhooks.Hooks{NoEpochCheck: g.epoch, NoCheckpointCheck: g.checkpoint}
 }

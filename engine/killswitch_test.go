@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/testhooks"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -81,11 +81,8 @@ func TestKillSwitchStopsTheStepBeforeTheTakeover(t *testing.T) {
 	for _, killSwitch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("kill-switch=%v", killSwitch), func(t *testing.T) {
 			fx := newSideEffects()
-			lease := testLease
-			lease.Unsafe = epoch.Unsafe{NoRenew: true, NoKillSwitch: !killSwitch}
-			e := startEngine(t, func(c *Config) {
+			e := startEngineWith(t, &testhooks.Hooks{NoRenew: true, NoKillSwitch: !killSwitch}, func(c *Config) {
 				c.Workers = 1
-				c.Lease = lease
 				c.Registry = steps.NewRegistry(0)
 				_ = c.Registry.Register("effect", fx.step())
 			})

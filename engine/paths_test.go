@@ -328,8 +328,8 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
 		apply(t, e, workflow.ChainYAML("chain", 1))
-		e.forceDegraded.Store(true)
-		e.ignoreDegraded.Store(!guard)
+		e.hooks.ForceDegraded.Store(true)
+		e.hooks.IgnoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)
 		// A fetch already waiting when the switch flipped may still take a task: start
 		// the run once the worker loop holds back (its fetch ends within 2 s).
@@ -358,7 +358,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		if !guard && !taken {
 			t.Fatal("with the guard off the degraded node did not take the run: the control cannot see the guard")
 		}
-		e.forceDegraded.Store(false)
+		e.hooks.ForceDegraded.Store(false)
 		if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusSucceeded {
 			t.Fatalf("after recovery: %v %+v", err, r)
 		}
@@ -373,7 +373,7 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 	for _, guard := range []bool{true, false} {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
-		e.fastPathGivenIDs.Store(!guard)
+		e.hooks.FastPathGivenIDs.Store(!guard)
 		apply(t, e, "name: limited\nconcurrency: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
 		apply(t, e, workflow.ChainYAML("free", 1))
 		ctx := ctxT(t, 30*time.Second)
@@ -420,7 +420,7 @@ func TestLeaderRunsItsOwnRunWithoutATask(t *testing.T) {
 	for _, own := range []bool{true, false} {
 		e := startEngine(t, nil)
 		waitLeader(t, e)
-		e.noOwnRuns.Store(!own)
+		e.hooks.NoOwnRuns.Store(!own)
 		apply(t, e, workflow.ChainYAML("chain", 3))
 		v := runToEnd(t, e, "chain", nil)
 		if v.Run.Status != checkpoint.StatusSucceeded || len(v.Run.Epochs) != 1 || v.Run.Epochs[0].Owner != "node-a" || v.Run.EpochChanges != 0 {
@@ -516,7 +516,7 @@ func TestOwnRunOutlivesItsCaller(t *testing.T) {
 func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	e.noOwnRuns.Store(true) // through a task
+	e.hooks.NoOwnRuns.Store(true) // through a task
 	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 30*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-wait")
@@ -548,9 +548,9 @@ func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
 	e := startEngine(t, nil)
 	waitLeader(t, e)
-	e.noOwnRuns.Store(true) // through a task, so there is a claim
+	e.hooks.NoOwnRuns.Store(true) // through a task, so there is a claim
 	apply(t, e, workflow.ChainYAML("chain", 2))
-	e.lostClaims.Store(1)
+	e.hooks.LostClaims.Store(1)
 	ctx := ctxT(t, 30*time.Second)
 	id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
 	if err != nil {
@@ -562,7 +562,7 @@ func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
 	if err != nil || r.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("run after a lost claim: %v %+v", err, r)
 	}
-	if e.lostClaims.Load() != 0 {
+	if e.hooks.LostClaims.Load() != 0 {
 		t.Fatal("no claim was lost: the test did not test")
 	}
 	if r.EpochChanges != 0 || len(r.Epochs) != 1 {
@@ -574,7 +574,7 @@ func TestClaimOfUnknownOutcomeIsRetried(t *testing.T) {
 // zombie of an older epoch) has taken the run's lease, and returns the squatter's lease.
 func startWithItsLeaseHeld(t *testing.T, ctx context.Context, e *Engine, wf, id string) *epoch.Lease {
 	t.Helper()
-	e.fastPathGivenIDs.Store(true) // a given ID, so the lease can be held first
+	e.hooks.FastPathGivenIDs.Store(true) // a given ID, so the lease can be held first
 	squatter, err := e.leases.Acquire(ctx, id, 1<<40, "squatter")
 	if err != nil {
 		t.Fatal(err)

@@ -70,7 +70,7 @@ func (s *scheduler) run(parent context.Context) {
 		changed := s.e.clog.Changed()
 		seen := s.e.store.Applied()
 		s.assignPending(ctx)
-		s.e.scheduledUpTo.Store(seen)
+		s.e.hooks.ScheduledUpTo.Store(seen)
 		select {
 		case <-ctx.Done():
 			return

@@ -106,10 +106,10 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 }
 
 func (e *Engine) degraded() bool {
-	if e.ignoreDegraded.Load() {
+	if e.hooks.IgnoreDegraded.Load() {
 		return false
 	}
-	if e.forceDegraded.Load() {
+	if e.hooks.ForceDegraded.Load() {
 		return true
 	}
 	e.mu.Lock()
@@ -209,11 +209,11 @@ func (e *Engine) retryDelay() time.Duration {
 // loseClaim takes one of the claims a test asked to lose (lostClaims).
 func (e *Engine) loseClaim() bool {
 	for {
-		n := e.lostClaims.Load()
+		n := e.hooks.LostClaims.Load()
 		if n <= 0 {
 			return false
 		}
-		if e.lostClaims.CompareAndSwap(n, n-1) {
+		if e.hooks.LostClaims.CompareAndSwap(n, n-1) {
 			return true
 		}
 	}
@@ -250,7 +250,7 @@ func (e *Engine) runClaimed(run string, epoch int64, lease *epoch.Lease, log *sl
 // is free and the node takes new work (not degraded, not stopping). The caller runs it
 // (runOwn) or gives the slot back (releaseOwnRun).
 func (e *Engine) reserveOwnRun() bool {
-	if e.noOwnRuns.Load() || e.degraded() {
+	if e.hooks.NoOwnRuns.Load() || e.degraded() {
 		return false
 	}
 	e.mu.Lock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // Defaults.
@@ -55,26 +56,13 @@ type Config struct {
 	// Supervisor keeps the lease watcher's KV watch alive (internal/supervise); default:
 	// one of the watcher's own.
 	Supervisor *supervise.Supervisor
-	// Unsafe switches guards off, for negative-control tests only.
-	Unsafe Unsafe
+	// Hooks are tests' switches (internal/testhooks: NoRenew, NoKillSwitch); nil in
+	// production, and for elections.
+	Hooks *testhooks.Hooks
 }
 
-// Unsafe switches, for negative-control tests only.
-type Unsafe struct {
-	// NoRenew: the holder never renews its lease (it lapses on the server after the TTL),
-	// as a process whose renewals stopped. Its kill switch still works.
-	NoRenew bool
-	// NoKillSwitch: the holder never notices that its trust window has passed (2/3 of
-	// the TTL without a renewal): its lease's context is not cancelled and Check passes.
-	// The negative control of the kill switch.
-	NoKillSwitch bool
-	// NoHeartbeat is both (the seeds' scenario C: a copy of the worker without its
-	// heartbeat: it never renews and never notices it lost its lease).
-	NoHeartbeat bool
-}
-
-func (u Unsafe) noRenew() bool      { return u.NoRenew || u.NoHeartbeat }
-func (u Unsafe) noKillSwitch() bool { return u.NoKillSwitch || u.NoHeartbeat }
+func (c *Config) noRenew() bool      { return c.Hooks != nil && c.Hooks.NoRenew }
+func (c *Config) noKillSwitch() bool { return c.Hooks != nil && c.Hooks.NoKillSwitch }
 
 // Validate checks c and fills in defaults. The error names the field and the fix.
 func (c *Config) Validate() error {

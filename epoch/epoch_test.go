@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 var fastBackoff = backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}
@@ -186,7 +187,7 @@ func TestLeaseLapsesAndNewerEpochTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	dead := Config{TTL: testTTL, Unsafe: Unsafe{NoHeartbeat: true}}
+	dead := Config{TTL: testTTL, Hooks: &testhooks.Hooks{NoRenew: true, NoKillSwitch: true}}
 	lsDead, err := NewLeases(ctx, js, dead, 1)
 	if err != nil {
 		t.Fatal(err)

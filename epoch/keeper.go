@@ -69,7 +69,7 @@ func (k *keeper) check() error {
 	if err := context.Cause(k.ctx); err != nil {
 		return err
 	}
-	if k.cfg.Unsafe.noKillSwitch() {
+	if k.cfg.noKillSwitch() {
 		return nil
 	}
 	if k.since() >= time.Duration(k.trustUntil.Load()) {
@@ -114,7 +114,7 @@ func (k *keeper) setDegraded(on bool) {
 func (k *keeper) run() {
 	defer close(k.done)
 	defer k.setDegraded(false)
-	if k.cfg.Unsafe.noRenew() && k.cfg.Unsafe.noKillSwitch() {
+	if k.cfg.noRenew() && k.cfg.noKillSwitch() {
 		select { // negative control: never renews, never notices
 		case <-k.stop:
 		case <-k.ctx.Done():
@@ -124,13 +124,13 @@ func (k *keeper) run() {
 	tick := time.NewTicker(k.cfg.RenewInterval)
 	defer tick.Stop()
 	renewals := tick.C
-	if k.cfg.Unsafe.noRenew() {
+	if k.cfg.noRenew() {
 		renewals = nil // the kill switch alone: the lease lapses and the watchdog notices
 	}
 	watchdog := time.NewTimer(k.cfg.trust())
 	defer watchdog.Stop()
 	watchdogC := watchdog.C
-	if k.cfg.Unsafe.noKillSwitch() {
+	if k.cfg.noKillSwitch() {
 		watchdogC = nil // renewals alone: a lapse goes unnoticed (negative control)
 	}
 	for {
@@ -158,7 +158,7 @@ func (k *keeper) run() {
 			watchdog.Reset(time.Duration(k.trustUntil.Load()) - k.since())
 		case <-renewals:
 			if err := k.renew(); err != nil {
-				if k.cfg.Unsafe.noKillSwitch() {
+				if k.cfg.noKillSwitch() {
 					continue // the negative control: the loss goes unnoticed
 				}
 				k.lose(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/testhooks"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -78,7 +79,7 @@ type scenarioResult struct {
 // its lease lapses; the leader hands the run to "fresh", which also stops before s2;
 // then the zombie wakes and commits s2, which nobody has committed yet (so only the
 // epoch check can fence it), and then fresh goes on.
-func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) scenarioResult {
+func runScenarioC(t *testing.T, heartbeat bool, guardsOff *testhooks.Hooks) scenarioResult {
 	srv := startNATS(t)
 	ctx := ctxT(t, 30*time.Second)
 	nc, err := srv.Connect()
@@ -87,7 +88,7 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) scenar
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	store, err := checkpoint.OpenStore(filepath.Join(t.TempDir(), "state"), checkpoint.StoreOptions{Unsafe: unsafe})
+	store, err := checkpoint.OpenStore(filepath.Join(t.TempDir(), "state"), checkpoint.StoreOptions{Hooks: guardsOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func runScenarioC(t *testing.T, heartbeat bool, unsafe checkpoint.Unsafe) scenar
 	e1 := int64(write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "run-c", Term: 1}))
 
 	zombieCfg := testConfig()
-	zombieCfg.Unsafe.NoHeartbeat = !heartbeat
+	zombieCfg.Hooks = &testhooks.Hooks{NoRenew: !heartbeat, NoKillSwitch: !heartbeat}
 	zls, err := NewLeases(ctx, js, zombieCfg, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +218,7 @@ func countAccepted(t *testing.T, store *checkpoint.Store) map[string]int {
 
 func TestScenarioC(t *testing.T) {
 	t.Run("heartbeat keeps the lease through a long step", func(t *testing.T) {
-		res := runScenarioC(t, true, checkpoint.Unsafe{})
+		res := runScenarioC(t, true, &testhooks.Hooks{})
 		if res.zombie != "done" {
 			t.Fatalf("worker stopped: %s", res.zombie)
 		}
@@ -228,7 +229,7 @@ func TestScenarioC(t *testing.T) {
 		}
 	})
 	t.Run("no heartbeat: stolen mid-run, fenced by the epoch check", func(t *testing.T) {
-		res := runScenarioC(t, false, checkpoint.Unsafe{})
+		res := runScenarioC(t, false, &testhooks.Hooks{})
 		if res.zombie != stolenReason || res.fresh != "done" {
 			t.Fatalf("zombie stopped with %q, the new owner with %q; want %q and done", res.zombie, res.fresh, stolenReason)
 		}
@@ -245,14 +246,14 @@ func TestScenarioC(t *testing.T) {
 		}
 	})
 	t.Run("no heartbeat and no epoch check: the zombie's commit is kept", func(t *testing.T) {
-		res := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true})
+		res := runScenarioC(t, false, &testhooks.Hooks{NoEpochCheck: true})
 		if res.s2By != "zombie" || res.accepted["s2"] != 1 {
 			t.Fatalf("without the epoch check s2 holds %q's output (accepted %d times); the control expects the zombie's stale commit kept", res.s2By, res.accepted["s2"])
 		}
 		t.Logf("without the epoch check the zombie's stale commit of s2 was kept; the new owner stopped with %q", res.fresh)
 	})
 	t.Run("no heartbeat and no fencing: the double commit", func(t *testing.T) {
-		res := runScenarioC(t, false, checkpoint.Unsafe{NoEpochCheck: true, NoCheckpointCheck: true})
+		res := runScenarioC(t, false, &testhooks.Hooks{NoEpochCheck: true, NoCheckpointCheck: true})
 		if res.accepted["s2"] != 2 {
 			t.Fatalf("without fencing, step s2 was committed %d times; the control expects the double commit (zombie stopped: %s)", res.accepted["s2"], res.zombie)
 		}

@@ -47,7 +47,7 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 		}
 	}
 	defer it.Stop()
-	l.deaf.Store(false)
+	l.hooks.Deaf.Store(false)
 	done := make(chan error, 1)
 	go func() { done <- l.runApplier(ctx, it, alive) }()
 	probe := time.NewTicker(max(l.cfg.StallTimeout/4, 10*time.Millisecond))
@@ -78,7 +78,7 @@ func (l *Log) probeCaughtUp(ctx context.Context, alive func()) {
 	pctx, cancel := context.WithTimeout(ctx, min(l.cfg.StallTimeout/2, 2*time.Second))
 	end, err := l.LastSeq(pctx)
 	cancel()
-	if err == nil && end <= l.cfg.Store.Applied() && !l.deaf.Load() {
+	if err == nil && end <= l.cfg.Store.Applied() && !l.hooks.Deaf.Load() {
 		alive()
 	}
 }
@@ -173,7 +173,7 @@ func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, aliv
 			l.log.Debug("log consumer error; continuing", "err", err)
 			continue
 		}
-		if l.deaf.Load() {
+		if l.hooks.Deaf.Load() {
 			<-ctx.Done() // the test's silent consumer: hears nothing until replaced
 			return ctx.Err()
 		}

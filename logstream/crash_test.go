@@ -80,7 +80,7 @@ func crashHelperMain() {
 // replayDump applies msgs[0:upTo] to a fresh store and dumps it.
 func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
 	t.Helper()
-	s := memStore(t, checkpoint.Unsafe{})
+	s := memStore(t)
 	for i := uint64(0); i < upTo; i++ {
 		if _, err := s.Apply(i+1, msgs[i]); err != nil {
 			t.Fatal(err)

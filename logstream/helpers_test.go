@@ -25,9 +25,9 @@ func TestMain(m *testing.M) {
 }
 
 // memStore is a real Pebble on an in-memory file system.
-func memStore(t testing.TB, unsafe checkpoint.Unsafe) *checkpoint.Store {
+func memStore(t testing.TB) *checkpoint.Store {
 	t.Helper()
-	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Unsafe: unsafe})
+	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem()})
 	if err != nil {
 		t.Fatal(err)
 	}

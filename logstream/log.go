@@ -17,6 +17,7 @@ import (
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/internal/streams"
 	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // Defaults of Config.
@@ -65,7 +66,9 @@ type Config struct {
 	NoteDelay time.Duration
 	// PublishTimeout bounds the retries of one publish (default 10s).
 	PublishTimeout time.Duration
-	Logger         *slog.Logger
+	// Hooks are tests' switches (internal/testhooks: PassQueue, Deaf); nil in production.
+	Hooks  *testhooks.Hooks
+	Logger *slog.Logger
 }
 
 // Log appends entries to the stream with group commit and applies the stream to the
@@ -98,9 +101,8 @@ type Log struct {
 	// decoder is idle, and then it finishes the job).
 	decodes chan *decodeJob
 
-	// unsafePassQueue lets an inline write go out ahead of queued entries: the
-	// negative control of TestWritersKeepTheirOrder, never set otherwise.
-	unsafePassQueue bool
+	// hooks are tests' switches (cfg.Hooks, or production's zero value).
+	hooks *testhooks.Hooks
 
 	mu struct {
 		sync.Mutex
@@ -119,9 +121,6 @@ type Log struct {
 	// applier's goroutine, then by Stop once applierDone is closed).
 	firstConsumer jetstream.MessagesContext
 	consumers     atomic.Int64 // consumers the applier has opened
-	// deaf makes the current consumer hear nothing until the supervisor replaces it:
-	// TestStalledApplierIsRestarted's silence, never set otherwise.
-	deaf atomic.Bool
 }
 
 // Open creates the stream if needed and returns a Log ready to Start.
@@ -182,6 +181,7 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 	}
 	l := &Log{
 		cfg:      cfg,
+		hooks:    testhooks.OrProduction(cfg.Hooks),
 		log:      cfg.Logger.With("component", "log"),
 		maxBytes: maxPayload - envelopeHeadroom,
 		nonce:    strconv.FormatUint(rand.Uint64(), 36),

@@ -96,7 +96,7 @@ func TestLogReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A fresh node: no state at all, the same log.
-	fresh := memStore(t, checkpoint.Unsafe{})
+	fresh := memStore(t)
 	l2, err := Open(ctx, Config{JS: env.js, Store: fresh, Node: "node-b"})
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +163,7 @@ func TestLogGroupCommit(t *testing.T) {
 func TestLogStopIsSafe(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	unstarted, err := Open(ctx, Config{JS: env.js, Store: memStore(t, checkpoint.Unsafe{}), Node: "x"})
+	unstarted, err := Open(ctx, Config{JS: env.js, Store: memStore(t), Node: "x"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
 	open := func(node string) (*Log, *checkpoint.Store) {
-		s := memStore(t, checkpoint.Unsafe{})
+		s := memStore(t)
 		l, err := Open(ctx, Config{JS: env.js, Store: s, Node: node})
 		if err != nil {
 			t.Fatal(err)
@@ -373,7 +373,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		stall    time.Duration
 		recovers bool
 	}{{300 * time.Millisecond, true}, {time.Hour, false}} {
-		store := memStore(t, checkpoint.Unsafe{})
+		store := memStore(t)
 		watched, err := Open(ctx, Config{JS: env.js, Store: store, Node: "watched", StallTimeout: c.stall})
 		if err != nil {
 			t.Fatal(err)
@@ -381,13 +381,18 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		if err := watched.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		last, _ := env.log.LastSeq(ctx)
+		// A message the watched node applies: its consumer is running (it clears the
+		// switch below when it starts) before the switch is set.
+		last, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("before-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := watched.WaitApplied(ctx, last); err != nil {
 			t.Fatal(err)
 		}
 		// The consumer goes silent (as a consumer stuck on a lost server does, or one
 		// behind a silent partition: no error, nothing heard), and another node writes.
-		watched.deaf.Store(true)
+		watched.hooks.Deaf.Store(true)
 		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
@@ -429,7 +434,7 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 	t.Helper()
 	env := startEnv(t, t.TempDir())
 	defer env.close()
-	env.log.unsafePassQueue = passQueue
+	env.log.hooks.PassQueue = passQueue
 	ctx := ctxT(t)
 	const writers, calls = 6, 60
 	type pos struct{ seq, idx uint64 }

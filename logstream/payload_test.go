@@ -35,7 +35,7 @@ func TestOutputLimitFitsTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		js, _ := jetstream.New(nc)
-		l, err := Open(ctxT(t), Config{JS: js, Store: memStore(t, checkpoint.Unsafe{}), Node: "node-a"})
+		l, err := Open(ctxT(t), Config{JS: js, Store: memStore(t), Node: "node-a"})
 		switch {
 		case c.refused != "":
 			if !errors.Is(err, checkpoint.ErrInvalidEntry) || !strings.Contains(err.Error(), c.refused) {

@@ -235,7 +235,7 @@ func (l *Log) takeIdle(ctx context.Context, head *request) (context.Context, []*
 	if l.wq.busy || l.wq.closed || l.wq.ctx == nil || l.wq.company > 1 {
 		return nil, nil, false
 	}
-	if l.unsafePassQueue {
+	if l.hooks.PassQueue {
 		l.wq.busy = true
 		l.wg.Add(1)
 		return l.wq.ctx, []*request{head}, true

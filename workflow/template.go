@@ -126,16 +126,6 @@ func (t *Template) Paths() [][]string {
 	return out
 }
 
-// IsLiteral reports whether the template has no expressions.
-func (t *Template) IsLiteral() bool {
-	for _, p := range t.parts {
-		if p.expr != nil {
-			return false
-		}
-	}
-	return true
-}
-
 // Render evaluates the template in scope. A template that is exactly one expression
 // returns the value itself (any JSON type); otherwise the parts are joined as text.
 func (t *Template) Render(scope map[string]any) (any, error) {

@@ -18,7 +18,9 @@ import (
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/apiserver/apitest"
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -26,11 +28,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // startEngine starts a real engine (embedded NATS on a free port, Pebble in a temp dir)
 // without a scheduler: these tests write the scheduler's entries themselves when they
 // need runs, and nothing else writes to the log.
-func startEngine(t *testing.T, unsafe checkpoint.Unsafe) *engine.Engine {
+func startEngine(t *testing.T) *engine.Engine {
 	t.Helper()
 	e, err := engine.New(engine.Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "127.0.0.1:0",
 		Lease:            epoch.Config{TTL: time.Second, Backoff: backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}},
-		DisableScheduler: true, Unsafe: unsafe})
+		DisableScheduler: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +100,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // handler returned, a data race with nats.go micro (see
 // TestErrorAnswersDoNotRaceWithMicro, skipped as a defect).
 func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	s := serve(t, e)
 	checks, err := micro.AddService(e.Conn(), micro.Config{Name: "checks", Version: "1.0.0"})
 	if err != nil {
@@ -152,7 +154,7 @@ func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
 // the server's own endpoint, under -race as CI runs it: it fails (a race report) if the
 // answers go back through micro.Request.
 func TestErrorAnswersDoNotRaceWithMicro(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	serve(t, e)
 	nc := connect(t, e)
 	const n = 20
@@ -194,7 +196,7 @@ func newSilent(t *testing.T, e *engine.Engine, op string) *silent {
 // A read-only request first given to a node that never answers is tried again after
 // AttemptTimeout, and another node answers it.
 func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	paused := newSilent(t, e, "workflow.list")
 	const attempt = 3 * time.Second
 	c := dial(t, e, client.WithTimeout(9*time.Second), client.WithAttemptTimeout(attempt))
@@ -242,7 +244,7 @@ func TestClientRetriesReadOnlyCallsOnAnotherNode(t *testing.T) {
 // done it, so the client does not send it again (to another node) but reports that no
 // flowd answered. A read-only request to the same silent node is sent again and again.
 func TestClientDoesNotRetryWrites(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	apply := newSilent(t, e, "workflow.apply")
 	list := newSilent(t, e, "workflow.list")
 	const whole, attempt = 1500 * time.Millisecond, 200 * time.Millisecond
@@ -269,7 +271,7 @@ func TestClientDoesNotRetryWrites(t *testing.T) {
 // The test hands a real request to the stopped server's request path through a service
 // of its own on the same NATS server; and, once stopped, the server answers nothing.
 func TestStoppedServerAnswersStopping(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	s, err := Serve(configFor(e))
 	if err != nil {
 		t.Fatal(err)
@@ -317,11 +319,19 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 // internal/cli's TestVerifyCatchesAStaleCommit covers it, and a store without the epoch
 // check accepts the future-epoch commit used below, so it has an engine of its own there.
 func TestRunVerifyReportsEachBrokenInvariant(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{NoCheckpointCheck: true})
-	serve(t, e)
+	e := startEngine(t)
+	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoCheckpointCheck: true})
+	s, err := Serve(Config{Engine: apitest.Engine{Engine: e, State: state}, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
 	c := dial(t, e)
 	ctx := ctxT(t, 30*time.Second)
-	w := func(en checkpoint.Entry) (uint64, error) { return e.Log().Write(ctx, en) }
+	w := func(en checkpoint.Entry) (uint64, error) {
+		seq, verdicts := state.Write(t, en)
+		return seq, verdicts[0]
+	}
 	must := func(en checkpoint.Entry) int64 {
 		t.Helper()
 		seq, err := w(en)

@@ -179,7 +179,7 @@ func (s *Server) runVerify(_ context.Context, r *client.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Verify(v), nil
+	return verify(v), nil
 }
 
 func (s *Server) runRetry(ctx context.Context, r *client.Request) (any, error) {
@@ -279,7 +279,7 @@ func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error
 	if err != nil {
 		return nil, err
 	}
-	return client.Drill{Run: runJSON(&v.Run, v), Verify: Verify(v)}, nil
+	return client.Drill{Run: runJSON(&v.Run, v), Verify: verify(v)}, nil
 }
 
 func (s *Server) nodeInfo() client.Node {

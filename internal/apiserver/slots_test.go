@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 )
 
@@ -20,7 +19,7 @@ import (
 func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 	for _, shared := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
-			e := startEngine(t, checkpoint.Unsafe{})
+			e := startEngine(t)
 			slots, waiting := make(chan struct{}, 2), make(chan struct{}, 2)
 			if shared {
 				waiting = slots
@@ -74,7 +73,7 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 // A node that cannot catch up with the log (its applier stopped: here on a message of
 // a newer format) refuses to answer from its stale state, and says why.
 func TestRequestsFailWhenTheNodeCannotCatchUp(t *testing.T) {
-	e := startEngine(t, checkpoint.Unsafe{})
+	e := startEngine(t)
 	serve(t, e)
 	cl := dial(t, e)
 	ctx := ctxT(t, 30*time.Second)

@@ -7,10 +7,10 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// Verify re-checks a run's invariants from the state alone: epochs only grow; every
+// verify re-checks a run's invariants from the state alone: epochs only grow; every
 // accepted commit carried the run's epoch of that moment; no (step, item) has two
 // accepted commits; every fenced commit carried an epoch no newer than the current one.
-func Verify(v *checkpoint.RunView) client.Verification {
+func verify(v *checkpoint.RunView) client.Verification {
 	res := client.Verification{ID: v.Run.ID, Checked: []string{
 		"epochs only grow",
 		"every accepted commit carried the run's epoch of that moment",

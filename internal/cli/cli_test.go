@@ -18,7 +18,9 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
+	"github.com/flowrun/flow/internal/apiserver/apitest"
 	"github.com/flowrun/flow/internal/flowd"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -193,8 +195,7 @@ func TestCommands(t *testing.T) {
 // run verify fails on a state built with the epoch check disabled (negative control).
 func TestVerifyCatchesAStaleCommit(t *testing.T) {
 	eng, err := engine.New(engine.Config{NodeID: "n", DataDir: t.TempDir(), NATSListen: "127.0.0.1:0",
-		Lease: epoch.Config{TTL: time.Second}, Unsafe: checkpoint.Unsafe{NoEpochCheck: true},
-		DisableScheduler: true}) // the test writes the scheduler's entries itself
+		Lease: epoch.Config{TTL: time.Second}, DisableScheduler: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,16 +205,17 @@ func TestVerifyCatchesAStaleCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Stop(ctx)
-	srv, err := apiserver.Serve(apiserver.Config{Engine: eng, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
+	// The API serves runs from a state written with the epoch check off.
+	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoEpochCheck: true})
+	srv, err := apiserver.Serve(apiserver.Config{Engine: apitest.Engine{Engine: eng, State: state}, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Stop()
-	lg := eng.Log()
 	w := func(e checkpoint.Entry) uint64 {
-		seq, err := lg.Write(ctx, e)
-		if err != nil {
-			t.Fatalf("%s: %v", e.Kind, err)
+		seq, verdicts := state.Write(t, e)
+		if verdicts[0] != nil {
+			t.Fatalf("%s: %v", e.Kind, verdicts[0])
 		}
 		return seq
 	}

@@ -44,6 +44,9 @@ func newMetrics() *metrics {
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
 		"flow_handed_back_total":            "Runs handed back on drain.",
 		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
+		"flow_step_attempts_total":          "Step attempts started by this node's workers (retries included).",
+		"flow_step_failures_total":          "Step attempts on this node that failed (an error, a timeout, a lost lease).",
+		"flow_leases_acquired_total":        "Run leases this node's workers acquired.",
 		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
 		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log consumer, election, lease watcher, tasks, API) was started again after it failed or fell silent.",
 		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
@@ -125,6 +128,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
 	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
 	counter("flow_tasks_deferred_total", float64(e.Stats().TasksDeferred.Load()))
+	counter("flow_step_attempts_total", float64(e.Stats().StepAttempts.Load()))
+	counter("flow_step_failures_total", float64(e.Stats().StepFailures.Load()))
+	counter("flow_leases_acquired_total", float64(lc.LeasesAcquired.Load()))
 	counter("flow_nats_reconnects_total", float64(e.Conn().Stats().Reconnects))
 	counter("flow_part_restarts_total", float64(e.Supervisor().Restarts()))
 	for _, p := range e.Supervisor().Status() {

@@ -1,0 +1,443 @@
+package checkpoint
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
+	if c, err := tx.load(e.Run); err != nil {
+		return err
+	} else if c != nil {
+		tx.event(c, idx, e, "rejected: run exists", "")
+		return fmt.Errorf("%w: %s", ErrRunExists, e.Run)
+	}
+	maxEpochs := sub.MaxEpochs
+	if maxEpochs == 0 {
+		maxEpochs = DefaultMaxEpochs
+	}
+	r := &Run{
+		ID: e.Run, Workflow: sub.Workflow, Version: sub.Version, Status: StatusPending,
+		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
+		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
+	}
+	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), runDirty: true, dirtySteps: map[string]bool{}}
+	for _, st := range sub.Steps {
+		r.Steps = append(r.Steps, st.Name)
+		c.steps[st.Name] = &Step{Name: st.Name, Foreach: st.Foreach, Status: StepPending}
+		c.dirtySteps[st.Name] = true
+	}
+	tx.s.runs[e.Run] = c
+	tx.use(c)
+	tx.event(c, idx, e, "accepted", "")
+	return nil
+}
+
+func (tx *applyBatch) cronTick(idx int, e *Entry) error {
+	key := keyTick(e.Tick.Workflow, e.Tick.At)
+	exists, err := tx.exists(key, &tx.ticks)
+	if err != nil {
+		return err
+	}
+	if exists {
+		return fmt.Errorf("%w: %s at %s", ErrTickExists, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
+	}
+	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Owner: e.Owner, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
+		return err
+	}
+	tx.mark(key, &tx.ticks)
+	if e.Tick.Outcome == TickFired || e.Tick.Outcome == TickCaughtUp {
+		return tx.submit(idx, e, e.Submit)
+	}
+	return nil
+}
+
+// workflow stores a new version of a workflow unless its digest equals the latest's.
+func (tx *applyBatch) workflow(e *Entry) error {
+	latest, err := latestWorkflow(tx.s.db, e.Workflow.Name)
+	if err != nil {
+		return err
+	}
+	if tx.workflows == nil {
+		tx.workflows = map[string]*WorkflowVersion{}
+	}
+	if w, ok := tx.workflows[e.Workflow.Name]; ok {
+		latest = w
+	}
+	if latest != nil && latest.Digest == e.Workflow.Digest {
+		return nil // unchanged: same version
+	}
+	v := &WorkflowVersion{Name: e.Workflow.Name, Version: 1, Digest: e.Workflow.Digest, Spec: e.Workflow.Spec, Seq: tx.seq, At: e.At}
+	if latest != nil {
+		v.Version = latest.Version + 1
+	}
+	tx.workflows[v.Name] = v
+	return tx.putJSON(keyWorkflow(v.Name, v.Version), v)
+}
+
+// reset returns every in-flight step to pending: a new epoch, a hand-back or a
+// terminal status leaves nothing claiming to be in progress.
+func (c *cachedRun) reset() {
+	for _, name := range c.run.Steps {
+		if st := c.steps[name]; st.Status == StepRunning {
+			st.Status = StepPending
+			c.dirtySteps[name] = true
+		}
+	}
+}
+
+// touch marks the run record changed.
+func (c *cachedRun) touch(e *Entry) {
+	c.runDirty = true
+	c.run.UpdatedAt = e.At
+}
+
+func (tx *applyBatch) assign(c *cachedRun, e *Entry) error {
+	r := c.run
+	if r.Status != StatusPending && r.Status != StatusRunning {
+		return tx.conflict(c, e, "only a pending or running run gets a new epoch (retry it first)")
+	}
+	if e.Epoch != r.Epoch {
+		return tx.conflict(c, e, "the assigner saw epoch %d: its view is stale", e.Epoch)
+	}
+	if tx.assigned[r.ID] {
+		return tx.conflict(c, e, "a second assign of the run in one log message")
+	}
+	counted := false
+	var reason string
+	switch {
+	case r.Epoch == 0:
+		reason = ReasonAssigned
+	case r.RetryRequested:
+		reason = ReasonRetried
+	case r.HandedBack:
+		reason = ReasonReleased
+	case r.Owner != "":
+		// Ownership was lost: the only epoch changes that count toward max_epochs.
+		reason, counted = e.Reason, true
+		if reason == "" {
+			reason = ReasonLeaseExpired
+		}
+	default:
+		// Assigned but never claimed (the task was lost): nobody lost ownership.
+		reason = ReasonReconciled
+	}
+	c.touch(e)
+	c.reset()
+	if counted && r.EpochChanges+1 > r.MaxEpochs {
+		r.Status = StatusDeadLettered
+		r.Owner = ""
+		r.DeadLetter = fmt.Sprintf("epoch changed %d times, more than max_epochs %d (last owner %s, %s)",
+			r.EpochChanges+1, r.MaxEpochs, lastOwner(r), reason)
+		return fmt.Errorf("%w: run %s: %s", ErrDeadLettered, r.ID, r.DeadLetter)
+	}
+	if counted {
+		r.EpochChanges++
+	}
+	if tx.assigned == nil {
+		tx.assigned = map[string]bool{}
+	}
+	tx.assigned[r.ID] = true
+	r.Epoch = int64(tx.seq)
+	r.Status = StatusPending
+	r.Owner = ""
+	r.HandedBack, r.RetryRequested = false, false
+	r.Epochs = append(r.Epochs, EpochRecord{Epoch: r.Epoch, Reason: reason, At: e.At, Term: e.Term})
+	if e.Worker != "" { // assigned and claimed at once
+		r.Status = StatusRunning
+		r.Owner = e.Worker
+		r.Epochs[len(r.Epochs)-1].Owner = e.Worker
+	}
+	return nil
+}
+
+func lastOwner(r *Run) string {
+	for i := len(r.Epochs) - 1; i >= 0; i-- {
+		if r.Epochs[i].Owner != "" {
+			return r.Epochs[i].Owner
+		}
+	}
+	return "none"
+}
+
+func (tx *applyBatch) claim(c *cachedRun, e *Entry) error {
+	r := c.run
+	switch {
+	case r.Status == StatusRunning && r.Epoch == e.Epoch && r.Owner == e.Owner:
+		return nil // a repeated claim by the holder
+	case e.Epoch != r.Epoch:
+		return tx.fenced(c, e, "stale-epoch")
+	case r.Status != StatusPending || r.Owner != "":
+		return tx.fenced(c, e, "epoch-already-claimed")
+	case claimedBefore(r) && !tx.s.hooks.NoClaimOnceCheck:
+		// An epoch has one owner, ever: one handed back (requeue), or ended and then
+		// retried, waits pending for its next assign, and a stale task of it must not
+		// give it a second owner (whose writes its first owner's would pass as its own).
+		return tx.fenced(c, e, "epoch-already-claimed")
+	}
+	c.touch(e)
+	r.Status = StatusRunning
+	r.Owner = e.Owner
+	r.Epochs[len(r.Epochs)-1].Owner = e.Owner
+	return nil
+}
+
+// claimedBefore reports whether the run's current epoch has had an owner.
+func claimedBefore(r *Run) bool {
+	n := len(r.Epochs)
+	return n > 0 && r.Epochs[n-1].Epoch == r.Epoch && r.Epochs[n-1].Owner != ""
+}
+
+// guard is the fencing check shared by every write of a worker.
+func (tx *applyBatch) guard(c *cachedRun, e *Entry) *FencedError {
+	if c.run.Status != StatusRunning {
+		return tx.fenced(c, e, "run-not-running")
+	}
+	if e.Epoch != c.run.Epoch && !tx.s.hooks.NoEpochCheck {
+		if e.Epoch < c.run.Epoch {
+			return tx.fenced(c, e, "stale-epoch")
+		}
+		return tx.fenced(c, e, "unknown-epoch")
+	}
+	return nil
+}
+
+func (tx *applyBatch) step(c *cachedRun, e *Entry) (*Step, error) {
+	st, ok := c.steps[e.Step]
+	if !ok {
+		return nil, fmt.Errorf("%w: run %s has no step %q", ErrInvalidEntry, c.run.ID, e.Step)
+	}
+	return st, nil
+}
+
+func (tx *applyBatch) start(c *cachedRun, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	st, err := tx.step(c, e)
+	if err != nil {
+		return err
+	}
+	// The start check. The engine does not wait for a start's outcome (that would cost
+	// every step a log round trip), so it stops no side effect by itself; it keeps the
+	// checkpoint check sound. A start accepted for a checkpointed step would set it
+	// running again, and the checkpoint check, which reads that status, would then
+	// accept a second commit of it: a start that slipped through (a zombie's, or a
+	// forged one, within the current epoch) would undo invariant 1.
+	// TestFencingGuardsAreNeeded ("no start check") shows that damage with the check off.
+	switch st.Status {
+	case StepSucceeded, StepSkipped:
+		if !tx.s.hooks.NoStartCheck {
+			return tx.fenced(c, e, "checkpoint-exists") // a checkpointed step never runs again
+		}
+	case StepFailed:
+		return tx.conflict(c, e, "step %q already failed", st.Name)
+	}
+	c.dirtySteps[st.Name] = true
+	st.Status = StepRunning
+	st.Epoch = e.Epoch
+	st.Attempts = max(e.Attempt, st.Attempts+1)
+	if st.Foreach && e.Items > 0 {
+		st.Items = e.Items
+	}
+	return nil
+}
+
+func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	st, err := tx.step(c, e)
+	if err != nil {
+		return err
+	}
+	if e.Item != ItemWhole {
+		if !st.Foreach {
+			return fmt.Errorf("%w: step %q has no foreach: use item %d", ErrInvalidEntry, st.Name, ItemWhole)
+		}
+		if st.Items > 0 && e.Item >= st.Items {
+			return fmt.Errorf("%w: step %q has %d items, item %d is out of range", ErrInvalidEntry, st.Name, st.Items, e.Item)
+		}
+	}
+	exists, err := tx.checkpointed(c, st, e.Item)
+	if err != nil {
+		return err
+	}
+	if exists && !tx.s.hooks.NoCheckpointCheck {
+		return tx.fenced(c, e, "checkpoint-exists")
+	}
+	if st.Status == StepFailed {
+		return tx.conflict(c, e, "step %q already failed", st.Name)
+	}
+	c.dirtySteps[st.Name] = true
+	if e.Kind == KindFail {
+		st.Error = e.Error
+		st.Attempts = max(st.Attempts, e.Attempt)
+		st.Epoch = e.Epoch
+		if e.Final {
+			st.Status = StepFailed
+		}
+		return nil
+	}
+	if e.Item != ItemWhole {
+		st.ItemsDone++
+		done, err := tx.doneItems(c, st.Name)
+		if err != nil {
+			return err
+		}
+		done[e.Item] = true
+		return tx.putJSON(keyItem(c.run.ID, st.Name, e.Item), Item{
+			Index: e.Item, Epoch: e.Epoch, Owner: e.Owner, Output: e.Output, Seq: tx.seq, Entry: idx, At: e.At,
+		})
+	}
+	st.Status = StepSucceeded
+	st.Attempts = max(st.Attempts, e.Attempt)
+	if e.Skipped {
+		st.Status = StepSkipped
+	}
+	st.Output, st.Epoch, st.Seq, st.Error = e.Output, e.Epoch, tx.seq, ""
+	return nil
+}
+
+func (tx *applyBatch) checkpointed(c *cachedRun, st *Step, item int) (bool, error) {
+	if item == ItemWhole {
+		return st.Status == StepSucceeded || st.Status == StepSkipped, nil
+	}
+	done, err := tx.doneItems(c, st.Name)
+	if err != nil {
+		return false, err
+	}
+	return done[item], nil
+}
+
+// doneItems is the set of a foreach step's checkpointed items, read from Pebble once
+// per cached run and kept up to date by the applier.
+func (tx *applyBatch) doneItems(c *cachedRun, step string) (map[int]bool, error) {
+	if done, ok := c.items[step]; ok {
+		return done, nil
+	}
+	done := map[int]bool{}
+	err := scan(tx.s.db, prefixItems(c.run.ID, step), nil, func(k, _ []byte) (bool, error) {
+		if len(k) < 8 {
+			return false, fmt.Errorf("checkpoint: item key %q is corrupt", k)
+		}
+		done[int(binary.BigEndian.Uint64(k[len(k)-8:]))] = true
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.items == nil {
+		c.items = map[string]map[int]bool{}
+	}
+	c.items[step] = done
+	return done, nil
+}
+
+// exists reports whether key is in Pebble or was written by this message.
+func (tx *applyBatch) exists(key []byte, written *map[string]bool) (bool, error) {
+	if (*written)[string(key)] {
+		return true, nil
+	}
+	_, closer, err := tx.s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint: read %q: %w", key, err)
+	}
+	closer.Close()
+	return true, nil
+}
+
+func (tx *applyBatch) mark(key []byte, written *map[string]bool) {
+	if *written == nil {
+		*written = map[string]bool{}
+	}
+	(*written)[string(key)] = true
+}
+
+func (tx *applyBatch) complete(c *cachedRun, idx int, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	r := c.run
+	if e.Status == StatusSucceeded {
+		for _, name := range r.Steps {
+			if st := c.steps[name]; st.Status != StepSucceeded && st.Status != StepSkipped {
+				return tx.conflict(c, e, "step %q is %s: a run succeeds only when every step has", name, st.Status)
+			}
+		}
+	}
+	c.touch(e)
+	c.reset()
+	r.Status = e.Status
+	r.Error, r.FailedStep = e.Error, e.Step
+	return nil
+}
+
+func (tx *applyBatch) finishEarly(c *cachedRun, e *Entry, status RunStatus) error {
+	r := c.run
+	if r.Status.Terminal() {
+		return tx.conflict(c, e, "the run already ended")
+	}
+	c.touch(e)
+	c.reset()
+	r.Status = status
+	r.Owner = ""
+	if status == StatusDeadLettered {
+		r.DeadLetter = e.Reason
+	} else {
+		r.Error = e.Reason
+	}
+	return nil
+}
+
+func (tx *applyBatch) requeue(c *cachedRun, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	c.touch(e)
+	c.reset()
+	c.run.Status = StatusPending
+	c.run.Owner = ""
+	c.run.HandedBack = true
+	return nil
+}
+
+// purge takes a dead-lettered run out of the DLQ: it ends cancelled, history kept.
+func (tx *applyBatch) purge(c *cachedRun, e *Entry) error {
+	if c.run.Status != StatusDeadLettered {
+		return tx.conflict(c, e, "only a dead-lettered run can be purged")
+	}
+	c.touch(e)
+	c.run.Status = StatusCancelled
+	c.run.Error = "purged from the dead-letter queue: " + c.run.DeadLetter
+	return nil
+}
+
+func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
+	r := c.run
+	if !slices.Contains([]RunStatus{StatusFailed, StatusDeadLettered, StatusCancelled}, r.Status) {
+		return tx.conflict(c, e, "only a failed, dead-lettered or cancelled run can be retried")
+	}
+	c.touch(e)
+	c.reset()
+	for _, name := range r.Steps {
+		if st := c.steps[name]; st.Status == StepFailed {
+			st.Status, st.Error = StepPending, ""
+			c.dirtySteps[name] = true
+		}
+	}
+	r.Status = StatusPending
+	r.Owner = ""
+	r.EpochChanges = 0
+	r.RetryRequested, r.HandedBack = true, false
+	r.Error, r.FailedStep, r.DeadLetter = "", "", ""
+	return nil
+}
