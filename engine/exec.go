@@ -109,7 +109,7 @@ func (x *runExec) isStolen() bool {
 
 // write appends an entry of this epoch, after the local lease check; a fenced outcome
 // or a lost lease steals the run.
-func (x *runExec) write(e checkpoint.Entry) error { return x.writeAll(e)[0] }
+func (x *runExec) write(entry checkpoint.Entry) error { return x.writeAll(entry)[0] }
 
 // writeAll appends entries of this epoch in one log message and returns each outcome.
 func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
@@ -169,13 +169,13 @@ func isVerdict(err error) bool {
 // one done), the run's completion rides in the same log message: one synced write and
 // one round trip less per run. The log judges the completion on its own (a run succeeds
 // only when every step has), so a refused one is written again by execute.
-func (x *runExec) commit(e checkpoint.Entry) error {
-	if !x.othersDone(e.Step) {
-		return x.write(e)
+func (x *runExec) commit(entry checkpoint.Entry) error {
+	if !x.othersDone(entry.Step) {
+		return x.write(entry)
 	}
-	errs := x.writeAll(e, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
+	errs := x.writeAll(entry, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
 	if errors.Is(errs[0], logstream.ErrOutputTooLarge) {
-		return x.write(e) // fits alone but not with the completion: execute completes
+		return x.write(entry) // fits alone but not with the completion: execute completes
 	}
 	if errs[0] == nil && errs[1] == nil {
 		x.mu.Lock()
@@ -197,12 +197,12 @@ func (x *runExec) othersDone(step string) bool {
 }
 
 // note appends an entry without waiting for its outcome (step starts, retry notes).
-func (x *runExec) note(e checkpoint.Entry) {
+func (x *runExec) note(entry checkpoint.Entry) {
 	if x.isStolen() || x.ended.Load() || x.lease.Check() != nil {
 		return
 	}
-	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
-	_, _ = x.e.clog.AppendNote(context.WithoutCancel(x.ctx), e)
+	entry.Run, entry.Epoch, entry.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
+	_, _ = x.e.clog.AppendNote(context.WithoutCancel(x.ctx), entry)
 }
 
 type stepResult struct {

@@ -86,13 +86,13 @@ func (s *scheduler) run(parent context.Context) {
 }
 
 // write appends a scheduler entry with the term, after the local trust check.
-func (s *scheduler) write(ctx context.Context, e checkpoint.Entry) (uint64, error) {
+func (s *scheduler) write(ctx context.Context, entry checkpoint.Entry) (uint64, error) {
 	if err := s.term.Check(); err != nil {
 		return 0, err
 	}
-	e.Term = s.term.Term()
-	e.Owner = s.e.cfg.NodeID
-	return s.e.clog.Write(ctx, e)
+	entry.Term = s.term.Term()
+	entry.Owner = s.e.cfg.NodeID
+	return s.e.clog.Write(ctx, entry)
 }
 
 // assignPending assigns the oldest pending runs, as many as admission allows

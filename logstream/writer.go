@@ -34,8 +34,8 @@ func (r *request) chain(fn func(*request)) {
 
 // Append validates and queues an entry for the next log message. The returned ticket's
 // Await gives the outcome.
-func (l *Log) Append(ctx context.Context, e checkpoint.Entry) (*Ticket, error) {
-	r, err := l.encode(e)
+func (l *Log) Append(ctx context.Context, entry checkpoint.Entry) (*Ticket, error) {
+	r, err := l.encode(entry)
 	if err != nil {
 		return nil, err
 	}
@@ -46,8 +46,8 @@ func (l *Log) Append(ctx context.Context, e checkpoint.Entry) (*Ticket, error) {
 // retry's failure): it rides in the next message another write makes, and goes out on
 // its own only if none comes within NoteDelay. A lone writer's note and its next write
 // then cost one publish, not two (docs/perf.md).
-func (l *Log) AppendNote(ctx context.Context, e checkpoint.Entry) (*Ticket, error) {
-	r, err := l.encode(e)
+func (l *Log) AppendNote(ctx context.Context, entry checkpoint.Entry) (*Ticket, error) {
+	r, err := l.encode(entry)
 	if err != nil {
 		return nil, err
 	}
@@ -99,25 +99,25 @@ func (l *Log) encodeAll(entries []checkpoint.Entry) (*request, []*Ticket, error)
 	return head, tickets, nil
 }
 
-func (l *Log) encode(e checkpoint.Entry) (*request, error) {
-	if e.At.IsZero() {
-		e.At = time.Now().UTC()
+func (l *Log) encode(entry checkpoint.Entry) (*request, error) {
+	if entry.At.IsZero() {
+		entry.At = time.Now().UTC()
 	}
-	if err := e.Validate(); err != nil {
+	if err := entry.Validate(); err != nil {
 		return nil, err
 	}
-	if len(e.Output) > l.cfg.MaxOutputBytes {
+	if len(entry.Output) > l.cfg.MaxOutputBytes {
 		return nil, fmt.Errorf("%w: step %q item %d output is %d bytes, the limit is %d: write large results elsewhere and return a reference",
-			ErrOutputTooLarge, e.Step, e.Item, len(e.Output), l.cfg.MaxOutputBytes)
+			ErrOutputTooLarge, entry.Step, entry.Item, len(entry.Output), l.cfg.MaxOutputBytes)
 	}
-	data, err := json.Marshal(&e)
+	data, err := json.Marshal(&entry)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %v", checkpoint.ErrInvalidEntry, err)
 	}
 	if len(data) > l.maxBytes {
 		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), l.maxBytes)
 	}
-	return &request{data: data, kind: e.Kind, run: e.Run, ticket: &Ticket{log: l, done: make(chan struct{})}}, nil
+	return &request{data: data, kind: entry.Kind, run: entry.Run, ticket: &Ticket{log: l, done: make(chan struct{})}}, nil
 }
 
 func (l *Log) enqueue(ctx context.Context, r *request) error {
@@ -272,8 +272,8 @@ func (l *Log) releaseIdle() {
 }
 
 // Write appends an entry and waits for its outcome (see WriteAll).
-func (l *Log) Write(ctx context.Context, e checkpoint.Entry) (uint64, error) {
-	tickets, err := l.WriteAll(ctx, e)
+func (l *Log) Write(ctx context.Context, entry checkpoint.Entry) (uint64, error) {
+	tickets, err := l.WriteAll(ctx, entry)
 	if len(tickets) == 0 {
 		return 0, err
 	}
