@@ -105,6 +105,7 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 	if err != nil {
 		return fmt.Errorf("flow client: encode %s: %w", op, err)
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	var msg *nats.Msg
@@ -115,15 +116,20 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 		}
 		msg, err = c.nc.RequestWithContext(actx, Subject+"."+op, data)
 		acancel()
-		if err == nil || !readOnly[op] || ctx.Err() != nil || errors.Is(err, nats.ErrNoResponders) {
+		// Only a read whose try went unanswered is sent again (to whichever node gets
+		// it next); any other failure (no responders, a closed connection) is the answer.
+		if err == nil || !readOnly[op] || ctx.Err() != nil || !unanswered(err) {
 			break
 		}
 	}
 	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		if cerr := caller.Err(); cerr != nil { // the caller's own context ended: its error, not ours
+			return fmt.Errorf("flow client: %s: %w", op, cerr)
+		}
+		if errors.Is(err, nats.ErrNoResponders) || unanswered(err) {
 			return fmt.Errorf("%w: no flowd answered %s: %v", ErrUnreachable, op, err)
 		}
-		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return fmt.Errorf("%w: %s: %v", ErrUnreachable, op, err)
 	}
 	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
 		return &Error{Code: code, Message: msg.Header.Get(micro.ErrorHeader)}
@@ -135,4 +141,9 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 		return fmt.Errorf("flow client: the server's answer to %s does not decode: %w", op, err)
 	}
 	return nil
+}
+
+// unanswered reports whether a request's error means no answer came in time.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }

