@@ -151,8 +151,19 @@ func (tx *applyBatch) judge(idx int, e *Entry) error {
 			}
 			return rej
 		}
+	}
+	err := tx.judgeKind(idx, e)
+	if err == nil && e.Term > 0 {
+		// Only an accepted entry raises the term: one rejected for anything else (a
+		// forged or confused entry with a huge term) must not make every later entry of
+		// the real leader stale.
 		tx.term = max(tx.term, e.Term)
 	}
+	return err
+}
+
+// judgeKind judges an entry that passed the term check by the rules of its kind.
+func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 	switch e.Kind {
 	case KindSubmit:
 		return tx.submit(idx, e, e.Submit)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // a run with two steps, assigned and claimed by owner a.
@@ -270,9 +272,10 @@ func TestListRunsPages(t *testing.T) {
 	}
 }
 
-// Bad input: a message that cannot be applied stops with an error naming the sequence
-// and changes nothing.
-func TestCorruptMessagesChangeNothing(t *testing.T) {
+// Bad input: a message that cannot be decoded is recorded as rejected at its sequence
+// and changes no run: applying goes on past it. A message of a newer format version
+// stops the applier (an error that says to upgrade) and changes nothing at all.
+func TestUndecodableMessagesAreRejected(t *testing.T) {
 	s := memStore(t, nil)
 	claimedRun(t, s)
 	var before bytes.Buffer
@@ -280,30 +283,76 @@ func TestCorruptMessagesChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := msg(t, Entry{Kind: KindCancel, Run: "r1", At: t0})
-	cases := map[string][]byte{
-		"truncated":      good[:len(good)/2],
-		"empty":          {},
-		"not json":       []byte("\x00\x01garbage"),
-		"future version": bytes.Replace(good, []byte(`"v":1`), []byte(`"v":2`), 1),
-		"unknown kind":   bytes.Replace(good, []byte(`"cancel"`), []byte(`"teleport"`), 1),
-		"unknown field":  bytes.Replace(good, []byte(`"run":`), []byte(`"zzz":1,"run":`), 1),
-		"no entries":     []byte(`{"v":1,"entries":[]}`),
-		"trailing":       append(append([]byte(nil), good...), []byte(`{}`)...),
+	future := bytes.Replace(good, []byte(`"v":1`), []byte(`"v":2`), 1)
+	if _, err := s.Apply(s.Applied()+1, future); !errors.Is(err, ErrNewerFormat) || !strings.Contains(err.Error(), "upgrade flowd") {
+		t.Fatalf("a newer format: %v; want ErrNewerFormat saying to upgrade", err)
 	}
-	seq := s.Applied() + 1
-	for name, data := range cases {
-		_, err := s.Apply(seq, data)
-		var ce *CorruptError
-		if !errors.Is(err, ErrCorruptLog) || !errors.As(err, &ce) || ce.Seq != seq || !strings.Contains(err.Error(), "sequence") {
-			t.Errorf("%s: err = %v; want a CorruptError naming sequence %d", name, err, seq)
-		}
-	}
-	var after bytes.Buffer
-	if err := s.Dump(&after); err != nil {
+	var same bytes.Buffer
+	if err := s.Dump(&same); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(before.Bytes(), after.Bytes()) || s.Applied() != seq-1 {
-		t.Fatalf("corrupt messages changed the state (applied %d)", s.Applied())
+	if !bytes.Equal(before.Bytes(), same.Bytes()) {
+		t.Fatal("a message of a newer format changed the state")
+	}
+	cases := []struct {
+		name, detail string
+		data         []byte
+	}{
+		{"truncated", "decode", good[:len(good)/2]},
+		{"empty", "decode", []byte{}},
+		{"not json", "decode", []byte("\x00\x01garbage")},
+		{"unknown kind", `unknown kind "teleport"`, bytes.Replace(good, []byte(`"cancel"`), []byte(`"teleport"`), 1)},
+		{"unknown field", "unknown field", bytes.Replace(good, []byte(`"run":`), []byte(`"zzz":1,"run":`), 1)},
+		{"no entries", "no entries", []byte(`{"v":1,"entries":[]}`)},
+		{"trailing", "trailing data", append(append([]byte(nil), good...), []byte(`{}`)...)},
+		{"older version", "format version 0", bytes.Replace(good, []byte(`"v":1`), []byte(`"v":0`), 1)},
+	}
+	first := s.Applied() + 1
+	for i, c := range cases {
+		seq := first + uint64(i)
+		verdicts, err := s.Apply(seq, c.data)
+		if err != nil || verdicts == nil || len(verdicts) != 0 || s.Applied() != seq {
+			t.Fatalf("%s: %v %v (applied %d); want it rejected at %d with no verdicts", c.name, verdicts, err, s.Applied(), seq)
+		}
+	}
+	rejected, err := s.RejectedMessages()
+	if err != nil || len(rejected) != len(cases) {
+		t.Fatalf("rejections recorded: %v %v", rejected, err)
+	}
+	for i, c := range cases {
+		if rejected[i].Seq != first+uint64(i) || !strings.Contains(rejected[i].Detail, c.detail) {
+			t.Errorf("%s: recorded %+v; want sequence %d, detail with %q", c.name, rejected[i], first+uint64(i), c.detail)
+		}
+	}
+	if got := s.Counters().LogRejected.Load(); got != int64(len(cases)) {
+		t.Errorf("LogRejected = %d, want %d", got, len(cases))
+	}
+	// No run changed, and the next good message applies.
+	if r, _ := s.Run("r1"); r.Status != StatusRunning {
+		t.Fatalf("r1 is %s after the rejected messages", r.Status)
+	}
+	if _, err := applyOne(t, s, Entry{Kind: KindCancel, Run: "r1", At: t0}); err != nil {
+		t.Fatalf("the next good message: %v", err)
+	}
+}
+
+// A failure of this node's storage during apply stops the applier with ErrStorage and
+// commits nothing: a verdict made on a failed read would differ from other nodes'.
+// (Here the state holds an undecodable run record, as a corrupt disk would leave it.)
+func TestStorageErrorStopsTheApplier(t *testing.T) {
+	s := memStore(t, nil)
+	e := claimedRun(t, s)
+	if err := s.db.Set(keyRun("r1"), []byte("{not json"), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	s.dropCache()
+	applied := s.Applied()
+	_, err := s.Apply(applied+1, msg(t, Entry{Kind: KindCommit, Run: "r1", Step: "one", Item: ItemWhole, Epoch: e, Owner: "a", Output: json.RawMessage(`{}`), At: t0}))
+	if !errors.Is(err, ErrStorage) {
+		t.Fatalf("apply over a corrupt run record: %v; want ErrStorage", err)
+	}
+	if s.Applied() != applied {
+		t.Fatalf("applied moved to %d past a failed apply", s.Applied())
 	}
 }
 
@@ -332,8 +381,8 @@ func TestInvalidEntriesRejected(t *testing.T) {
 	}
 	// An output that is not JSON, as only a foreign writer could publish it.
 	raw := []byte(fmt.Sprintf(`{"v":1,"entries":[{"k":"commit","run":"r1","epoch":%d,"owner":"a","step":"one","item":-1,"output":{,"at":"2026-11-29T02:00:00Z"}]}`, e))
-	if _, err := s.Apply(s.Applied()+1, raw); !errors.Is(err, ErrCorruptLog) {
-		t.Errorf("output that is not JSON: %v, want ErrCorruptLog", err)
+	if verdicts, err := s.Apply(s.Applied()+1, raw); err != nil || len(verdicts) != 0 {
+		t.Errorf("output that is not JSON: %v %v, want the message rejected", verdicts, err)
 	}
 	v, _ := s.View("r1")
 	if v.Steps[0].Status != StepPending || v.Run.Status != StatusRunning || v.Run.Epoch != e || len(v.Fenced) != 0 {

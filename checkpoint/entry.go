@@ -270,9 +270,16 @@ func EncodeEnvelope(node string, entries [][]byte) []byte {
 	return b.Bytes()
 }
 
-// DecodeEnvelope decodes a message strictly: unknown fields or an unknown version are
-// corruption, since they mean a writer this code does not understand.
+// DecodeEnvelope decodes a message strictly: unknown fields or kinds are corruption
+// (*CorruptError), since they mean a writer this code does not understand; a newer
+// format version is ErrNewerFormat.
 func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
+	var head struct {
+		V int `json:"v"`
+	}
+	if json.Unmarshal(data, &head) == nil && head.V > FormatVersion {
+		return nil, fmt.Errorf("%w: the message at sequence %d has format version %d, this flowd reads version %d", ErrNewerFormat, seq, head.V, FormatVersion)
+	}
 	var env struct {
 		V       int     `json:"v"`
 		Node    string  `json:"node,omitempty"`
@@ -287,14 +294,14 @@ func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 		return nil, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
 	}
 	if env.V != FormatVersion {
-		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads version %d (upgrade flowd)", env.V, FormatVersion)}
+		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads version %d", env.V, FormatVersion)}
 	}
 	if len(env.Entries) == 0 {
 		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
 	}
 	for i := range env.Entries {
 		if !knownKind(env.Entries[i].Kind) {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q (written by newer code?)", i, env.Entries[i].Kind)}
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q", i, env.Entries[i].Kind)}
 		}
 	}
 	return env.Entries, nil

@@ -25,9 +25,16 @@ var (
 	// ErrInvalidEntry: the entry is malformed; it is refused before publishing, and
 	// rejected (changing nothing) if another writer published it anyway.
 	ErrInvalidEntry = errors.New("checkpoint: invalid entry")
-	// ErrCorruptLog: a message in the log cannot be decoded or has an unknown version.
-	// The applier stops on it rather than skip it: see docs/checkpoint.md.
+	// ErrCorruptLog: a message in the log cannot be decoded. It is recorded as rejected
+	// at its sequence, the same way on every node, and applying goes on
+	// (docs/checkpoint.md, "Undecodable messages").
 	ErrCorruptLog = errors.New("checkpoint: corrupt log message")
+	// ErrNewerFormat: a message of a newer format version than this code reads. The
+	// applier stops on it: skipping it would diverge from nodes that understand it.
+	ErrNewerFormat = errors.New("checkpoint: log message of a newer format: upgrade flowd")
+	// ErrStorage: reading or writing this node's state failed during apply. The
+	// applier stops (a verdict made on a failed read would diverge from other nodes).
+	ErrStorage = errors.New("checkpoint: state storage failed")
 )
 
 // NotFoundError names what was not found; errors.Is(err, ErrNotFound) holds for it. Its
@@ -91,7 +98,7 @@ type CorruptError struct {
 }
 
 func (e *CorruptError) Error() string {
-	return fmt.Sprintf("checkpoint: corrupt log message at sequence %d: %s; the applier stopped (see docs/checkpoint.md, \"Corrupt log\")", e.Seq, e.Detail)
+	return fmt.Sprintf("checkpoint: corrupt log message at sequence %d: %s", e.Seq, e.Detail)
 }
 
 // Is makes errors.Is(err, ErrCorruptLog) true.

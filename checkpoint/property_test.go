@@ -97,7 +97,7 @@ func checkInvariants(t *rapid.T, m *model, seq uint64, before *Run, entries []En
 		if err == nil && e.Term > 0 && e.Term < m.highTerm {
 			t.Fatalf("stale term accepted: %s with term %d after term %d (seq %d)", e.Kind, e.Term, m.highTerm, seq)
 		}
-		if e.Term > 0 && (err == nil || !errors.Is(err, ErrStaleTerm)) {
+		if e.Term > 0 && err == nil { // only an accepted entry raises the term
 			m.highTerm = max(m.highTerm, e.Term)
 		}
 		switch e.Kind {

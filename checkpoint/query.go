@@ -272,14 +272,17 @@ func latestWorkflow(r pebble.Reader, name string) (*WorkflowVersion, error) {
 	var latest *WorkflowVersion
 	it, err := r.NewIter(&pebble.IterOptions{LowerBound: prefixWorkflow(name), UpperBound: prefixEnd(prefixWorkflow(name))})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("checkpoint: read workflow %q: %w: %w", name, ErrStorage, err)
 	}
 	defer it.Close()
 	if it.Last() {
 		latest = &WorkflowVersion{}
 		if err := json.Unmarshal(it.Value(), latest); err != nil {
-			return nil, fmt.Errorf("checkpoint: decode workflow %q: %w", name, err)
+			return nil, fmt.Errorf("checkpoint: decode workflow %q: %w: %w", name, ErrStorage, err)
 		}
 	}
-	return latest, it.Error()
+	if err := it.Error(); err != nil {
+		return nil, fmt.Errorf("checkpoint: read workflow %q: %w: %w", name, ErrStorage, err)
+	}
+	return latest, nil
 }

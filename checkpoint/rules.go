@@ -349,7 +349,7 @@ func (tx *applyBatch) exists(key []byte, written *map[string]bool) (bool, error)
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("checkpoint: read %q: %w", key, err)
+		return false, fmt.Errorf("checkpoint: read %q: %w: %w", key, ErrStorage, err)
 	}
 	closer.Close()
 	return true, nil

@@ -171,6 +171,13 @@ type Event struct {
 	At      time.Time `json:"at"`
 }
 
+// RejectedMessage is a log message that could not be decoded: rejected at its sequence,
+// the same way on every node, without any effect on runs.
+type RejectedMessage struct {
+	Seq    uint64 `json:"seq"`
+	Detail string `json:"detail"`
+}
+
 // Tick is a recorded cron fire time.
 type Tick struct {
 	CronTick
@@ -232,6 +239,10 @@ func prefixTicks(workflow string) []byte { return []byte("c/" + workflow + "/") 
 func keyWorkflow(name string, version int) []byte {
 	return binary.BigEndian.AppendUint64([]byte("v/"+name+"/"), uint64(version))
 }
+func keyRejected(seq uint64) []byte { return seqIdx(prefixRejected, seq, 0) }
+
+var prefixRejected = []byte("j/")
+
 func prefixWorkflow(name string) []byte { return []byte("v/" + name + "/") }
 
 func keyByStatus(status RunStatus, run string) []byte {

@@ -134,6 +134,7 @@ type Counters struct {
 	EpochChanges    atomic.Int64 // new epochs given by assigns
 	StaleTerms      atomic.Int64 // scheduler entries rejected for their term
 	DeadLettered    atomic.Int64
+	LogRejected     atomic.Int64 // log messages that could not be decoded, recorded as rejected
 }
 
 // Counters returns the applier's counters.
@@ -190,11 +191,17 @@ func (s *Store) ApplyIfNext(seq uint64, data []byte, entries []Entry) (verdicts 
 }
 
 // applyDecoded applies the message's entries (decoded from data when nil) as one batch.
+// A message that does not decode is recorded as rejected at its sequence; one of a
+// newer format, or a failure of this node's storage, stops the applier (an error).
 func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error, error) {
 	if entries == nil {
 		var err error
 		if entries, err = DecodeEnvelope(seq, data); err != nil {
-			return nil, err
+			var corrupt *CorruptError
+			if !errors.As(err, &corrupt) {
+				return nil, err
+			}
+			return []error{}, s.reject(corrupt)
 		}
 	}
 	tx := newApplyBatch(s, seq)
@@ -202,6 +209,10 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 	verdicts := make([]error, len(entries))
 	for i := range entries {
 		verdicts[i] = tx.judge(i, &entries[i])
+		if errors.Is(verdicts[i], ErrStorage) {
+			s.dropCache() // it may hold this batch's changes
+			return nil, fmt.Errorf("checkpoint: apply sequence %d, entry %d: %w", seq, i, verdicts[i])
+		}
 	}
 	if err := tx.commit(); err != nil {
 		return nil, err
@@ -209,6 +220,30 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 	s.applied.Store(seq)
 	s.term.Store(tx.term)
 	return verdicts, nil
+}
+
+// reject records a message that does not decode as rejected at its sequence, and
+// moves the applied sequence past it.
+func (s *Store) reject(c *CorruptError) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	raw, err := json.Marshal(RejectedMessage{Seq: c.Seq, Detail: c.Detail})
+	if err != nil {
+		return fmt.Errorf("checkpoint: encode rejection: %w", err)
+	}
+	_ = b.Set(keyRejected(c.Seq), raw, nil)
+	_ = b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, c.Seq), nil)
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("checkpoint: record the rejection of sequence %d: %w: %w", c.Seq, ErrStorage, err)
+	}
+	s.applied.Store(c.Seq)
+	s.counters.LogRejected.Add(1)
+	return nil
+}
+
+// RejectedMessages are the log messages that could not be decoded, oldest first.
+func (s *Store) RejectedMessages() ([]RejectedMessage, error) {
+	return scanJSON[RejectedMessage](s.db, prefixRejected)
 }
 
 // runCacheSize bounds the decoded runs the applier keeps; decoding a run's JSON on
@@ -243,11 +278,11 @@ func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("checkpoint: read %q: %w", key, err)
+		return false, fmt.Errorf("checkpoint: read %q: %w: %w", key, ErrStorage, err)
 	}
 	defer closer.Close()
 	if err := json.Unmarshal(raw, v); err != nil {
-		return false, fmt.Errorf("checkpoint: decode %q: %w (the state is corrupt; move it aside and let flowd replay the log)", key, err)
+		return false, fmt.Errorf("checkpoint: decode %q: %w: %w (the state is corrupt; move it aside and let flowd replay the log)", key, ErrStorage, err)
 	}
 	return true, nil
 }
@@ -264,13 +299,13 @@ func scan(r pebble.Reader, prefix, from []byte, fn func(k, v []byte) (bool, erro
 	}
 	it, err := r.NewIter(opts)
 	if err != nil {
-		return fmt.Errorf("checkpoint: scan %q: %w", prefix, err)
+		return fmt.Errorf("checkpoint: scan %q: %w: %w", prefix, ErrStorage, err)
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
 			it.Close()
-			return err
+			return fmt.Errorf("checkpoint: scan %q: %w: %w", prefix, ErrStorage, err)
 		}
 		more, err := fn(it.Key(), v)
 		if err != nil {
@@ -283,7 +318,7 @@ func scan(r pebble.Reader, prefix, from []byte, fn func(k, v []byte) (bool, erro
 	}
 	if err := it.Error(); err != nil {
 		it.Close()
-		return err
+		return fmt.Errorf("checkpoint: scan %q: %w: %w", prefix, ErrStorage, err)
 	}
 	return it.Close()
 }

@@ -206,14 +206,17 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 	}
 	verdicts, err := tr.s.Apply(seq, EncodeEnvelope("transcript", datas))
 	if err != nil {
-		var ce *CorruptError
-		if errors.As(err, &ce) {
-			return fmt.Sprintf("%d: corrupt: %s", seq, ce.Detail)
-		}
 		d.Fatalf(t, "apply at %d: %v", seq, err)
 	}
 	if verdicts == nil {
 		return fmt.Sprintf("%d: skipped: at or below the applied sequence", seq)
+	}
+	if len(verdicts) == 0 { // the message did not decode: recorded as rejected
+		rejected, err := tr.s.RejectedMessages()
+		if err != nil || len(rejected) == 0 || rejected[len(rejected)-1].Seq != seq {
+			d.Fatalf(t, "message %d gave no verdicts and no rejection record: %v %v", seq, rejected, err)
+		}
+		return fmt.Sprintf("%d: message rejected, undecodable: %s", seq, rejected[len(rejected)-1].Detail)
 	}
 	var b strings.Builder
 	for i, e := range entries {

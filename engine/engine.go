@@ -61,6 +61,9 @@ type Engine struct {
 	hooks *testhooks.Hooks
 
 	holdingBack atomic.Bool // the worker loop is waiting out a degraded lease
+	// leadershipProblem says why this node cannot lead now ("" when it can): its won
+	// term is below the applied term (runLeadership). /readyz shows it.
+	leadershipProblem atomic.Value
 
 	// admission (admission.go): assigns written and not yet applied, and whether runs
 	// wait for room.
@@ -348,11 +351,14 @@ const catchUpLimit = 5 * time.Second
 func (e *Engine) CatchUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, catchUpLimit)
 	defer cancel()
-	last, err := e.clog.LastSeq(ctx)
-	if err != nil {
-		return err
-	}
-	return e.clog.WaitApplied(ctx, last)
+	return e.clog.CatchUp(ctx)
+}
+
+// LeadershipProblem says why this node's election cannot give it a term that
+// schedules ("" when nothing is wrong).
+func (e *Engine) LeadershipProblem() string {
+	p, _ := e.leadershipProblem.Load().(string)
+	return p
 }
 
 // IsLeader reports whether this node leads now.
@@ -380,17 +386,36 @@ func (e *Engine) Leading() *epoch.Term {
 // a campaign that fails or falls silent is started again, so a node that lost its term
 // bids again whatever happened to its watch meanwhile (issue 17).
 func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
+	staleTerms := 0 // terms won in a row below the applied term
 	for ctx.Err() == nil {
 		term, err := e.elector.Campaign(ctx, epoch.Heard(alive))
 		if err != nil {
 			return err
 		}
-		if term.Term() <= e.store.HighestTerm() {
-			// The leader bucket was recreated: its revisions restarted below terms the
-			// log has applied, so every write of ours would be rejected as stale.
-			e.log.Error("won a term lower than one the log has applied; the FLOW_LEADER bucket was reset. Scheduling is impossible until it is fixed: see docs/operations.md",
-				"term", term.Term(), "highest_applied", e.store.HighestTerm())
+		if high := e.store.HighestTerm(); term.Term() < high {
+			// Every entry of this term would be rejected as stale: the leader bucket's
+			// revisions are below a term the log has applied (the bucket was reset, or an
+			// entry with a high term was accepted). Raise the bucket's terms above it and
+			// campaign again, after a pause that grows while it keeps happening.
+			staleTerms++
+			problem := fmt.Sprintf("won term %d, below the applied term %d: raising the leader bucket's terms", term.Term(), high)
+			if e.hooks.NoTermRaise.Load() {
+				problem = fmt.Sprintf("won term %d, below the applied term %d (raising is switched off)", term.Term(), high)
+			} else if err := e.elector.RaiseTerms(ctx, high); err != nil {
+				problem = fmt.Sprintf("won term %d, below the applied term %d, and cannot raise it: %v", term.Term(), high, err)
+			}
+			e.log.Error("leader term below the applied term", "term", term.Term(), "highest_applied", high, "problem", problem)
+			e.leadershipProblem.Store(problem)
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = term.Resign(rctx)
+			cancel()
+			if e.cfg.Lease.Backoff.Sleep(ctx, min(staleTerms, 8)) != nil {
+				return ctx.Err()
+			}
+			continue
 		}
+		staleTerms = 0
+		e.leadershipProblem.Store("")
 		e.mu.Lock()
 		e.mu.term = term
 		e.mu.Unlock()

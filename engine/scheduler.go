@@ -67,6 +67,12 @@ func (s *scheduler) run(parent context.Context) {
 	reconcile := time.NewTicker(s.e.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {
+		if high := s.e.store.HighestTerm(); high > s.term.Term() {
+			// Another term above ours was applied: every entry of ours is stale now.
+			// Stop leading (and waking on our own rejections); the election decides.
+			s.e.log.Error("a higher term than ours was applied: stepping down", "term", s.term.Term(), "highest_applied", high)
+			return
+		}
 		changed := s.e.clog.Changed()
 		seen := s.e.store.Applied()
 		s.assignPending(ctx)

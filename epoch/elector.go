@@ -244,3 +244,28 @@ func (e *Elector) Observe(ctx context.Context) (<-chan Leader, error) {
 	}()
 	return out, nil
 }
+
+// MaxTerm is the highest term RaiseTerms can reach: terms are the leader bucket's
+// revisions, and a term above it (a forged entry's) cannot be outgrown.
+const MaxTerm = 1 << 53
+
+// RaiseTerms makes every term won from now on greater than above: it purges the leader
+// bucket's stream up to above+1, so that its next revision, the next term, is above+1.
+// It ends the term held now, whoever holds it (its key is purged): call it only when
+// that term can do nothing anyway, because the log has applied a higher one (a leader
+// bucket that was reset, whose revisions restarted at 1).
+func (e *Elector) RaiseTerms(ctx context.Context, above int64) error {
+	if above < 0 || above >= MaxTerm {
+		return fmt.Errorf("%w: terms cannot be raised above %d (at most %d): the log holds a term no leader bucket reaches; see docs/operations.md, \"Leader terms\"", ErrTermOutOfReach, above, int64(MaxTerm))
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	s, err := e.js.Stream(ctx, "KV_"+LeaderBucket)
+	if err != nil {
+		return fmt.Errorf("epoch: raise terms: %w", err)
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSequence(uint64(above)+1)); err != nil {
+		return fmt.Errorf("epoch: raise terms above %d: %w", above, err)
+	}
+	return nil
+}

@@ -17,4 +17,7 @@ var (
 	ErrInvalidRun = errors.New("epoch: run ID cannot be a lease key")
 	// ErrInvalidConfig: a Config that cannot work.
 	ErrInvalidConfig = errors.New("epoch: invalid config")
+	// ErrTermOutOfReach: the log holds a term above MaxTerm, which no leader bucket
+	// revision reaches (a forged entry): no leader can schedule until it is dealt with.
+	ErrTermOutOfReach = errors.New("epoch: term out of reach")
 )

@@ -15,6 +15,9 @@ import (
 
 // consume opens an ordered consumer of the stream from the first unapplied sequence.
 func (l *Log) consume(ctx context.Context) (jetstream.MessagesContext, error) {
+	if err := l.checkLog(ctx); err != nil {
+		return nil, err
+	}
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if a := l.cfg.Store.Applied(); a > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
@@ -43,6 +46,9 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 	if it == nil {
 		var err error
 		if it, err = l.consume(ctx); err != nil {
+			if errors.Is(err, ErrWrongLog) {
+				return l.cannotContinue(err)
+			}
 			return err
 		}
 	}
@@ -52,7 +58,9 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 	go func() { done <- l.runApplier(ctx, it, alive) }()
 	probe := time.NewTicker(max(l.cfg.StallTimeout/4, 10*time.Millisecond))
 	defer probe.Stop()
-	l.probeCaughtUp(ctx, alive)
+	if err := l.probeCaughtUp(ctx, alive); err != nil {
+		return l.cannotContinue(err)
+	}
 	lastApplied := l.cfg.Store.Applied()
 	for {
 		select {
@@ -67,20 +75,41 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 				lastApplied = a // the applier is moving (and calling alive): no need to ask
 				continue
 			}
-			l.probeCaughtUp(ctx, alive)
+			if err := l.probeCaughtUp(ctx, alive); err != nil {
+				it.Stop()
+				<-done
+				return l.cannotContinue(err)
+			}
 		}
 	}
 }
 
 // probeCaughtUp calls alive if the stream holds nothing this node has not applied:
-// silence is then nothing to hear.
-func (l *Log) probeCaughtUp(ctx context.Context, alive func()) {
+// silence is then nothing to hear. It also checks that the stream is still the one the
+// state was built from (a stream deleted and created again, which the ordered consumer
+// follows silently): if not, it returns ErrWrongLog.
+func (l *Log) probeCaughtUp(ctx context.Context, alive func()) error {
 	pctx, cancel := context.WithTimeout(ctx, min(l.cfg.StallTimeout/2, 2*time.Second))
-	end, err := l.LastSeq(pctx)
-	cancel()
-	if err == nil && end <= l.cfg.Store.Applied() && !l.hooks.Deaf.Load() {
-		alive()
+	defer cancel()
+	before := l.cfg.Store.Applied()
+	s, err := l.cfg.JS.Stream(pctx, l.cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return l.wrongLog("the stream %s was deleted", l.cfg.Stream)
 	}
+	if err != nil || l.hooks.Deaf.Load() {
+		return nil
+	}
+	info := s.CachedInfo()
+	if err := l.checkInfo(info, before); err != nil {
+		return err
+	}
+	if end := info.State.LastSeq; end > l.cfg.Store.Applied() {
+		if skipped, err := l.skipDeleted(pctx, end); err != nil || !skipped {
+			return nil
+		}
+	}
+	alive()
+	return nil
 }
 
 // applyOwn applies the message this node just published, from memory, when it is the
@@ -184,6 +213,14 @@ func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, aliv
 			return supervise.Fatal(err)
 		}
 		seq := meta.Sequence.Stream
+		if seq > l.cfg.Store.Applied()+1 {
+			if err := l.checkGap(ctx, seq); err != nil {
+				if !errors.Is(err, ErrWrongLog) {
+					return err // the stream could not be asked: open the consumer again
+				}
+				return l.cannotContinue(err)
+			}
+		}
 		results, err := l.cfg.Store.Apply(seq, msg.Data())
 		if err != nil {
 			l.log.Error("applier stopped", "seq", seq, "err", err)
@@ -204,8 +241,7 @@ func (l *Log) applied(id string, seq uint64, results []error) {
 	if tickets != nil {
 		delete(l.mu.pending, id)
 	}
-	close(l.mu.applied)
-	l.mu.applied = make(chan struct{})
+	l.notifyAppliedLocked()
 	l.mu.Unlock()
 	for i, t := range tickets {
 		if i < len(results) {
@@ -232,4 +268,23 @@ func (l *Log) fail(err error) {
 			t.resolve(0, err)
 		}
 	}
+}
+
+// notifyApplied wakes whoever waits for the applied sequence to move.
+func (l *Log) notifyApplied() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.notifyAppliedLocked()
+}
+
+func (l *Log) notifyAppliedLocked() {
+	close(l.mu.applied)
+	l.mu.applied = make(chan struct{})
+}
+
+// cannotContinue stops the applier for good on a log this node cannot continue from.
+func (l *Log) cannotContinue(err error) error {
+	l.log.Error("this node cannot continue from the log", "err", err)
+	l.fail(err)
+	return supervise.Fatal(err)
 }

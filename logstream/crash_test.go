@@ -77,10 +77,16 @@ func crashHelperMain() {
 	os.Exit(0)
 }
 
-// replayDump applies msgs[0:upTo] to a fresh store and dumps it.
-func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
+// replayDump applies msgs[0:upTo] to a fresh store that records the log identity id
+// and dumps it.
+func replayDump(t *testing.T, msgs [][]byte, upTo uint64, id string) []byte {
 	t.Helper()
 	s := memStore(t)
+	if id != "" {
+		if err := s.SetLogIdentity(id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := uint64(0); i < upTo; i++ {
 		if _, err := s.Apply(i+1, msgs[i]); err != nil {
 			t.Fatal(err)
@@ -94,7 +100,7 @@ func replayDump(t *testing.T, msgs [][]byte, upTo uint64) []byte {
 	return b.Bytes()
 }
 
-func dumpDir(t *testing.T, dir string) ([]byte, uint64) {
+func dumpDir(t *testing.T, dir string) ([]byte, uint64, string) {
 	t.Helper()
 	s, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{})
 	if err != nil {
@@ -105,7 +111,11 @@ func dumpDir(t *testing.T, dir string) ([]byte, uint64) {
 	if err := s.Dump(&b); err != nil {
 		t.Fatal(err)
 	}
-	return b.Bytes(), s.Applied()
+	id, err := s.LogIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes(), s.Applied(), id
 }
 
 // TestCrashDuringApply SIGKILLs a process applying a long log at random points, 20
@@ -165,8 +175,8 @@ func TestCrashDuringApply(t *testing.T) {
 		if killed {
 			kills++
 		}
-		got, applied := dumpDir(t, filepath.Join(dir, "state"))
-		if want := replayDump(t, msgs, applied); !bytes.Equal(got, want) {
+		got, applied, id := dumpDir(t, filepath.Join(dir, "state"))
+		if want := replayDump(t, msgs, applied, id); !bytes.Equal(got, want) {
 			t.Fatalf("round %d: state after kill at applied=%d differs from a clean replay", round, applied)
 		}
 		if last && applied != total {
@@ -183,5 +193,6 @@ func dumpDirApplied(t *testing.T, dir string) ([]byte, uint64) {
 	if _, err := os.Stat(st); err != nil {
 		return nil, 0
 	}
-	return dumpDir(t, st)
+	dump, applied, _ := dumpDir(t, st)
+	return dump, applied
 }

@@ -14,4 +14,9 @@ var (
 	// ErrAppendUncertain: publishing failed and it is unknown whether the entry is in
 	// the log. The writer must treat its ownership as lost.
 	ErrAppendUncertain = errors.New("logstream: append outcome unknown")
+	// ErrWrongLog: the log is not one this node's state can continue from (the stream
+	// was deleted and created again, or purged past what this node applied, with no
+	// snapshot to bridge the gap). The node refuses to serve; the error says how to
+	// recover.
+	ErrWrongLog = errors.New("logstream: this node's state cannot continue from the log")
 )

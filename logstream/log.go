@@ -290,6 +290,20 @@ func (l *Log) WaitApplied(ctx context.Context, seq uint64) error {
 	}
 }
 
+// CatchUp waits until this node has applied the log as it is now: a read after it sees
+// every write acknowledged before it, whichever node made it. Messages deleted from
+// the end of the log count as seen (nothing will ever deliver them).
+func (l *Log) CatchUp(ctx context.Context) error {
+	last, err := l.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := l.skipDeleted(ctx, last); err != nil {
+		return err
+	}
+	return l.WaitApplied(ctx, last)
+}
+
 // Changed returns a channel closed the next time this node applies a message: wait on
 // it, then read the store.
 func (l *Log) Changed() <-chan struct{} {

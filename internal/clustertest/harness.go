@@ -95,6 +95,7 @@ type Proc struct {
 	done chan struct{} // closed when the process has exited for good
 
 	mu     sync.Mutex
+	exit   int  // the last exit code (-1 while running or killed by a signal)
 	killed bool // Kill was called: the exit is the test's, not a failed start
 	// noRetry: a start that meets a port in use is not made again with the same
 	// arguments (the caller picks other ports instead: StartNATS).
@@ -149,6 +150,7 @@ func (p *Proc) wait(cmd *exec.Cmd, from int64, done chan struct{}) {
 	for attempt := 1; ; attempt++ {
 		_ = cmd.Wait()
 		p.mu.Lock()
+		p.exit = cmd.ProcessState.ExitCode()
 		retry := !p.killed && !p.noRetry && attempt <= conflictRetries
 		p.mu.Unlock()
 		if !retry || !portConflict(p.log.Name(), from) {
@@ -198,6 +200,14 @@ func (p *Proc) Cont() { _ = p.current().Process.Signal(syscall.SIGCONT) }
 
 // Restart starts it again with the same arguments (after Kill).
 func (p *Proc) Restart(t testing.TB) { p.start(t) }
+
+// ExitCode is the exit code of the process once it has exited (-1 if a signal ended
+// it); Alive tells whether it has.
+func (p *Proc) ExitCode() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exit
+}
 
 // Alive reports whether it is running.
 func (p *Proc) Alive() bool {
@@ -288,8 +298,10 @@ func startNATSOnce(t testing.TB, n int) (c *Cluster, conflict bool) {
 listen: 127.0.0.1:%d
 max_payload: 8MB
 jetstream { store_dir: %q, sync_interval: always, max_memory_store: 256MB, max_file_store: 2GB }
-cluster { name: flow-test, listen: 127.0.0.1:%d, routes: [%s] }
-`, i, ports[i], filepath.Join(dir, fmt.Sprintf("js%d", i)), ports[n+i], strings.Join(routes, ", "))
+`, i, ports[i], filepath.Join(dir, fmt.Sprintf("js%d", i)))
+		if n > 1 { // one server is a stock single server: a cluster of one never elects a meta leader
+			body += fmt.Sprintf("cluster { name: flow-test, listen: 127.0.0.1:%d, routes: [%s] }\n", ports[n+i], strings.Join(routes, ", "))
+		}
 		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -312,7 +324,7 @@ cluster { name: flow-test, listen: 127.0.0.1:%d, routes: [%s] }
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			log := LogOf(p)
-			if strings.Contains(log, "Listening for client connections") && strings.Contains(log, "Listening for route connections") {
+			if strings.Contains(log, "Listening for client connections") && (n == 1 || strings.Contains(log, "Listening for route connections")) {
 				break
 			}
 			if !p.Alive() {

@@ -144,6 +144,9 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	// Each long-lived NATS interaction heard from within its silence limit (a node cut
 	// off by a silent partition is not ready until every part works again).
 	problems = append(problems, d.engine.Supervisor().Problems()...)
+	if p := d.engine.LeadershipProblem(); p != "" {
+		problems = append(problems, "leadership: "+p)
+	}
 	if err := d.engine.Log().Err(); err != nil {
 		problems = append(problems, "the applier stopped: "+err.Error())
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -17,7 +18,7 @@ import (
 // environment), starts the daemon, and drains on SIGTERM or SIGINT. reg, if not nil,
 // holds the step kinds (a program that embeds flowd with kinds of its own, such as
 // examples/payout's nodes). It returns the exit code: 0 after a drain, 1 if the daemon
-// could not start, 2 for bad configuration.
+// could not start or cannot continue from the log it finds, 2 for bad configuration.
 func Main(args []string, reg *steps.Registry) int {
 	cfg, err := Load(args, nil)
 	if errors.Is(err, pflag.ErrHelp) {
@@ -38,7 +39,18 @@ func Main(args []string, reg *steps.Registry) int {
 		logger.Error("flowd could not start", "err", err)
 		return 1
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-d.Engine().Log().Failed():
+		if err := d.Engine().Log().Err(); errors.Is(err, logstream.ErrWrongLog) {
+			// Serving the state of another log would be serving fiction: stop, and say
+			// why and how to recover (the error does).
+			logger.Error("flowd cannot continue from the log; stopping", "err", err)
+			d.Stop()
+			return 1
+		}
+		<-ctx.Done() // other applier failures: stay up, and /readyz says why
+	}
 	logger.Info("draining: handing running runs back")
 	d.Stop()
 	logger.Info("flowd stopped")

@@ -30,6 +30,7 @@ func newMetrics() *metrics {
 		"flow_commits_total":                "Commits decided by this node's applier, by result (accepted, fenced).",
 		"flow_epoch_changes_total":          "New epochs given to runs (assigns applied).",
 		"flow_stale_term_rejections_total":  "Scheduler entries rejected for a stale leader term.",
+		"flow_log_rejected_total":           "Log messages this node's applier could not decode and recorded as rejected.",
 		"flow_leader_term":                  "Highest leader term applied.",
 		"flow_is_leader":                    "1 if this node leads the scheduler.",
 		"flow_lease_renewals_total":         "Lease and term renewals, by result (ok, failed).",
@@ -97,6 +98,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_commits_total", float64(c.CommitsFenced.Load()), "fenced")
 	counter("flow_epoch_changes_total", float64(c.EpochChanges.Load()))
 	counter("flow_stale_term_rejections_total", float64(c.StaleTerms.Load()))
+	counter("flow_log_rejected_total", float64(c.LogRejected.Load()))
 	term, leader := e.Store().HighestTerm(), 0.0
 	if t := e.Leading(); t != nil {
 		term, leader = max(term, t.Term()), 1

@@ -38,6 +38,7 @@ type Hooks struct {
 	NoAdmission      atomic.Bool  // the admission guard is off (its control)
 	AdmitPastWaiting atomic.Bool  // the short path may pass runs waiting for room (its control)
 	KeepEndedRunning atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
+	NoTermRaise      atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen

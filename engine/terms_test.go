@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/testhooks"
+)
+
+// waitLeading waits until e leads with a term above min.
+func waitLeading(t *testing.T, e *Engine, above int64, d time.Duration) *epoch.Term {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if term := e.Leading(); term != nil && term.Term() > above {
+			return term
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no term above %d within %s (leading %v, problem %q)", above, d, e.Leading(), e.LeadershipProblem())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
+	}
+}
+
+// forgeTerm writes an entry the state machine accepts with the given term: a cron tick
+// of a workflow, as anything that reaches NATS could publish before the trust boundary.
+func forgeTerm(t *testing.T, e *Engine, term int64) {
+	t.Helper()
+	at := time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC).Add(time.Duration(term % 1000))
+	if _, err := e.clog.Write(ctxT(t, 10*time.Second), checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: term, Owner: "forger",
+		Tick: &checkpoint.CronTick{Workflow: "one", At: at, Outcome: checkpoint.TickSkippedOverlap}}); err != nil {
+		t.Fatal(err)
+	}
+	if e.store.HighestTerm() != term {
+		t.Fatalf("the forged term was not applied: highest %d", e.store.HighestTerm())
+	}
+}
+
+const oneStepWorkflow = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
+
+// An accepted entry with a term far above the leader's (the leader bucket reset, or a
+// forged entry) would make every entry of the leader stale for good, and its scheduler
+// spin on its own rejections. The leader steps down, raises the bucket's terms above the
+// applied one, wins a term above it and schedules again: a run started after succeeds.
+// Negative control: with raising off the node keeps winning terms below the applied one,
+// says so in LeadershipProblem, and a run started then is never scheduled.
+func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
+	for _, raise := range []bool{true, false} {
+		t.Run(map[bool]string{true: "raise", false: "no-raise"}[raise], func(t *testing.T) {
+			h := new(testhooks.Hooks)
+			h.NoTermRaise.Store(!raise)
+			e := startEngineWith(t, h, nil)
+			apply(t, e, oneStepWorkflow)
+			waitLeading(t, e, 0, 20*time.Second)
+			const forged = 1 << 40
+			forgeTerm(t, e, forged)
+			if !raise {
+				deadline := time.Now().Add(20 * time.Second)
+				for !strings.Contains(e.LeadershipProblem(), "below the applied term") {
+					if time.Now().After(deadline) {
+						t.Fatalf("no leadership problem reported (leading %v)", e.Leading())
+					}
+					time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				id, err := e.StartRun(ctxT(t, 10*time.Second), "one", nil, RunOptions{ID: "stuck"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.WaitRun(ctx, id); err == nil {
+					t.Fatal("control: a run was scheduled with every leader term below the applied one: the test shows nothing")
+				}
+				return
+			}
+			term := waitLeading(t, e, forged, 30*time.Second)
+			if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded || v.Run.Epochs[0].Term != term.Term() {
+				t.Fatalf("run after the raise: %+v", v.Run)
+			}
+			if p := e.LeadershipProblem(); p != "" {
+				t.Fatalf("a problem is still reported: %q", p)
+			}
+		})
+	}
+}
+
+// countingHandler counts log records whose message contains a string.
+type countingHandler struct {
+	slog.Handler
+	match string
+	n     *atomic.Int64
+}
+
+func (c countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, c.match) {
+		c.n.Add(1)
+	}
+	return nil
+}
+
+// A term no leader bucket revision can reach (above epoch.MaxTerm: only a forged entry
+// holds one) cannot be outgrown: the node says why in LeadershipProblem, and backs off
+// between campaigns instead of spinning (before: ~3,300 log messages/s and a core busy
+// while /readyz said ready).
+func TestTermOutOfReachBacksOff(t *testing.T) {
+	var campaigns atomic.Int64
+	e := startEngine(t, func(c *Config) {
+		c.Logger = slog.New(countingHandler{Handler: slog.DiscardHandler, match: "leader term below the applied term", n: &campaigns})
+	})
+	apply(t, e, oneStepWorkflow)
+	waitLeading(t, e, 0, 20*time.Second)
+	forgeTerm(t, e, epoch.MaxTerm+5)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(e.LeadershipProblem(), "cannot raise") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no problem reported: %q", e.LeadershipProblem())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
+	}
+	from, logFrom := campaigns.Load(), e.store.Applied()
+	time.Sleep(3 * time.Second) // a window in which to count campaigns and log writes, not a synchronisation
+	if n := campaigns.Load() - from; n > 60 {
+		t.Fatalf("%d stale campaigns in 3s: the election spins", n)
+	}
+	if n := e.store.Applied() - logFrom; n > 5 {
+		t.Fatalf("%d log messages in 3s with no term able to schedule: something spins", n)
+	}
+}

@@ -1,0 +1,251 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/client"
+)
+
+// The log's lifetime (issue 14): what a real flowd does when the log it finds is not
+// what it applied, or holds what it cannot read.
+
+// logCtx is a context for a test's own calls to NATS.
+func logCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// jsOf connects the test to the cluster's JetStream.
+func jsOf(t *testing.T, c *Cluster) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// serving waits until the cluster answers with a leader and the nodes named.
+func serving(t *testing.T, cl *client.Client, nodes int) {
+	t.Helper()
+	WaitFor(t, 60*time.Second, fmt.Sprintf("%d nodes and a leader", nodes), func() bool {
+		var st client.ClusterStatus
+		return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.Leader != "" && len(st.Nodes) == nodes
+	})
+}
+
+// runOne starts a one-step run and waits for it to succeed.
+func runOne(t *testing.T, cl *client.Client, id string) {
+	t.Helper()
+	if err := call(t, cl, "run.start", client.Request{Workflow: "one", ID: id}, nil); err != nil {
+		t.Fatalf("start %s: %v", id, err)
+	}
+	WaitFor(t, 60*time.Second, "run "+id+" to succeed", func() bool {
+		var r client.Run
+		return call(t, cl, "run.get", client.Request{ID: id}, &r) == nil && r.Status == "succeeded"
+	})
+}
+
+const oneStep = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
+
+// Garbage published to the log (7 bytes, from any client that can reach NATS) is
+// rejected at its sequence by every node, and applying goes on: both nodes keep
+// answering and a run started after it succeeds. Deleting the message, which then is the
+// log's last, does not leave a restarted node waiting for it forever either. (Before:
+// one malformed message stopped every applier, and after its removal a restarted node
+// waited for the deleted sequence for good.)
+func TestGarbageInTheLogStopsNoNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS and two flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	na := StartFlowd(t, c, "node-a")
+	nb := StartFlowd(t, c, "node-b")
+	defer func() {
+		if t.Failed() {
+			t.Logf("node-a:\n%s\nnode-b:\n%s", tail(LogOf(na)), tail(LogOf(nb)))
+		}
+	}()
+	cl := dial(t, c)
+	serving(t, cl, 2)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "before")
+	js := jsOf(t, c)
+	ctx := logCtx(t)
+	ack, err := js.Publish(ctx, "flow.log", []byte("garbage"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "after")
+	WaitFor(t, 30*time.Second, "both nodes past the garbage", func() bool {
+		var st client.ClusterStatus
+		if call(t, cl, "cluster.status", client.Request{}, &st) != nil || len(st.Nodes) != 2 {
+			return false
+		}
+		for _, n := range st.Nodes {
+			if n.Applied <= ack.Sequence {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The garbage again, now as the log's last message, with node-b down; then deleted.
+	nb.Kill()
+	ack, err = js.Publish(ctx, "flow.log", []byte("garbage"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, "FLOW_LOG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	na.Kill()
+	nb.Restart(t)
+	serving(t, cl, 1) // every answer needs the node caught up: it is, past the deleted tail
+	na.Restart(t)
+	serving(t, cl, 2)
+	runOne(t, cl, "after-delete")
+}
+
+// A stream deleted and created again restarts its sequences. A node consuming it stops
+// with exit code 1 and says what happened and how to recover, and it refuses to start
+// on it again; a node with an empty data dir starts on the new stream. (Before: the node
+// served its stale state and timed out on every write.)
+func TestRecreatedLogIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS and flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	na := StartFlowd(t, c, "node-a")
+	cl := dial(t, c)
+	serving(t, cl, 1)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "before")
+	js := jsOf(t, c)
+	ctx := logCtx(t)
+	stream, err := js.Stream(ctx, "FLOW_LOG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	if err := js.DeleteStream(ctx, "FLOW_LOG"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string) {
+		t.Helper()
+		WaitFor(t, 60*time.Second, what, func() bool { return !na.Alive() })
+		log := LogOf(na)
+		if na.ExitCode() != 1 || !strings.Contains(log, "deleted and created again") || !strings.Contains(log, "move its state aside") {
+			t.Fatalf("%s: exit %d; want 1 and a log saying the stream was recreated and how to recover:\n%s", what, na.ExitCode(), tail(log))
+		}
+	}
+	refused("node-a to stop when its stream was recreated")
+	na.Restart(t)
+	refused("node-a to refuse to start on the recreated stream")
+	// Control: a node with a new state starts on the new stream and serves.
+	StartFlowd(t, c, "node-b")
+	serving(t, cl, 1)
+}
+
+// The log purged past what a stopped node applied, with no snapshot to bridge the gap:
+// the node refuses to start (exit 1, saying messages were purged and how to recover)
+// instead of coming back ready with a fraction of the runs and no workflows.
+func TestTruncatedLogIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS and flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	na := StartFlowd(t, c, "node-a")
+	nb := StartFlowd(t, c, "node-b")
+	cl := dial(t, c)
+	serving(t, cl, 2)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "r1")
+	nb.Kill()
+	for i := 2; i <= 4; i++ {
+		runOne(t, cl, fmt.Sprintf("r%d", i))
+	}
+	js := jsOf(t, c)
+	ctx := logCtx(t)
+	stream, err := js.Stream(ctx, "FLOW_LOG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(info.State.LastSeq-1)); err != nil {
+		t.Fatal(err)
+	}
+	nb.Restart(t)
+	WaitFor(t, 60*time.Second, "node-b to refuse the truncated log", func() bool { return !nb.Alive() })
+	if log := LogOf(nb); nb.ExitCode() != 1 || !strings.Contains(log, "purged") || !strings.Contains(log, "move its state aside") {
+		t.Fatalf("node-b on a truncated log: exit %d; want 1 and a log saying messages were purged:\n%s", nb.ExitCode(), tail(log))
+	}
+	if !na.Alive() {
+		t.Fatalf("node-a, which applied everything, stopped:\n%s", tail(LogOf(na)))
+	}
+}
+
+// One entry with a huge term, published by anything that reaches NATS: the nodes go on
+// scheduling (the leader raises the bucket's terms above it) instead of rejecting every
+// later assign as stale and spinning on their own rejections while /readyz says ready.
+func TestHighTermDoesNotStopScheduling(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS and flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	na := StartFlowd(t, c, "node-a")
+	defer func() {
+		if t.Failed() {
+			t.Logf("node-a:\n%s", tail(LogOf(na)))
+		}
+	}()
+	cl := dial(t, c)
+	serving(t, cl, 1)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "before")
+	const forged = int64(1) << 40
+	entry := fmt.Sprintf(`{"v":1,"node":"forger","entries":[{"k":"cron_tick","term":%d,"owner":"forger","tick":{"workflow":"one","at":"2026-12-01T02:00:00Z","outcome":"skipped-overlap"},"at":"2026-12-01T02:00:00Z"}]}`, forged)
+	if _, err := jsOf(t, c).Publish(logCtx(t), "flow.log", []byte(entry)); err != nil {
+		t.Fatal(err)
+	}
+	WaitFor(t, 60*time.Second, "a leader term above the forged one", func() bool {
+		var st client.ClusterStatus
+		return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.Term > forged
+	})
+	runOne(t, cl, "after")
+}
