@@ -244,6 +244,10 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 	// each counterexample and from writing fail files for them.
 	setFlag(t, "rapid.shrinktime", "2s")
 	setFlag(t, "rapid.nofailfile", "true")
+	// More tries than the default 100: a control must find its damage every time, and
+	// rapid stops at the first it finds (one run in seven or so of "no start check" did
+	// not meet it within 100).
+	setFlag(t, "rapid.checks", "2000")
 	for _, c := range []struct {
 		name   string
 		hooks  *testhooks.Hooks

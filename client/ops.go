@@ -192,6 +192,14 @@ func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
 	return st, err
 }
 
+// Snapshot makes the node that answers write a snapshot of its state now (it is kept
+// with the newest few; the leader compacts the log below the newest).
+func (c *Client) Snapshot(ctx context.Context) (Snapshot, error) {
+	var snap Snapshot
+	err := c.call(ctx, "cluster.snapshot", Request{}, &snap)
+	return snap, err
+}
+
 // DrillZombie runs the zombie drill: a worker paused past its lease, another taking
 // over, and the paused one's commit fenced (about 1.5 lease TTLs).
 func (c *Client) DrillZombie(ctx context.Context) (Drill, error) {

@@ -130,6 +130,18 @@ type ClusterStatus struct {
 	Leader string `json:"leader"`
 	Term   int64  `json:"term"`
 	Nodes  []Node `json:"nodes"`
+	// FirstSeq and LastSeq bound the log as it is (compaction moves FirstSeq up);
+	// SnapshotSeq is the newest snapshot's sequence (0: none yet).
+	FirstSeq    uint64 `json:"first_seq"`
+	LastSeq     uint64 `json:"last_seq"`
+	SnapshotSeq uint64 `json:"snapshot_seq"`
+}
+
+// Snapshot is a snapshot of the state written to the cluster's snapshot bucket.
+type Snapshot struct {
+	Name  string `json:"name"`
+	Seq   uint64 `json:"seq"`
+	Bytes uint64 `json:"bytes"`
 }
 
 // Node is one flowd node.

@@ -52,10 +52,17 @@ type Config struct {
 	Now func() time.Time
 	// StepObserver, if set, is told of every finished step attempt (for metrics).
 	StepObserver func(kind string, d time.Duration, err error)
+	// SnapshotEvery is how many log messages the leader lets pass between snapshots of
+	// the state (default 100,000); after each it compacts the log (docs/checkpoint.md,
+	// "Snapshots and compaction").
+	SnapshotEvery uint64
 
 	// unsynced: the embedded server does not fsync (benchmarks of what is not the disk).
 	unsynced bool
 }
+
+// DefaultSnapshotEvery is Config.SnapshotEvery's default.
+const DefaultSnapshotEvery = 100_000
 
 func (c *Config) validate() error {
 	if c.NodeID == "" {
@@ -88,6 +95,9 @@ func (c *Config) validate() error {
 	}
 	if c.CronGrace <= 0 {
 		c.CronGrace = 30 * time.Second
+	}
+	if c.SnapshotEvery == 0 {
+		c.SnapshotEvery = DefaultSnapshotEvery
 	}
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = 2 * time.Second

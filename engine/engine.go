@@ -59,6 +59,8 @@ type Engine struct {
 	// hooks are the tests' switches and signals (internal/testhooks); production's
 	// zero value unless a test in this package set them before Start.
 	hooks *testhooks.Hooks
+	// nodes is NodesBucket: every node's applied sequence, for compaction (compact.go).
+	nodes jetstream.KeyValue
 
 	holdingBack atomic.Bool // the worker loop is waiting out a degraded lease
 	// leadershipProblem says why this node cannot lead now ("" when it can): its won
@@ -137,6 +139,11 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if e.srv == nil {
 		e.warnIfUnsynced()
 	}
+	// A node with no state, or one behind the log's first sequence, starts from the
+	// newest snapshot (the log after it is applied as usual).
+	if err := logstream.PrepareState(ctx, e.js, "", filepath.Join(e.cfg.DataDir, "state"), e.log); err != nil {
+		return err
+	}
 	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
 		return err
 	}
@@ -148,14 +155,15 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// Live from now on: the leader's compaction keeps what this node still needs while it
+	// catches up (reportApplied goes on reporting once started).
+	e.putReport(ctx)
 	if err = e.clog.Start(ctx); err != nil {
 		return err
 	}
 	// Catch up with the log before acting on the state.
-	if last, err := e.clog.LastSeq(ctx); err == nil {
-		if err := e.clog.WaitApplied(ctx, last); err != nil {
-			return err
-		}
+	if err := e.clog.CatchUp(ctx); err != nil {
+		return err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	e.cancel, e.runCtx = cancel, runCtx
@@ -164,6 +172,8 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		e.supervise(runCtx, supervise.Part{Name: "election", Silence: e.Silence(), Run: e.runLeadership})
 	}
 	e.supervise(runCtx, supervise.Part{Name: "tasks", Silence: e.Silence(), Run: e.runWorkers})
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); e.reportApplied(runCtx) }()
 	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
 	return nil
 }
@@ -209,6 +219,9 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 		return err
 	}
 	if e.tasks, err = openTasks(sctx, e.js, e.replicas, e.leases.Config().TTL, e.log); err != nil {
+		return err
+	}
+	if e.nodes, err = openNodes(sctx, e.js, e.replicas); err != nil {
 		return err
 	}
 	return dlq.Open(sctx, e.js, e.replicas)

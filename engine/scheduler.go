@@ -61,9 +61,10 @@ func (s *scheduler) run(parent context.Context) {
 		return
 	}
 	s.reconcile(ctx)
-	cronDone := make(chan struct{})
+	cronDone, snapDone := make(chan struct{}), make(chan struct{})
 	go func() { defer close(cronDone); s.runCron(ctx) }()
-	defer func() { cancel(); <-cronDone }()
+	go func() { defer close(snapDone); s.runSnapshots(ctx) }()
+	defer func() { cancel(); <-cronDone; <-snapDone }()
 	reconcile := time.NewTicker(s.e.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {

@@ -6,6 +6,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -36,6 +37,11 @@ type Engine interface {
 	Cancel(ctx context.Context, id, reason string) error
 	Purge(ctx context.Context, id string) error
 	DrillZombie(ctx context.Context) (*checkpoint.RunView, error)
+
+	// Snapshot writes a snapshot of this node's state now.
+	Snapshot(ctx context.Context) (logstream.Snapshot, error)
+	// LogBounds are the log's first and last sequences and the newest snapshot's.
+	LogBounds(ctx context.Context) (first, last, snapshot uint64, err error)
 }
 
 var _ Engine = (*engine.Engine)(nil)

@@ -292,6 +292,9 @@ func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, err
 	if l, err := s.e.Leader(ctx); err == nil {
 		st.Leader, st.Term = l.Node, l.Term
 	}
+	if first, last, snap, err := s.e.LogBounds(ctx); err == nil {
+		st.FirstSeq, st.LastSeq, st.SnapshotSeq = first, last, snap
+	}
 	nc := s.nc
 	inbox := nats.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -315,4 +318,12 @@ func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, err
 	}
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
 	return st, nil
+}
+
+func (s *Server) clusterSnapshot(ctx context.Context, _ *client.Request) (any, error) {
+	snap, err := s.e.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return client.Snapshot{Name: snap.Name, Seq: snap.Seq, Bytes: snap.Size}, nil
 }

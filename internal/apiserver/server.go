@@ -139,7 +139,7 @@ func (s *Server) register() error {
 		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
 		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel,
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
-		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "drill.zombie": s.drillZombie,
+		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
 	}
 	ops["run.wait"] = s.runWait
 	for op, h := range ops {

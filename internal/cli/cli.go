@@ -204,7 +204,8 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	cronCmd := group("cron", "Scheduled workflows")
 	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
 	cluster := group("cluster", "The flowd nodes")
-	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term and nodes", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }})
+	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term, nodes and the log's bounds", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }},
+		&cobra.Command{Use: "snapshot", Short: "Write a snapshot of the state now (the log is compacted below the newest)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.snapshot() }})
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
@@ -565,11 +566,22 @@ func cronTable(w io.Writer, cs []client.CronEntry) {
 }
 
 func clusterTable(w io.Writer, st client.ClusterStatus) {
-	fmt.Fprintf(w, "LEADER\t%s (term %d)\n\n", dash(st.Leader), st.Term)
+	fmt.Fprintf(w, "LEADER\t%s (term %d)\n", dash(st.Leader), st.Term)
+	fmt.Fprintf(w, "LOG\t%d to %d, newest snapshot at %d\n\n", st.FirstSeq, st.LastSeq, st.SnapshotSeq)
 	fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
 	for _, n := range st.Nodes {
 		fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
 	}
+}
+
+func (a *app) snapshot() error {
+	snap, err := ask(a, (*client.Client).Snapshot)
+	if err != nil {
+		return err
+	}
+	return a.print(snap, func(w io.Writer) {
+		fmt.Fprintf(w, "snapshot %s: the state at log sequence %d, %d bytes\n", snap.Name, snap.Seq, snap.Bytes)
+	})
 }
 
 func (a *app) clusterStatus() error {

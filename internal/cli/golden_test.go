@@ -49,7 +49,7 @@ func TestTableGolden(t *testing.T) {
 			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []client.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "fired"}}}})
 	}
 	cases["cluster-status"] = func(w io.Writer) {
-		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
+		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, FirstSeq: 8000, LastSeq: 9003, SnapshotSeq: 7999, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
 	}
 	for name, render := range cases {
 		var b bytes.Buffer

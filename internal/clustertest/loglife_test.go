@@ -249,3 +249,76 @@ func TestHighTermDoesNotStopScheduling(t *testing.T) {
 	})
 	runOne(t, cl, "after")
 }
+
+// Snapshots and compaction with real processes: a node snapshotting every 100 messages
+// compacts the log; a node with an empty data dir joins from the newest snapshot and
+// the log after it; a node SIGKILLed while it writes a snapshot starts again and
+// serves (a half-written snapshot is never used: it is written under a name of its own
+// and renamed when complete).
+func TestJoinFromASnapshotAfterCompaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts NATS and flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	na := StartFlowd(t, c, "node-a", "--snapshot-every", "100")
+	defer func() {
+		if t.Failed() {
+			t.Logf("node-a:\n%s", tail(LogOf(na)))
+		}
+	}()
+	cl := dial(t, c)
+	serving(t, cl, 1)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 45 {
+		runOne(t, cl, fmt.Sprintf("r%02d", i))
+	}
+	var st client.ClusterStatus
+	WaitFor(t, 60*time.Second, "a snapshot and a compacted log", func() bool {
+		return call(t, cl, "cluster.status", client.Request{}, &st) == nil && st.SnapshotSeq > 0 && st.FirstSeq > 1
+	})
+	if st.FirstSeq > st.SnapshotSeq+1 {
+		t.Fatalf("the log starts at %d, past the newest snapshot at %d", st.FirstSeq, st.SnapshotSeq)
+	}
+	nb := StartFlowd(t, c, "node-b", "--scheduler=false")
+	serving(t, cl, 2)
+	WaitFor(t, 60*time.Second, "node-b caught up", func() bool {
+		var now client.ClusterStatus
+		if call(t, cl, "cluster.status", client.Request{}, &now) != nil {
+			return false
+		}
+		for _, n := range now.Nodes {
+			if n.ID == "node-b" && n.Applied >= st.LastSeq {
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(LogOf(nb), "restored the newest snapshot") {
+		t.Fatalf("node-b did not start from the snapshot:\n%s", tail(LogOf(nb)))
+	}
+	// Every run, asked of node-b alone.
+	na.Kill()
+	serving(t, cl, 1)
+	var runs []client.Run
+	if err := call(t, cl, "run.list", client.Request{Limit: 1000}, &runs); err != nil || len(runs) != 45 {
+		t.Fatalf("node-b knows %d runs (%v), want 45", len(runs), err)
+	}
+	// A kill while a snapshot is being written: the node starts again and serves.
+	na.Restart(t)
+	serving(t, cl, 2)
+	asked := make(chan struct{})
+	go func() { // its answer may never come: the node is killed while it writes
+		defer close(asked)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = cl.Snapshot(ctx)
+	}()
+	na.Kill()
+	na.Restart(t)
+	serving(t, cl, 2)
+	runOne(t, cl, "after")
+	<-asked
+}

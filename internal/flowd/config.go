@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,8 @@ type Config struct {
 	FastFail   bool
 	Scheduler  bool
 	DrainTime  time.Duration
+	// SnapshotEvery is how many log messages pass between the leader's snapshots.
+	SnapshotEvery uint64
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -61,6 +64,7 @@ var options = []option{
 	{"fast-fail", "false", "exit the process when a lease cannot be renewed by 70% of its TTL"},
 	{"scheduler", "true", "take part in leader elections (false: this node only runs steps)"},
 	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
+	{"snapshot-every", "100000", "log messages between the leader's snapshots of the state (the log is compacted below them)"},
 }
 
 // Flags returns flowd's flag set (with --config).
@@ -174,6 +178,11 @@ func Load(args []string, env []string) (*Config, error) {
 	}
 	if _, err := fmt.Sscan(get("workers"), &c.Workers); err != nil || c.Workers < 1 || c.Workers > 10000 {
 		bad("workers", "%q: use a whole number from 1 to 10000", get("workers"))
+	}
+	if n, err := strconv.ParseUint(get("snapshot-every"), 10, 64); err != nil || n < 100 || n > 1_000_000_000 {
+		bad("snapshot-every", "%q: use a whole number of log messages from 100 to 1000000000, such as 100000", get("snapshot-every"))
+	} else {
+		c.SnapshotEvery = n
 	}
 	if d, err := time.ParseDuration(get("lease-ttl")); err != nil || d < time.Second {
 		bad("lease-ttl", "%q: use a duration of at least 1s, such as 10s (shorter leases expire on GC pauses)", get("lease-ttl"))

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/logstream"
+)
+
+// NodesBucket holds each live node's applied sequence, so that the leader never purges
+// a message a live node still needs. A node that stops reporting for nodeReportTTL is
+// not live: if the log is purged past it meanwhile, it restores a snapshot when it
+// starts again.
+const NodesBucket = "FLOW_NODES"
+
+const (
+	nodeReportEvery = 5 * time.Second
+	nodeReportTTL   = time.Minute
+)
+
+// nodeReport is what a node says of itself in NodesBucket.
+type nodeReport struct {
+	Applied uint64    `json:"applied"`
+	At      time.Time `json:"at"`
+}
+
+func openNodes(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	return streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: NodesBucket, TTL: nodeReportTTL,
+		Description: "flow nodes' applied log sequences (compaction keeps what they need)", Storage: jetstream.MemoryStorage, Replicas: replicas})
+}
+
+// reportApplied puts this node's applied sequence in NodesBucket now and every
+// nodeReportEvery until ctx ends.
+func (e *Engine) reportApplied(ctx context.Context) {
+	tick := time.NewTicker(nodeReportEvery)
+	defer tick.Stop()
+	for {
+		e.putReport(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// putReport puts this node's applied sequence in NodesBucket.
+func (e *Engine) putReport(ctx context.Context) {
+	b, _ := json.Marshal(nodeReport{Applied: e.store.Applied(), At: time.Now().UTC()})
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := e.nodes.Put(pctx, e.cfg.NodeID, b); err != nil {
+		e.log.Debug("report the applied sequence", "err", err)
+	}
+}
+
+// liveApplied is the lowest applied sequence a live node reported, and whether any did.
+func (e *Engine) liveApplied(ctx context.Context) (uint64, bool, error) {
+	keys, err := e.nodes.ListKeys(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	low, any := uint64(0), false
+	for k := range keys.Keys() {
+		if k == e.cfg.NodeID {
+			continue // this node's own applied sequence is read directly (compact)
+		}
+		entry, err := e.nodes.Get(ctx, k)
+		if err != nil {
+			continue // expired meanwhile
+		}
+		var r nodeReport
+		if json.Unmarshal(entry.Value(), &r) != nil {
+			continue
+		}
+		if !any || r.Applied < low {
+			low, any = r.Applied, true
+		}
+	}
+	return low, any, nil
+}
+
+// Snapshot writes a snapshot of this node's state now (flowctl cluster snapshot).
+func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
+	return e.clog.Snapshot(ctx)
+}
+
+// LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
+func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
+	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
+	}
+	info := s.CachedInfo()
+	snaps, err := logstream.Snapshots(ctx, e.js)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if len(snaps) > 0 {
+		snapshot = snaps[len(snaps)-1].Seq
+	}
+	return info.State.FirstSeq, info.State.LastSeq, snapshot, nil
+}
+
+// compact purges the log below the oldest sequence a live node still needs, and never
+// past the newest snapshot: a node that needs more restores that snapshot. It returns
+// the new first sequence (0 if nothing was purged).
+func (e *Engine) compact(ctx context.Context, snapshotSeq uint64) (uint64, error) {
+	low, any, err := e.liveApplied(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("engine: compact: read the nodes' reports: %w", err)
+	}
+	keep := snapshotSeq + 1 // the first message a node restored from the snapshot needs
+	if any {
+		keep = min(keep, low+1)
+	}
+	keep = min(keep, e.store.Applied()+1) // and this node's own
+	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	if err != nil {
+		return 0, fmt.Errorf("engine: compact: %w", err)
+	}
+	if keep <= s.CachedInfo().State.FirstSeq {
+		return 0, nil
+	}
+	if err := s.Purge(ctx, jetstream.WithPurgeSequence(keep)); err != nil {
+		return 0, fmt.Errorf("engine: compact the log below %d: %w", keep, err)
+	}
+	e.log.Info("log compacted", "first_seq", keep, "snapshot_seq", snapshotSeq)
+	return keep, nil
+}
+
+// runSnapshots is the leader's snapshot duty: every SnapshotEvery applied messages it
+// writes a snapshot and compacts the log; between snapshots it compacts again as the
+// nodes' reports move (a node that was behind caught up), until ctx (the term) ends.
+func (s *scheduler) runSnapshots(ctx context.Context) {
+	e := s.e
+	last := uint64(0)
+	if snaps, err := logstream.Snapshots(ctx, e.js); err == nil && len(snaps) > 0 {
+		last = snaps[len(snaps)-1].Seq
+	}
+	tick := time.NewTicker(nodeReportEvery)
+	defer tick.Stop()
+	for {
+		changed := e.clog.Changed()
+		if e.store.Applied() >= last+e.cfg.SnapshotEvery {
+			snap, err := e.Snapshot(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				e.log.Error("snapshot failed; trying again in a minute", "err", err)
+				select { // a pause, so that a failing snapshot is not retried on every message
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Minute):
+				}
+				continue
+			}
+			last = snap.Seq
+			s.compactTo(ctx, last)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+			if last > 0 {
+				s.compactTo(ctx, last)
+			}
+		}
+	}
+}
+
+func (s *scheduler) compactTo(ctx context.Context, snapshotSeq uint64) {
+	if _, err := s.e.compact(ctx, snapshotSeq); err != nil && ctx.Err() == nil {
+		s.e.log.Error("compaction failed; trying again later", "err", err)
+	}
+}

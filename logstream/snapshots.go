@@ -1,0 +1,229 @@
+package logstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+)
+
+// SnapshotBucket is the JetStream object store that holds the state snapshots.
+const SnapshotBucket = "FLOW_SNAPSHOTS"
+
+// KeepSnapshots is how many snapshots are kept: the newest, and two to fall back on.
+const KeepSnapshots = 3
+
+// snapshotPrefix names snapshot objects: the prefix and the sequence, zero-padded so
+// that names sort in sequence order.
+const snapshotPrefix = "state-"
+
+// Snapshot is one stored snapshot.
+type Snapshot struct {
+	Name string
+	Seq  uint64
+	Size uint64
+	At   time.Time
+}
+
+// openSnapshots opens the snapshot bucket, creating it if needed.
+func openSnapshots(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
+	obs, err := js.ObjectStore(ctx, SnapshotBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		obs, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: SnapshotBucket,
+			Description: "flow state snapshots: the state at a log sequence", Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			obs, err = js.ObjectStore(ctx, SnapshotBucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("logstream: snapshot bucket %s: %w", SnapshotBucket, err)
+	}
+	return obs, nil
+}
+
+// Snapshots lists the stored snapshots, oldest first.
+func Snapshots(ctx context.Context, js jetstream.JetStream) ([]Snapshot, error) {
+	obs, err := js.ObjectStore(ctx, SnapshotBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("logstream: snapshot bucket: %w", err)
+	}
+	return listSnapshots(ctx, obs)
+}
+
+func listSnapshots(ctx context.Context, obs jetstream.ObjectStore) ([]Snapshot, error) {
+	infos, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("logstream: list snapshots: %w", err)
+	}
+	var out []Snapshot
+	for _, in := range infos {
+		seq, err := strconv.ParseUint(strings.TrimPrefix(in.Name, snapshotPrefix), 10, 64)
+		if !strings.HasPrefix(in.Name, snapshotPrefix) || err != nil || in.Deleted {
+			continue // not ours
+		}
+		out = append(out, Snapshot{Name: in.Name, Seq: seq, Size: in.Size, At: in.ModTime})
+	}
+	slices.SortFunc(out, func(a, b Snapshot) int { return cmpUint(a.Seq, b.Seq) })
+	return out, nil
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Snapshot writes a snapshot of this node's state to the snapshot bucket, streamed (the
+// state is read from a Pebble snapshot while applying goes on), checksummed by the
+// format and by the object store; then it deletes all but the newest KeepSnapshots.
+func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
+	obs, err := openSnapshots(ctx, l.cfg.JS, l.cfg.Replicas)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	pr, pw := io.Pipe()
+	metas := make(chan checkpoint.SnapshotMeta, 1)
+	go func() {
+		meta, err := l.cfg.Store.WriteSnapshot(pw)
+		pw.CloseWithError(err)
+		metas <- meta
+	}()
+	// The object is named by its sequence, known once the snapshot is written: it is
+	// written under a name of its own, then renamed; a reader never sees half of one.
+	tmp := snapshotPrefix + "part-" + l.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, pr)
+	pr.CloseWithError(err) // a failed put unblocks the writer
+	meta := <-metas
+	if err != nil {
+		_ = obs.Delete(context.WithoutCancel(ctx), tmp)
+		return Snapshot{}, fmt.Errorf("logstream: write snapshot: %w", err)
+	}
+	name := snapshotPrefix + fmt.Sprintf("%020d", meta.Seq)
+	if err := obs.UpdateMeta(ctx, tmp, jetstream.ObjectMeta{Name: name, Description: "flow state at log sequence " + strconv.FormatUint(meta.Seq, 10),
+		Headers: nats.Header{"Flow-Seq": []string{strconv.FormatUint(meta.Seq, 10)}, "Flow-Log": []string{meta.LogIdentity}}}); err != nil {
+		_ = obs.Delete(context.WithoutCancel(ctx), tmp)
+		if errors.Is(err, jetstream.ErrObjectAlreadyExists) { // one at this sequence is there already
+			return Snapshot{Name: name, Seq: meta.Seq, Size: info.Size, At: time.Now()}, nil
+		}
+		return Snapshot{}, fmt.Errorf("logstream: name snapshot %s: %w", name, err)
+	}
+	l.pruneSnapshots(ctx, obs)
+	l.log.Info("snapshot written", "seq", meta.Seq, "bytes", info.Size, "keys", meta.Keys)
+	return Snapshot{Name: name, Seq: meta.Seq, Size: info.Size, At: time.Now()}, nil
+}
+
+// pruneSnapshots deletes all but the newest KeepSnapshots, and parts left by writers
+// that died (older than a minute).
+func (l *Log) pruneSnapshots(ctx context.Context, obs jetstream.ObjectStore) {
+	snaps, err := listSnapshots(ctx, obs)
+	if err != nil {
+		return
+	}
+	for i := 0; i < len(snaps)-KeepSnapshots; i++ {
+		_ = obs.Delete(ctx, snaps[i].Name)
+	}
+	infos, _ := obs.List(ctx)
+	for _, in := range infos {
+		if strings.HasPrefix(in.Name, snapshotPrefix+"part-") && time.Since(in.ModTime) > time.Minute {
+			_ = obs.Delete(ctx, in.Name)
+		}
+	}
+}
+
+// PrepareState restores the newest snapshot into stateDir when this node cannot start
+// from the state it has: there is none (a new node joining a log that no longer starts
+// at 1), or it is behind the log's first sequence. A state that is behind is moved aside
+// (stateDir.replaced-<unix time>), never deleted. It does nothing when the state can
+// continue from the log, when the log is missing, or when no snapshot bridges the gap
+// (the log's checks then refuse the node and say why).
+func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir string, log *slog.Logger) error {
+	if stream == "" {
+		stream = DefaultStream
+	}
+	s, err := js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("logstream: stream %s: %w", stream, err)
+	}
+	info := s.CachedInfo()
+	first := info.State.FirstSeq
+	var applied uint64
+	_, statErr := os.Stat(stateDir)
+	if statErr == nil {
+		st, err := checkpoint.OpenStore(stateDir, checkpoint.StoreOptions{})
+		if err != nil {
+			return err
+		}
+		applied = st.Applied()
+		if err := st.Close(); err != nil {
+			return err
+		}
+	}
+	if first <= applied+1 {
+		return nil // the log holds every message after the applied one
+	}
+	snaps, err := Snapshots(ctx, js)
+	if err != nil {
+		return err
+	}
+	if len(snaps) == 0 {
+		return nil
+	}
+	newest := snaps[len(snaps)-1]
+	if newest.Seq+1 < first || newest.Seq <= applied {
+		return nil // it does not bridge the gap, or is no newer than the state
+	}
+	if statErr == nil {
+		aside := fmt.Sprintf("%s.replaced-%d", stateDir, time.Now().Unix())
+		if err := os.Rename(stateDir, aside); err != nil {
+			return fmt.Errorf("logstream: move the state behind the log aside: %w", err)
+		}
+		log.Warn("this node's state is behind the log's first sequence: moved aside, restoring the newest snapshot", "applied", applied, "first_seq", first, "moved_to", aside)
+	}
+	obs, err := js.ObjectStore(ctx, SnapshotBucket)
+	if err != nil {
+		return fmt.Errorf("logstream: snapshot bucket: %w", err)
+	}
+	oi, err := obs.GetInfo(ctx, newest.Name)
+	if err != nil {
+		return fmt.Errorf("logstream: snapshot %s: %w", newest.Name, err)
+	}
+	if have, want := oi.Headers.Get("Flow-Log"), identity(stream, info.Created); have != "" && have != want {
+		return nil // a snapshot of another log (the stream was recreated): the log's checks say so
+	}
+	r, err := obs.Get(ctx, newest.Name)
+	if err != nil {
+		return fmt.Errorf("logstream: read snapshot %s: %w", newest.Name, err)
+	}
+	defer r.Close()
+	began := time.Now()
+	meta, err := checkpoint.RestoreSnapshot(stateDir, r, nil)
+	if err != nil {
+		return fmt.Errorf("logstream: restore snapshot %s: %w", newest.Name, err)
+	}
+	log.Info("restored the newest snapshot", "seq", meta.Seq, "keys", meta.Keys, "took", time.Since(began))
+	return nil
+}
