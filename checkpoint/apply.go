@@ -40,6 +40,7 @@ type cachedRun struct {
 	dirtySteps map[string]bool
 	items      map[string]map[int]bool // checkpointed foreach items, by step (loaded lazily)
 	touched    uint64                  // the sequence of the message that last touched it
+	retired    bool                    // a retire entry of this message removes it at commit
 }
 
 func newApplyBatch(s *Store, seq uint64) *applyBatch {
@@ -51,6 +52,10 @@ func (tx *applyBatch) close() { _ = tx.b.Close() }
 func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		id := c.run.ID
+		if c.retired {
+			tx.deleteRun(c)
+			continue
+		}
 		if c.runDirty {
 			c.run.UpdatedSeq = tx.seq
 			if err := tx.putJSON(keyRun(id), c.run); err != nil {
@@ -88,6 +93,10 @@ func (tx *applyBatch) commit() error {
 		tx.s.scheduleChanged()
 	}
 	for _, c := range tx.order {
+		if c.retired {
+			delete(tx.s.runs, c.run.ID)
+			continue
+		}
 		tx.s.noteQueue(c.run)
 		if c.origStatus != c.run.Status && tx.s.onStatus != nil {
 			tx.s.onStatus(c.run.ID, c.run.Status)
@@ -110,6 +119,9 @@ func (tx *applyBatch) putJSON(key []byte, v any) error {
 // load returns the run, or nil if it does not exist.
 func (tx *applyBatch) load(id string) (*cachedRun, error) {
 	c, ok := tx.s.runs[id]
+	if ok && c.retired {
+		return nil, nil // retired by an earlier entry of this message
+	}
 	if !ok {
 		var r Run
 		found, err := getJSON(tx.s.db, keyRun(id), &r)
@@ -200,6 +212,8 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		err = tx.retry(c, e)
 	case KindPurge:
 		err = tx.purge(c, e)
+	case KindRetire:
+		err = tx.retire(c, e)
 	}
 	var fe *FencedError
 	switch {

@@ -29,11 +29,14 @@ const (
 	KindCronTick   Kind = "cron_tick"   // a cron fire time and its outcome (scheduler)
 	KindWorkflow   Kind = "workflow"    // apply a workflow: a new version if its source changed
 	KindPurge      Kind = "purge"       // take a dead-lettered run out of the DLQ for good (cancelled)
+	KindRetire     Kind = "retire"      // remove a run that ended longer ago than the retention (scheduler; format 2)
 )
 
-// FormatVersion is the version of the message envelope written by this code. A message
-// of another version stops the applier (it was written by newer code).
-const FormatVersion = 1
+// FormatVersion is the newest version of the message envelope this code reads and
+// writes. Version 2 adds the retire entry; a message is written at the lowest version
+// that holds its entries (FormatFor). A message of a newer version stops the applier
+// (it was written by newer code): "upgrade flowd".
+const FormatVersion = 2
 
 // ItemWhole is the Item of an entry about a whole step rather than one foreach item.
 const ItemWhole = -1
@@ -193,7 +196,7 @@ func (e *Entry) Validate() error {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
 		}
 		return nil
-	case KindDeadLetter:
+	case KindDeadLetter, KindRetire:
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
@@ -251,15 +254,31 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	return nil
 }
 
-// EncodeEnvelope joins already-encoded entries into one message without re-encoding.
+// FormatFor is the lowest format version whose readers know kind: a message is written
+// at the highest of its entries', so that a node that does not know a kind stops with
+// "upgrade" instead of rejecting the message that others apply.
+func FormatFor(kind Kind) int {
+	if kind == KindRetire {
+		return 2
+	}
+	return 1
+}
+
+// EncodeEnvelope joins already-encoded entries into one message of format version 1
+// without re-encoding.
 func EncodeEnvelope(node string, entries [][]byte) []byte {
+	return EncodeEnvelopeVersion(node, 1, entries)
+}
+
+// EncodeEnvelopeVersion is EncodeEnvelope at a format version (FormatFor).
+func EncodeEnvelopeVersion(node string, version int, entries [][]byte) []byte {
 	n := 32 + len(node)
 	for _, e := range entries {
 		n += len(e) + 1
 	}
 	var b bytes.Buffer
 	b.Grow(n)
-	fmt.Fprintf(&b, `{"v":%d,"node":%q,"entries":[`, FormatVersion, node)
+	fmt.Fprintf(&b, `{"v":%d,"node":%q,"entries":[`, version, node)
 	for i, e := range entries {
 		if i > 0 {
 			b.WriteByte(',')
@@ -293,25 +312,27 @@ func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	if dec.More() {
 		return nil, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
 	}
-	if env.V != FormatVersion {
-		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads version %d", env.V, FormatVersion)}
+	if env.V < 1 || env.V > FormatVersion {
+		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads versions 1 to %d", env.V, FormatVersion)}
 	}
 	if len(env.Entries) == 0 {
 		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
 	}
 	for i := range env.Entries {
-		if !knownKind(env.Entries[i].Kind) {
+		if !knownKind(env.Entries[i].Kind, env.V) {
 			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q", i, env.Entries[i].Kind)}
 		}
 	}
 	return env.Entries, nil
 }
 
-func knownKind(k Kind) bool {
+func knownKind(k Kind, version int) bool {
 	switch k {
 	case KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
 		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow, KindPurge:
 		return true
+	case KindRetire:
+		return version >= 2
 	}
 	return false
 }

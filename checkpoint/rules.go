@@ -441,3 +441,33 @@ func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 	r.Error, r.FailedStep, r.DeadLetter = "", "", ""
 	return nil
 }
+
+// retire removes a run that ended (succeeded, failed or cancelled) with everything it
+// holds: the leader writes it when the run's end is older than the retention. A
+// dead-lettered run stays until purged; a run that has not ended is not retired.
+func (tx *applyBatch) retire(c *cachedRun, e *Entry) error {
+	switch c.run.Status {
+	case StatusSucceeded, StatusFailed, StatusCancelled:
+	default:
+		return tx.conflict(c, e, "only a succeeded, failed or cancelled run is retired (a dead-lettered one stays until purged)")
+	}
+	c.retired = true
+	return nil
+}
+
+// deleteRun deletes a retired run's record, steps, items, fenced commits, events and
+// index entries, after everything else this message wrote about it.
+func (tx *applyBatch) deleteRun(c *cachedRun) {
+	id := c.run.ID
+	_ = tx.b.Delete(keyRun(id), nil)
+	for _, prefix := range [][]byte{[]byte("s/" + id + "/"), []byte("i/" + id + "/"), prefixFenced(id), prefixEvents(id)} {
+		_ = tx.b.DeleteRange(prefix, prefixEnd(prefix), nil)
+	}
+	for _, st := range []RunStatus{c.origStatus, c.run.Status} {
+		if st != "" {
+			_ = tx.b.Delete(keyByStatus(st, id), nil)
+			_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, st, id), nil)
+		}
+	}
+	tx.s.counters.Retired.Add(1)
+}

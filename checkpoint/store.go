@@ -135,6 +135,7 @@ type Counters struct {
 	StaleTerms      atomic.Int64 // scheduler entries rejected for their term
 	DeadLettered    atomic.Int64
 	LogRejected     atomic.Int64 // log messages that could not be decoded, recorded as rejected
+	Retired         atomic.Int64 // runs removed at the end of their retention
 }
 
 // Counters returns the applier's counters.

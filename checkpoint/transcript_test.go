@@ -204,7 +204,11 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 	if len(entries) == 0 {
 		d.Fatalf(t, "apply needs at least one entry")
 	}
-	verdicts, err := tr.s.Apply(seq, EncodeEnvelope("transcript", datas))
+	version := 1
+	for _, e := range entries {
+		version = max(version, FormatFor(e.Kind))
+	}
+	verdicts, err := tr.s.Apply(seq, EncodeEnvelopeVersion("transcript", version, datas))
 	if err != nil {
 		d.Fatalf(t, "apply at %d: %v", seq, err)
 	}

@@ -3,11 +3,13 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/streams"
 	"github.com/flowrun/flow/logstream"
 )
@@ -180,4 +182,69 @@ func (s *scheduler) compactTo(ctx context.Context, snapshotSeq uint64) {
 	if _, err := s.e.compact(ctx, snapshotSeq); err != nil && ctx.Err() == nil {
 		s.e.log.Error("compaction failed; trying again later", "err", err)
 	}
+}
+
+// retireBatch bounds the runs one retention pass retires (a message holds 256 entries).
+const retireBatch = 1024
+
+// retentionEvery is how often the leader looks for runs to retire: a tenth of the
+// retention, between a second and ten minutes (a pass reads every ended run).
+func (e *Engine) retentionEvery() time.Duration {
+	return min(max(e.cfg.Retention/10, time.Second), 10*time.Minute)
+}
+
+// runRetention is the leader's retention duty: it writes, through the log, a retire
+// entry for every run that ended (succeeded, failed, cancelled) longer than Retention
+// ago, so that every node removes the same runs with their history. Dead-lettered runs
+// stay until purged.
+func (s *scheduler) runRetention(ctx context.Context) {
+	tick := time.NewTicker(s.e.retentionEvery())
+	defer tick.Stop()
+	for {
+		for s.retireOnce(ctx) == retireBatch { // a full pass: there may be more now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// retireOnce retires up to retireBatch runs whose end is older than the retention and
+// returns how many it asked to retire.
+func (s *scheduler) retireOnce(ctx context.Context) int {
+	cutoff := s.e.cfg.Now().Add(-s.e.cfg.Retention)
+	var entries []checkpoint.Entry
+	for _, st := range []checkpoint.RunStatus{checkpoint.StatusSucceeded, checkpoint.StatusFailed, checkpoint.StatusCancelled} {
+		err := s.e.store.EachRun(checkpoint.ListOptions{Status: st}, func(r *checkpoint.Run) bool {
+			if r.UpdatedAt.Before(cutoff) {
+				entries = append(entries, checkpoint.Entry{Kind: checkpoint.KindRetire, Run: r.ID})
+			}
+			return len(entries) < retireBatch && ctx.Err() == nil
+		})
+		if err != nil || len(entries) >= retireBatch {
+			break
+		}
+	}
+	asked := len(entries)
+	for len(entries) > 0 && ctx.Err() == nil {
+		n := min(len(entries), 256)
+		batch := entries[:n]
+		entries = entries[n:]
+		if err := s.term.Check(); err != nil {
+			return 0
+		}
+		for i := range batch {
+			batch[i].Term, batch[i].Owner = s.term.Term(), s.e.cfg.NodeID
+		}
+		if _, err := s.e.clog.WriteAll(ctx, batch...); err != nil && !errors.Is(err, checkpoint.ErrConflict) && !errors.Is(err, checkpoint.ErrNotFound) {
+			s.e.log.Error("retention: retire runs", "err", err)
+			return 0
+		}
+	}
+	if asked > 0 {
+		s.e.log.Info("retention: retired runs that ended before the cutoff", "runs", asked, "cutoff", cutoff)
+	}
+	return asked
 }

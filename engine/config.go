@@ -56,10 +56,17 @@ type Config struct {
 	// the state (default 100,000); after each it compacts the log (docs/checkpoint.md,
 	// "Snapshots and compaction").
 	SnapshotEvery uint64
+	// Retention is how long a run that ended (succeeded, failed, cancelled) is kept
+	// before the leader retires it from every node's state (default 720h). Dead-lettered
+	// runs stay until purged.
+	Retention time.Duration
 
 	// unsynced: the embedded server does not fsync (benchmarks of what is not the disk).
 	unsynced bool
 }
+
+// DefaultRetention is Config.Retention's default: 30 days.
+const DefaultRetention = 720 * time.Hour
 
 // DefaultSnapshotEvery is Config.SnapshotEvery's default.
 const DefaultSnapshotEvery = 100_000
@@ -95,6 +102,9 @@ func (c *Config) validate() error {
 	}
 	if c.CronGrace <= 0 {
 		c.CronGrace = 30 * time.Second
+	}
+	if c.Retention <= 0 {
+		c.Retention = DefaultRetention
 	}
 	if c.SnapshotEvery == 0 {
 		c.SnapshotEvery = DefaultSnapshotEvery

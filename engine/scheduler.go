@@ -61,10 +61,11 @@ func (s *scheduler) run(parent context.Context) {
 		return
 	}
 	s.reconcile(ctx)
-	cronDone, snapDone := make(chan struct{}), make(chan struct{})
+	cronDone, snapDone, retireDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() { defer close(cronDone); s.runCron(ctx) }()
 	go func() { defer close(snapDone); s.runSnapshots(ctx) }()
-	defer func() { cancel(); <-cronDone; <-snapDone }()
+	go func() { defer close(retireDone); s.runRetention(ctx) }()
+	defer func() { cancel(); <-cronDone; <-snapDone; <-retireDone }()
 	reconcile := time.NewTicker(s.e.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {

@@ -415,16 +415,18 @@ func (l *Log) publish(ctx context.Context, batch []*request) {
 	id := l.cfg.Node + "." + l.nonce + "." + strconv.FormatUint(l.counter.Add(1), 36)
 	tickets := make([]*Ticket, 0, len(batch))
 	datas := make([][]byte, 0, len(batch))
+	version := 1
 	for _, r := range batch {
 		r.chain(func(x *request) {
 			tickets, datas = append(tickets, x.ticket), append(datas, x.data)
+			version = max(version, checkpoint.FormatFor(x.kind))
 		})
 	}
 	l.mu.Lock()
 	l.mu.pending[id] = tickets
 	l.mu.Unlock()
 
-	msg := &nats.Msg{Subject: l.cfg.Subject, Data: checkpoint.EncodeEnvelope(l.cfg.Node, datas), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: l.cfg.Subject, Data: checkpoint.EncodeEnvelopeVersion(l.cfg.Node, version, datas), Header: nats.Header{}}
 	job := l.predecode(msg.Data)
 	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
 	defer cancel()

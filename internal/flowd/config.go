@@ -39,6 +39,8 @@ type Config struct {
 	DrainTime  time.Duration
 	// SnapshotEvery is how many log messages pass between the leader's snapshots.
 	SnapshotEvery uint64
+	// Retention is how long an ended run is kept.
+	Retention time.Duration
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -64,6 +66,7 @@ var options = []option{
 	{"fast-fail", "false", "exit the process when a lease cannot be renewed by 70% of its TTL"},
 	{"scheduler", "true", "take part in leader elections (false: this node only runs steps)"},
 	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
+	{"retention", "720h", "how long a run that ended (succeeded, failed, cancelled) is kept before every node removes it"},
 	{"snapshot-every", "100000", "log messages between the leader's snapshots of the state (the log is compacted below them)"},
 }
 
@@ -178,6 +181,11 @@ func Load(args []string, env []string) (*Config, error) {
 	}
 	if _, err := fmt.Sscan(get("workers"), &c.Workers); err != nil || c.Workers < 1 || c.Workers > 10000 {
 		bad("workers", "%q: use a whole number from 1 to 10000", get("workers"))
+	}
+	if d, err := time.ParseDuration(get("retention")); err != nil || d <= 0 {
+		bad("retention", "%q: use a positive duration, such as 720h (30 days) or 1m", get("retention"))
+	} else {
+		c.Retention = d
 	}
 	if n, err := strconv.ParseUint(get("snapshot-every"), 10, 64); err != nil || n < 100 || n > 1_000_000_000 {
 		bad("snapshot-every", "%q: use a whole number of log messages from 100 to 1000000000, such as 100000", get("snapshot-every"))

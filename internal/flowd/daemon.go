@@ -61,6 +61,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
+		Retention: cfg.Retention,
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {

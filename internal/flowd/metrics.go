@@ -31,6 +31,7 @@ func newMetrics() *metrics {
 		"flow_epoch_changes_total":          "New epochs given to runs (assigns applied).",
 		"flow_stale_term_rejections_total":  "Scheduler entries rejected for a stale leader term.",
 		"flow_log_rejected_total":           "Log messages this node's applier could not decode and recorded as rejected.",
+		"flow_runs_retired_total":           "Runs removed from this node's state at the end of their retention.",
 		"flow_leader_term":                  "Highest leader term applied.",
 		"flow_is_leader":                    "1 if this node leads the scheduler.",
 		"flow_lease_renewals_total":         "Lease and term renewals, by result (ok, failed).",
@@ -99,6 +100,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_epoch_changes_total", float64(c.EpochChanges.Load()))
 	counter("flow_stale_term_rejections_total", float64(c.StaleTerms.Load()))
 	counter("flow_log_rejected_total", float64(c.LogRejected.Load()))
+	counter("flow_runs_retired_total", float64(c.Retired.Load()))
 	term, leader := e.Store().HighestTerm(), 0.0
 	if t := e.Leading(); t != nil {
 		term, leader = max(term, t.Term()), 1
