@@ -51,9 +51,12 @@ func (l *Log) checkInfo(info *jetstream.StreamInfo, appliedBefore uint64) error 
 	case have != id:
 		return l.wrongLog("this node's state was built from the stream %s, and the stream now is %s: it was deleted and created again, so its sequences are not the ones applied", have, id)
 	}
-	if applied > 0 && info.State.FirstSeq > applied+1 {
+	if first := info.State.FirstSeq; first > applied+1 {
+		if applied == 0 { // an empty state (or one whose unsynced writes a crash lost)
+			return l.wrongLog("this node has no state and the log starts at sequence %d: messages 1 to %d were purged (compacted), and no snapshot bridges the gap", first, first-1)
+		}
 		return l.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them, and no snapshot bridges the gap",
-			applied, info.State.FirstSeq, applied+1, info.State.FirstSeq-1)
+			applied, first, applied+1, first-1)
 	}
 	if appliedBefore > info.State.LastSeq {
 		return l.wrongLog("this node applied the log up to sequence %d, and the log ends at %d: it is not the log this state was built from", appliedBefore, info.State.LastSeq)
