@@ -43,8 +43,15 @@ type cachedRun struct {
 	retired    bool                    // a retire entry of this message removes it at commit
 }
 
-func newApplyBatch(s *Store, seq uint64) *applyBatch {
-	return &applyBatch{s: s, b: s.db.NewBatch(), seq: seq, term: s.term.Load()}
+// newApplyBatch starts the batch of message seq. indexed makes it a batch that reads its
+// own writes (Pebble's indexed batch), which a retire needs to find every key of its run;
+// the others do without its cost.
+func newApplyBatch(s *Store, seq uint64, indexed bool) *applyBatch {
+	b := s.db.NewBatch()
+	if indexed {
+		b = s.db.NewIndexedBatch()
+	}
+	return &applyBatch{s: s, b: b, seq: seq, term: s.term.Load()}
 }
 
 func (tx *applyBatch) close() { _ = tx.b.Close() }

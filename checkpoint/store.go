@@ -205,7 +205,11 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 			return []error{}, s.reject(corrupt)
 		}
 	}
-	tx := newApplyBatch(s, seq)
+	indexed := false
+	for i := range entries {
+		indexed = indexed || entries[i].Kind == KindRetire
+	}
+	tx := newApplyBatch(s, seq, indexed)
 	defer tx.close()
 	verdicts := make([]error, len(entries))
 	for i := range entries {

@@ -1,0 +1,156 @@
+package logstream
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+)
+
+// BenchmarkJoin measures how long a node with an empty data dir takes to start from the
+// newest snapshot and the log after it, after R runs went through the log (R = 10,000
+// and 200,000, or FLOW_JOIN_RUNS), with the ended runs retired as they age (a retention
+// that keeps the last 1,000) or all kept; and, for comparison, a replay of the whole
+// log. Each run is two messages (submit and assign; claim, commit, complete). The
+// server does not fsync here: the subject is the join, not the disk (docs/perf.md).
+//
+//	go test -run '^$' -bench Join -benchtime 1x -timeout 1h ./logstream
+func BenchmarkJoin(b *testing.B) {
+	sizes := []int{10_000, 200_000}
+	if s := os.Getenv("FLOW_JOIN_RUNS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sizes = []int{n}
+	}
+	for _, runs := range sizes {
+		for _, retire := range []bool{true, false} {
+			b.Run(fmt.Sprintf("runs=%d/retention=%v", runs, retire), func(b *testing.B) {
+				for range b.N {
+					benchJoin(b, runs, retire)
+				}
+			})
+		}
+	}
+}
+
+func benchJoin(b *testing.B, runs int, retire bool) {
+	dir := b.TempDir()
+	env := startEnvSync(b, dir, false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	const kept = 1000
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	entry := func(e checkpoint.Entry) []byte {
+		e.At = at
+		raw, err := json.Marshal(e)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return raw
+	}
+	seq := uint64(0)
+	publish := func(version int, entries ...[]byte) {
+		if _, err := env.js.PublishAsync(DefaultSubject, checkpoint.EncodeEnvelopeVersion("bench", version, entries)); err != nil {
+			b.Fatal(err)
+		}
+		seq++
+	}
+	for i := range runs {
+		id := fmt.Sprintf("run-%07d", i)
+		publish(1, entry(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Submit: &checkpoint.Submit{Workflow: "w", Version: 1,
+			Trigger: checkpoint.TriggerManual, MaxEpochs: 3, Steps: []checkpoint.StepSpec{{Name: "a"}}}}),
+			entry(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1}))
+		epoch := int64(seq)
+		second := [][]byte{
+			entry(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: id, Epoch: epoch, Owner: "w"}),
+			entry(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: id, Step: "a", Item: checkpoint.ItemWhole, Epoch: epoch, Owner: "w", Output: json.RawMessage(`{"paid":12345}`)}),
+			entry(checkpoint.Entry{Kind: checkpoint.KindComplete, Run: id, Epoch: epoch, Owner: "w", Status: checkpoint.StatusSucceeded}),
+		}
+		version := 1
+		if retire && i >= kept {
+			second = append(second, entry(checkpoint.Entry{Kind: checkpoint.KindRetire, Run: fmt.Sprintf("run-%07d", i-kept), Term: 1}))
+			version = 2
+		}
+		publish(version, second...)
+		if i%2000 == 0 {
+			<-env.js.PublishAsyncComplete()
+		}
+	}
+	<-env.js.PublishAsyncComplete()
+	if err := env.log.CatchUp(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if env.store.Applied() != seq {
+		b.Fatalf("applied %d of %d", env.store.Applied(), seq)
+	}
+	// A replay of the whole log, for comparison.
+	began := time.Now()
+	replayed := startLogOn(b, env, filepath.Join(dir, "replay"), "replay")
+	if err := replayed.CatchUp(ctx); err != nil {
+		b.Fatal(err)
+	}
+	replay := time.Since(began)
+	replayed.Stop()
+	replayed.Store().Close()
+
+	snap, err := env.log.Snapshot(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream, err := env.js.Stream(ctx, DefaultStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(snap.Seq+1)); err != nil {
+		b.Fatal(err)
+	}
+	// The join: restore the newest snapshot, open the state, catch up.
+	b.ResetTimer()
+	began = time.Now()
+	state := filepath.Join(dir, "joined")
+	if err := PrepareState(ctx, env.js, "", state, env.log.log); err != nil {
+		b.Fatal(err)
+	}
+	joined := startLogOn(b, env, state, "joined")
+	if err := joined.CatchUp(ctx); err != nil {
+		b.Fatal(err)
+	}
+	join := time.Since(began)
+	b.StopTimer()
+	if _, err := joined.Store().Run(fmt.Sprintf("run-%07d", runs-1)); err != nil {
+		b.Fatalf("the joined node lacks the last run: %v", err)
+	}
+	joined.Stop()
+	joined.Store().Close()
+	b.ReportMetric(float64(join.Milliseconds()), "join-ms")
+	b.ReportMetric(float64(replay.Milliseconds()), "replay-ms")
+	b.ReportMetric(float64(snap.Size)/(1<<20), "snapshot-MiB")
+}
+
+// startLogOn opens a state in dir and a started Log over it.
+func startLogOn(b *testing.B, env *testEnv, dir, node string) *Log {
+	b.Helper()
+	store, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := Open(ctx, Config{JS: env.js, Store: store, Node: node})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := l.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return l
+}
