@@ -277,7 +277,17 @@ func (s *Store) getJSON(key []byte, v any) (bool, error) {
 	return getJSON(s.db, key, v)
 }
 
+// failReadOf, set at link time (-ldflags "-X .../checkpoint.failReadOf=r/victim") and
+// empty in every other build, makes every read of that one key fail as a disk read
+// would: the real-process test that a storage failure during apply stops the applier
+// (clustertest TestStorageFailureStopsTheNode). A package variable because a process's
+// hooks cannot be set from another process.
+var failReadOf string
+
 func getJSON(r pebble.Reader, key []byte, v any) (bool, error) {
+	if failReadOf != "" && string(key) == failReadOf {
+		return false, fmt.Errorf("checkpoint: read %q: %w: an injected read failure (failReadOf)", key, ErrStorage)
+	}
 	raw, closer, err := r.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil

@@ -401,6 +401,14 @@ func (e *Engine) Leading() *epoch.Term {
 func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 	staleTerms := 0 // terms won in a row below the applied term
 	for ctx.Err() == nil {
+		select {
+		case <-e.clog.Failed():
+			// A node whose state no longer follows the log must not schedule from it:
+			// it leaves the election (and says so in /readyz) until it is restarted.
+			e.log.Error("the applier stopped: this node no longer takes part in elections", "err", e.clog.Err())
+			return e.sitOut(ctx, alive)
+		default:
+		}
 		term, err := e.elector.Campaign(ctx, epoch.Heard(alive))
 		if err != nil {
 			return err
@@ -462,6 +470,20 @@ func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 		<-trusted
 	}
 	return ctx.Err()
+}
+
+// sitOut keeps the election part alive, doing nothing, until ctx ends.
+func (e *Engine) sitOut(ctx context.Context, alive func()) error {
+	tick := time.NewTicker(max(e.Silence()/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		alive()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
 }
 
 // supervise runs p under the engine's supervisor until ctx ends; Stop waits for it.

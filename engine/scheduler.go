@@ -82,6 +82,8 @@ func (s *scheduler) run(parent context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.e.clog.Failed():
+			return // the state no longer follows the log: step down (runLeadership sits out)
 		case ev := <-w.Events():
 			if ev.Kind == epoch.LeaseLapsed {
 				s.reclaim(ctx, ev.Lease.Run, ev.Lease.Epoch, checkpoint.ReasonLeaseExpired)

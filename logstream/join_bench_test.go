@@ -85,6 +85,11 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 		if i%2000 == 0 {
 			<-env.js.PublishAsyncComplete()
 		}
+		if retire && i > 0 && i%100_000 == 0 { // the soak: snapshot, compact, record the sizes
+			<-env.js.PublishAsyncComplete()
+			logBytes, stateBytes := compactAndMeasure(b, ctx, env, dir)
+			b.Logf("after %d runs: log %.1f MiB, state %.1f MiB", i, float64(logBytes)/(1<<20), float64(stateBytes)/(1<<20))
+		}
 	}
 	<-env.js.PublishAsyncComplete()
 	if err := env.log.CatchUp(ctx); err != nil {
@@ -135,6 +140,40 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	b.ReportMetric(float64(join.Milliseconds()), "join-ms")
 	b.ReportMetric(float64(replay.Milliseconds()), "replay-ms")
 	b.ReportMetric(float64(snap.Size)/(1<<20), "snapshot-MiB")
+	logBytes, stateBytes := compactAndMeasure(b, ctx, env, dir)
+	b.ReportMetric(float64(logBytes)/(1<<20), "log-MiB")
+	b.ReportMetric(float64(stateBytes)/(1<<20), "state-MiB")
+}
+
+// compactAndMeasure catches the node up, snapshots, purges the log below the snapshot
+// and returns the log's and the state's sizes on disk.
+func compactAndMeasure(b *testing.B, ctx context.Context, env *testEnv, dir string) (logBytes, stateBytes uint64) {
+	b.Helper()
+	if err := env.log.CatchUp(ctx); err != nil {
+		b.Fatal(err)
+	}
+	snap, err := env.log.Snapshot(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream, err := env.js.Stream(ctx, DefaultStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(snap.Seq+1)); err != nil {
+		b.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = filepath.Walk(filepath.Join(dir, "state"), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			stateBytes += uint64(fi.Size())
+		}
+		return nil
+	})
+	return info.State.Bytes, stateBytes
 }
 
 // startLogOn opens a state in dir and a started Log over it.

@@ -3,6 +3,8 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -321,4 +323,55 @@ func TestJoinFromASnapshotAfterCompaction(t *testing.T) {
 	serving(t, cl, 2)
 	runOne(t, cl, "after")
 	<-asked
+}
+
+// A read of this node's Pebble that fails during apply stops the applier (the node says
+// so in /readyz and answers no request from a state it could not update) instead of
+// becoming that entry's rejection while the batch commits, which silently made the node
+// diverge from the others. The failure is injected at link time for one run's record.
+// Control: the same run on a node built normally succeeds.
+func TestStorageFailureStopsTheNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds flowd with an injected fault and starts processes")
+	}
+	faulty := FlowdLinkedWith(t, "github.com/flowrun/flow/checkpoint.failReadOf=r/victim")
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
+	na := StartFlowd(t, c, "node-a", "--http", httpAddr)
+	na.Kill()
+	na.args[0] = faulty
+	na.Restart(t)
+	nb := StartFlowd(t, c, "node-b")
+	defer func() {
+		if t.Failed() {
+			t.Logf("node-a:\n%s\nnode-b:\n%s", tail(LogOf(na)), tail(LogOf(nb)))
+		}
+	}()
+	cl := dial(t, c)
+	serving(t, cl, 2)
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, cl, "control") // any run but the victim: both nodes apply it
+	_ = call(t, cl, "run.start", client.Request{Workflow: "one", ID: "victim"}, nil)
+	readyz := func() (int, string) {
+		hc := http.Client{Timeout: 3 * time.Second}
+		resp, err := hc.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	WaitFor(t, 60*time.Second, "node-a's /readyz to say its applier stopped on the storage failure", func() bool {
+		code, body := readyz()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "the applier stopped") && strings.Contains(body, "state storage failed")
+	})
+	// node-b, built normally, applied the same entries: the victim runs to its end there.
+	WaitFor(t, 60*time.Second, "the victim to succeed on node-b", func() bool {
+		var r client.Run
+		return call(t, cl, "run.get", client.Request{ID: "victim"}, &r) == nil && r.Status == "succeeded"
+	})
 }
