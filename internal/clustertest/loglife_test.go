@@ -63,6 +63,38 @@ func runOne(t *testing.T, cl *client.Client, id string) {
 
 const oneStep = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
 
+// logLife starts one NATS server and the flowd nodes named (with extra flags for the
+// first), waits until they serve, and applies the one-step workflow.
+func logLife(t *testing.T, first []string, names ...string) (*Cluster, *client.Client, []*Proc) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts NATS and flowd processes")
+	}
+	c := StartNATS(t, 1)
+	waitJetStream(t, c)
+	var nodes []*Proc
+	for i, name := range names {
+		var extra []string
+		if i == 0 {
+			extra = first
+		}
+		nodes = append(nodes, StartFlowd(t, c, name, extra...))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				t.Logf("%s:\n%s", n.Name, tail(LogOf(n)))
+			}
+		}
+	})
+	cl := dial(t, c)
+	serving(t, cl, len(names))
+	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c, cl, nodes
+}
+
 // Garbage published to the log (7 bytes, from any client that can reach NATS) is
 // rejected at its sequence by every node, and applying goes on: both nodes keep
 // answering and a run started after it succeeds. Deleting the message, which then is the
@@ -70,23 +102,8 @@ const oneStep = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
 // one malformed message stopped every applier, and after its removal a restarted node
 // waited for the deleted sequence for good.)
 func TestGarbageInTheLogStopsNoNode(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts NATS and two flowd processes")
-	}
-	c := StartNATS(t, 1)
-	waitJetStream(t, c)
-	na := StartFlowd(t, c, "node-a")
-	nb := StartFlowd(t, c, "node-b")
-	defer func() {
-		if t.Failed() {
-			t.Logf("node-a:\n%s\nnode-b:\n%s", tail(LogOf(na)), tail(LogOf(nb)))
-		}
-	}()
-	cl := dial(t, c)
-	serving(t, cl, 2)
-	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, cl, nodes := logLife(t, nil, "node-a", "node-b")
+	na, nb := nodes[0], nodes[1]
 	runOne(t, cl, "before")
 	js := jsOf(t, c)
 	ctx := logCtx(t)
@@ -134,17 +151,8 @@ func TestGarbageInTheLogStopsNoNode(t *testing.T) {
 // on it again; a node with an empty data dir starts on the new stream. (Before: the node
 // served its stale state and timed out on every write.)
 func TestRecreatedLogIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts NATS and flowd processes")
-	}
-	c := StartNATS(t, 1)
-	waitJetStream(t, c)
-	na := StartFlowd(t, c, "node-a")
-	cl := dial(t, c)
-	serving(t, cl, 1)
-	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, cl, nodes := logLife(t, nil, "node-a")
+	na := nodes[0]
 	runOne(t, cl, "before")
 	js := jsOf(t, c)
 	ctx := logCtx(t)
@@ -179,18 +187,8 @@ func TestRecreatedLogIsRefused(t *testing.T) {
 // the node refuses to start (exit 1, saying messages were purged and how to recover)
 // instead of coming back ready with a fraction of the runs and no workflows.
 func TestTruncatedLogIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts NATS and flowd processes")
-	}
-	c := StartNATS(t, 1)
-	waitJetStream(t, c)
-	na := StartFlowd(t, c, "node-a")
-	nb := StartFlowd(t, c, "node-b")
-	cl := dial(t, c)
-	serving(t, cl, 2)
-	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, cl, nodes := logLife(t, nil, "node-a", "node-b")
+	na, nb := nodes[0], nodes[1]
 	runOne(t, cl, "r1")
 	nb.Kill()
 	for i := 2; i <= 4; i++ {
@@ -223,22 +221,7 @@ func TestTruncatedLogIsRefused(t *testing.T) {
 // scheduling (the leader raises the bucket's terms above it) instead of rejecting every
 // later assign as stale and spinning on their own rejections while /readyz says ready.
 func TestHighTermDoesNotStopScheduling(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts NATS and flowd processes")
-	}
-	c := StartNATS(t, 1)
-	waitJetStream(t, c)
-	na := StartFlowd(t, c, "node-a")
-	defer func() {
-		if t.Failed() {
-			t.Logf("node-a:\n%s", tail(LogOf(na)))
-		}
-	}()
-	cl := dial(t, c)
-	serving(t, cl, 1)
-	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, cl, _ := logLife(t, nil, "node-a")
 	runOne(t, cl, "before")
 	const forged = int64(1) << 40
 	entry := fmt.Sprintf(`{"v":1,"node":"forger","entries":[{"k":"cron_tick","term":%d,"owner":"forger","tick":{"workflow":"one","at":"2026-12-01T02:00:00Z","outcome":"skipped-overlap"},"at":"2026-12-01T02:00:00Z"}]}`, forged)
@@ -258,22 +241,8 @@ func TestHighTermDoesNotStopScheduling(t *testing.T) {
 // serves (a half-written snapshot is never used: it is written under a name of its own
 // and renamed when complete).
 func TestJoinFromASnapshotAfterCompaction(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts NATS and flowd processes")
-	}
-	c := StartNATS(t, 1)
-	waitJetStream(t, c)
-	na := StartFlowd(t, c, "node-a", "--snapshot-every", "100")
-	defer func() {
-		if t.Failed() {
-			t.Logf("node-a:\n%s", tail(LogOf(na)))
-		}
-	}()
-	cl := dial(t, c)
-	serving(t, cl, 1)
-	if err := call(t, cl, "workflow.apply", client.Request{File: "one.yaml", YAML: oneStep}, nil); err != nil {
-		t.Fatal(err)
-	}
+	c, cl, nodes := logLife(t, []string{"--snapshot-every", "100"}, "node-a")
+	na := nodes[0]
 	for i := range 45 {
 		runOne(t, cl, fmt.Sprintf("r%02d", i))
 	}
