@@ -98,7 +98,17 @@ func cmpUint(a, b uint64) int {
 // state is read from a Pebble snapshot while applying goes on), checksummed by the
 // format and by the object store; then it deletes all but the newest KeepSnapshots.
 func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
-	obs, err := openSnapshots(ctx, l.cfg.JS, l.cfg.Replicas)
+	// A JetStream context of its own: the object store publishes chunks asynchronously,
+	// and sharing the node's context, whose async publishes (tasks) stay outstanding on
+	// a busy node, made every snapshot fail with "stalled with too many outstanding
+	// async published messages" in the soak (docs/perf.md). At most 512 chunks (64 MiB)
+	// are in flight, and a chunk may wait two minutes for its ack (a busy node fsyncs
+	// the log first: "timeout waiting for ack" came next in the soak).
+	js, err := jetstream.New(l.cfg.JS.Conn(), jetstream.WithPublishAsyncMaxPending(512), jetstream.WithPublishAsyncTimeout(2*time.Minute))
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("logstream: snapshot: %w", err)
+	}
+	obs, err := openSnapshots(ctx, js, l.cfg.Replicas)
 	if err != nil {
 		return Snapshot{}, err
 	}
