@@ -54,11 +54,21 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 	}
 	defer it.Stop()
 	l.hooks.Deaf.Store(false)
+	// The applier's Next is given its own context: the ordered consumer's Next was seen
+	// (under -race, a stream deleted under it) not to return after Stop alone.
+	actx, stopApplier := context.WithCancel(ctx)
+	defer stopApplier()
 	done := make(chan error, 1)
-	go func() { done <- l.runApplier(ctx, it, alive) }()
+	go func() { done <- l.runApplier(actx, it, alive) }()
+	end := func() {
+		stopApplier()
+		it.Stop()
+		<-done
+	}
 	probe := time.NewTicker(max(l.cfg.StallTimeout/4, 10*time.Millisecond))
 	defer probe.Stop()
 	if err := l.probeCaughtUp(ctx, alive); err != nil {
+		end()
 		return l.cannotContinue(err)
 	}
 	lastApplied := l.cfg.Store.Applied()
@@ -67,8 +77,7 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 		case err := <-done:
 			return err
 		case <-ctx.Done():
-			it.Stop()
-			<-done
+			end()
 			return ctx.Err()
 		case <-probe.C:
 			if a := l.cfg.Store.Applied(); a != lastApplied {
@@ -76,8 +85,7 @@ func (l *Log) runConsumer(ctx context.Context, it jetstream.MessagesContext, ali
 				continue
 			}
 			if err := l.probeCaughtUp(ctx, alive); err != nil {
-				it.Stop()
-				<-done
+				end()
 				return l.cannotContinue(err)
 			}
 		}
@@ -181,7 +189,7 @@ func (l *Log) runDecoder(ctx context.Context) {
 // state may be half-applied) ends it for good: supervise.Fatal.
 func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		select {
 		case <-l.failed: // applyOwn failed: the state may be half-applied, apply nothing more
 			return supervise.Fatal(l.Err())
