@@ -98,16 +98,17 @@ func cmpUint(a, b uint64) int {
 // state is read from a Pebble snapshot while applying goes on), checksummed by the
 // format and by the object store; then it deletes all but the newest KeepSnapshots.
 func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
-	// A JetStream context of its own: the object store publishes chunks asynchronously,
-	// and sharing the node's context, whose async publishes (tasks) stay outstanding on
-	// a busy node, made every snapshot fail with "stalled with too many outstanding
-	// async published messages" in the soak (docs/perf.md). At most 512 chunks (64 MiB)
-	// are in flight, and a chunk may wait two minutes for its ack (a busy node fsyncs
-	// the log first: "timeout waiting for ack" came next in the soak).
-	js, err := jetstream.New(l.cfg.JS.Conn(), jetstream.WithPublishAsyncMaxPending(512), jetstream.WithPublishAsyncTimeout(2*time.Minute))
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("logstream: snapshot: %w", err)
+	// The object store's Put publishes every chunk asynchronously through a JetStream
+	// context it makes itself, whose ack timeout is the default request timeout (5 s)
+	// unless ctx has a deadline; behind a busy node's synced log a chunk's ack can take
+	// longer ("timeout waiting for ack" in the soak, docs/perf.md). With a deadline the
+	// whole upload is bounded by it instead.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, snapshotUploadTimeout)
+		defer cancel()
 	}
+	js := l.cfg.JS
 	obs, err := openSnapshots(ctx, js, l.cfg.Replicas)
 	if err != nil {
 		return Snapshot{}, err
@@ -122,7 +123,7 @@ func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
 	// The object is named by its sequence, known once the snapshot is written: it is
 	// written under a name of its own, then renamed; a reader never sees half of one.
 	tmp := snapshotPrefix + "part-" + l.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, pr)
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, fullChunks{pr})
 	pr.CloseWithError(err) // a failed put unblocks the writer
 	meta := <-metas
 	if err != nil {
@@ -141,6 +142,24 @@ func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
 	l.pruneSnapshots(ctx, obs)
 	l.log.Info("snapshot written", "seq", meta.Seq, "bytes", info.Size, "keys", meta.Keys)
 	return Snapshot{Name: name, Seq: meta.Seq, Size: info.Size, At: time.Now()}, nil
+}
+
+// snapshotUploadTimeout bounds a snapshot's upload when the caller gives no deadline.
+const snapshotUploadTimeout = 10 * time.Minute
+
+// fullChunks makes every Read fill p (but the last): the object store sends one message
+// per Read, and a pipe returns what each Write wrote (16 KiB from the snapshot's
+// writer), so a 70 MiB snapshot became 4,500 small messages, more than a JetStream
+// context lets be outstanding ("stalled with too many outstanding async published
+// messages" in the soak), each one fsynced on its own.
+type fullChunks struct{ r io.Reader }
+
+func (f fullChunks) Read(p []byte) (int, error) {
+	n, err := io.ReadFull(f.r, p)
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // pruneSnapshots deletes all but the newest KeepSnapshots, and parts left by writers
