@@ -171,6 +171,9 @@ func (tx *applyBatch) judge(idx int, e *Entry) error {
 			return rej
 		}
 	}
+	if tx.s.hooks.TermFromAnyEntry && e.Term > 0 {
+		tx.term = max(tx.term, e.Term) // the guard's negative control: before the entry is judged
+	}
 	err := tx.judgeKind(idx, e)
 	if err == nil && e.Term > 0 {
 		// Only an accepted entry raises the term: one rejected for anything else (a

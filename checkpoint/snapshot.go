@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"os"
+	"strconv"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -118,6 +120,9 @@ func RestoreSnapshot(dir string, r io.Reader, fs vfs.FS) (SnapshotMeta, error) {
 	if err != nil {
 		return meta, err
 	}
+	if haltRestoreAfter != "" {
+		r = haltingReader(r, haltRestoreAfter)
+	}
 	meta, err = readSnapshot(s.db, r)
 	if cerr := s.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -131,6 +136,29 @@ func RestoreSnapshot(dir string, r io.Reader, fs vfs.FS) (SnapshotMeta, error) {
 	}
 	return meta, nil
 }
+
+// haltRestoreAfter, set at link time (-ldflags "-X .../checkpoint.haltRestoreAfter=65536")
+// and empty in every other build, makes a restore stop for good after reading that many
+// bytes, having said so on stderr: the real-process test SIGKILLs the node there
+// (clustertest TestCrashDuringSnapshotRestoreAndPurge).
+var haltRestoreAfter string
+
+// haltingReader reads through r until after bytes (a decimal string), then says so and
+// blocks until the process is killed.
+func haltingReader(r io.Reader, after string) io.Reader {
+	n, err := strconv.ParseInt(after, 10, 64)
+	if err != nil {
+		return r
+	}
+	return io.MultiReader(io.LimitReader(r, n), readerFunc(func([]byte) (int, error) {
+		fmt.Fprintln(os.Stderr, "checkpoint: restore halted for a test (haltRestoreAfter)")
+		select {} // the test SIGKILLs this process
+	}))
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // readSnapshot writes the snapshot's records into db, verifying it as it goes.
 func readSnapshot(db *pebble.DB, r io.Reader) (SnapshotMeta, error) {

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -129,11 +132,31 @@ func (e *Engine) compact(ctx context.Context, snapshotSeq uint64) (uint64, error
 	if keep <= s.CachedInfo().State.FirstSeq {
 		return 0, nil
 	}
+	if killDuringPurge != "" {
+		e.killDuringPurge(s, keep)
+	}
 	if err := s.Purge(ctx, jetstream.WithPurgeSequence(keep)); err != nil {
 		return 0, fmt.Errorf("engine: compact the log below %d: %w", keep, err)
 	}
 	e.log.Info("log compacted", "first_seq", keep, "snapshot_seq", snapshotSeq)
 	return keep, nil
+}
+
+// killDuringPurge, set at link time (-ldflags "-X .../engine.killDuringPurge=1") and empty
+// in every other build, makes the leader SIGKILL its own process while its first purge
+// of the log is under way (with the embedded server, the server dies mid-purge too): the
+// real-process test that a node still starts after a crash during a purge (clustertest
+// TestCrashDuringSnapshotRestoreAndPurge).
+var killDuringPurge string
+
+func (e *Engine) killDuringPurge(s jetstream.Stream, keep uint64) {
+	e.log.Warn("test build: this process kills itself during the purge (killDuringPurge)", "below", keep)
+	go func() { _ = s.Purge(context.Background(), jetstream.WithPurgeSequence(keep)) }()
+	// A jitter of up to a millisecond, so that repeated runs land at different points of
+	// the purge: fault injection, not synchronisation.
+	time.Sleep(time.Duration(rand.Int64N(int64(time.Millisecond))))
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
 }
 
 // runSnapshots is the leader's snapshot duty: every SnapshotEvery applied messages it

@@ -402,7 +402,7 @@ func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 	staleTerms := 0 // terms won in a row below the applied term
 	for ctx.Err() == nil {
 		select {
-		case <-e.clog.Failed():
+		case <-e.failedApplier():
 			// A node whose state no longer follows the log must not schedule from it:
 			// it leaves the election (and says so in /readyz) until it is restarted.
 			e.log.Error("the applier stopped: this node no longer takes part in elections", "err", e.clog.Err())
@@ -470,6 +470,15 @@ func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 		<-trusted
 	}
 	return ctx.Err()
+}
+
+// failedApplier is closed when this node's applier stopped for good (never, with the
+// NoSitOut control on).
+func (e *Engine) failedApplier() <-chan struct{} {
+	if e.hooks.NoSitOut.Load() {
+		return nil
+	}
+	return e.clog.Failed()
 }
 
 // sitOut keeps the election part alive, doing nothing, until ctx ends.

@@ -82,7 +82,7 @@ func (s *scheduler) run(parent context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.e.clog.Failed():
+		case <-s.e.failedApplier():
 			return // the state no longer follows the log: step down (runLeadership sits out)
 		case ev := <-w.Events():
 			if ev.Kind == epoch.LeaseLapsed {

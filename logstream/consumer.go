@@ -229,7 +229,12 @@ func (l *Log) runApplier(ctx context.Context, it jetstream.MessagesContext, aliv
 				return l.cannotContinue(err)
 			}
 		}
-		results, err := l.cfg.Store.Apply(seq, msg.Data())
+		var results []error
+		if l.hooks.FailApply.Load() { // as a storage failure does: nothing of it applied
+			err = fmt.Errorf("logstream: apply %d: %w: injected (Hooks.FailApply)", seq, checkpoint.ErrStorage)
+		} else {
+			results, err = l.cfg.Store.Apply(seq, msg.Data())
+		}
 		if err != nil {
 			l.log.Error("applier stopped", "seq", seq, "err", err)
 			l.fail(err)

@@ -123,7 +123,7 @@ func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
 	// The object is named by its sequence, known once the snapshot is written: it is
 	// written under a name of its own, then renamed; a reader never sees half of one.
 	tmp := snapshotPrefix + "part-" + l.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, fullChunks{pr})
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, l.uploadReader(ctx, pr))
 	pr.CloseWithError(err) // a failed put unblocks the writer
 	meta := <-metas
 	if err != nil {
@@ -161,6 +161,31 @@ func (f fullChunks) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// haltSnapshotAfter, set at link time (-ldflags "-X .../logstream.haltSnapshotAfter=131072")
+// and empty in every other build, makes a snapshot's upload stop after that many bytes,
+// having logged so, until its context ends: the real-process test SIGKILLs the node in
+// the middle of a snapshot write (clustertest TestCrashDuringSnapshotRestoreAndPurge).
+var haltSnapshotAfter string
+
+// uploadReader is what the object store reads a snapshot from: r in full chunks, and
+// halted where a test build says.
+func (l *Log) uploadReader(ctx context.Context, r io.Reader) io.Reader {
+	n, err := strconv.ParseInt(haltSnapshotAfter, 10, 64)
+	if haltSnapshotAfter == "" || err != nil {
+		return fullChunks{r}
+	}
+	halted := func(p []byte) (int, error) {
+		l.log.Warn("snapshot upload halted for a test (haltSnapshotAfter)", "after_bytes", n)
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return fullChunks{io.MultiReader(io.LimitReader(r, n), readerFunc(halted))}
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 // pruneSnapshots deletes all but the newest KeepSnapshots, and parts left by writers
 // that died (older than a minute).

@@ -18,6 +18,7 @@ type Hooks struct {
 	NoTermCheck       bool `guard:"store"` // accept scheduler entries of any term
 	NoStartCheck      bool `guard:"store"` // accept a step start of a step that is already checkpointed
 	NoClaimOnceCheck  bool `guard:"store"` // accept a claim of an epoch that was claimed before (and given up)
+	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (issue 14's spin)
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
@@ -27,6 +28,7 @@ type Hooks struct {
 	// The log (logstream).
 	PassQueue bool        // an inline write may go out ahead of queued ones (TestWritersKeepTheirOrder's control)
 	Deaf      atomic.Bool // the current consumer hears nothing until the supervisor replaces it
+	FailApply atomic.Bool // the applier stops on the next message it consumes, as on a storage failure
 
 	// The engine.
 	ForceDegraded    atomic.Bool  // this node's leases count as degraded
@@ -39,6 +41,7 @@ type Hooks struct {
 	AdmitPastWaiting atomic.Bool  // the short path may pass runs waiting for room (its control)
 	KeepEndedRunning atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
 	NoTermRaise      atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
+	NoSitOut         atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen
