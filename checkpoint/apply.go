@@ -263,7 +263,7 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 
 func (tx *applyBatch) event(c *cachedRun, idx int, e *Entry, outcome, detail string) {
 	_ = tx.putJSON(keyEvent(c.run.ID, tx.seq, idx), Event{
-		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
+		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner, Actor: e.Actor,
 		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At,
 	})
 }

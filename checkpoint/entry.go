@@ -48,6 +48,10 @@ type Entry struct {
 	Epoch int64  `json:"epoch,omitempty"` // the writer's epoch (claim, start, commit, fail, complete, requeue); assign: the epoch it replaces
 	Term  int64  `json:"term,omitempty"`  // leader term, on scheduler entries
 	Owner string `json:"owner,omitempty"` // worker or node that wrote it
+	// Actor is who asked for it, on entries the API writes for a person (run start,
+	// cancel, retry, DLQ retry and purge, workflow apply): the NATS user the server
+	// vouched for. Recorded in the history; never used to decide anything.
+	Actor string `json:"actor,omitempty"`
 	Step  string `json:"step,omitempty"`
 	Item  int    `json:"item,omitempty"` // foreach index, or ItemWhole
 

@@ -99,6 +99,7 @@ type Event struct {
 	Epoch   int64  `json:"epoch,omitempty"`
 	Term    int64  `json:"term,omitempty"`
 	Owner   string `json:"owner,omitempty"`
+	Actor   string `json:"actor,omitempty"` // the user who asked for it (with auth)
 	Step    string `json:"step,omitempty"`
 	Item    int    `json:"item,omitempty"`
 	Outcome string `json:"outcome"`

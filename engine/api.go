@@ -14,6 +14,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/audit"
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
@@ -54,7 +55,7 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err != nil {
 		return nil, err
 	}
-	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: e.cfg.NodeID,
+	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID,
 		Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}); err != nil {
 		return nil, err
 	}
@@ -138,7 +139,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
-	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: e.cfg.NodeID, Submit: sub}
+	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Submit: sub}
 	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
 	// the submit may be refused as a repeat while the assign, judged on its own, would
 	// give the existing run an epoch past its workflow's limits.
@@ -378,7 +379,7 @@ func (e *Engine) Cancel(ctx context.Context, id, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCancel, Run: id, Owner: e.cfg.NodeID, Reason: reason})
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCancel, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Reason: reason})
 	return err
 }
 
@@ -388,7 +389,7 @@ func (e *Engine) Retry(ctx context.Context, id string) error {
 	if err := e.running(); err != nil {
 		return err
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Run: id, Owner: e.cfg.NodeID})
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID})
 	return err
 }
 
@@ -398,6 +399,6 @@ func (e *Engine) Purge(ctx context.Context, id string) error {
 	if err := e.running(); err != nil {
 		return err
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Run: id, Owner: e.cfg.NodeID})
+	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID})
 	return err
 }

@@ -6,11 +6,19 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
+
+// NATSUser is a user of the embedded server (flowd --auth): a name and a password
+// (plain or bcrypt), or an nkey's public key, and a role (client.Roles).
+type NATSUser struct {
+	Name, Password, NKey, Role string
+}
 
 // Config of an Engine. Zero values take the documented defaults.
 type Config struct {
@@ -23,14 +31,23 @@ type Config struct {
 	// NATSListen is the embedded server's client address (default 127.0.0.1:4222);
 	// "-" means in process only (tests).
 	NATSListen string
+	// NATSOptions are added to the connection to an external NATS (credentials, TLS).
+	NATSOptions []nats.Option
+	// NATSAuth makes the embedded server refuse every connection but NATSUsers' (each
+	// with its role's permissions) and this process's own (docs/security.md).
+	NATSAuth  bool
+	NATSUsers []NATSUser
 	// Workers is how many runs this node executes at once (default 8).
 	Workers int
 	// StepParallelism bounds the steps of one run running at once (default 8).
 	StepParallelism int
 	// Lease configures run leases and the election (TTL default 10s).
 	Lease epoch.Config
-	// Registry holds the step kinds (default: the built-ins).
+	// Registry holds the step kinds (default: the built-ins, with ExecEnv).
 	Registry *steps.Registry
+	// ExecEnv names this process's environment variables that exec steps also get
+	// (steps.WithExecEnv); ignored when Registry is given.
+	ExecEnv []string
 	// MaxOutputBytes bounds one step output (default 1 MiB).
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
@@ -113,7 +130,7 @@ func (c *Config) validate() error {
 		c.ReconcileInterval = 2 * time.Second
 	}
 	if c.Registry == nil {
-		c.Registry = steps.NewRegistry(c.MaxOutputBytes)
+		c.Registry = steps.NewRegistry(c.MaxOutputBytes, steps.WithExecEnv(c.ExecEnv...))
 	}
 	if c.Registry.Has(DrillStepKind) {
 		return fmt.Errorf("engine: step kind %s is reserved for flowctl drill zombie", DrillStepKind)

@@ -121,13 +121,13 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 			listen = ""
 		}
 		e.srv, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(e.cfg.DataDir, "nats"), Listen: listen,
-			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced})
+			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced, Auth: e.cfg.NATSAuth, Users: natsUsers(e.cfg.NATSUsers)})
 		if err != nil {
 			return err
 		}
 		e.nc, err = e.srv.Connect(append(e.connOptions(), nats.Name(e.cfg.NodeID))...)
 	} else {
-		e.nc, err = natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID, e.connOptions()...)
+		e.nc, err = natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID, append(e.connOptions(), e.cfg.NATSOptions...)...)
 	}
 	if err != nil {
 		return err
@@ -174,7 +174,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.supervise(runCtx, supervise.Part{Name: "tasks", Silence: e.Silence(), Run: e.runWorkers})
 	e.wg.Add(1)
 	go func() { defer e.wg.Done(); e.reportApplied(runCtx) }()
-	e.log.Info("flow node started", "nats", e.natsURL(), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
+	e.log.Info("flow node started", "nats", natsnode.Redact(e.natsURL()), "data_dir", e.cfg.DataDir, "workers", e.cfg.Workers)
 	return nil
 }
 
@@ -529,3 +529,11 @@ func (e *Engine) connOptions() []nats.Option {
 
 // Supervisor reports the health of the node's long-lived NATS interactions.
 func (e *Engine) Supervisor() *supervise.Supervisor { return e.sup }
+
+func natsUsers(users []NATSUser) []natsnode.User {
+	out := make([]natsnode.User, len(users))
+	for i, u := range users {
+		out[i] = natsnode.User{Name: u.Name, Password: u.Password, NKey: u.NKey, Role: u.Role}
+	}
+	return out
+}

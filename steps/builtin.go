@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,26 @@ type Exec struct {
 	// KillGrace is the time between SIGTERM and SIGKILL when the step is stopped
 	// (default: the KillGrace constant, 2s; Input.StopGrace lowers it).
 	KillGrace time.Duration
+	// PassEnv names variables of this process's environment the command also gets.
+	// Without them it gets only BaseEnv of it: flowd's environment holds its secrets
+	// (FLOWD_NATS_PASSWORD, a cloud key), and an `env` step's output lands in the log.
+	PassEnv []string
+}
+
+// BaseEnv are the variables of this process's environment every command gets, besides
+// the FLOW_* variables of its step and the step's own `env`.
+var BaseEnv = []string{"PATH", "HOME", "LANG", "TZ"}
+
+// environ is what the command gets of this process's environment.
+func (x Exec) environ() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(BaseEnv, name) || slices.Contains(x.PassEnv, name) {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // grace is the time the process group gets between SIGTERM and SIGKILL.
@@ -62,7 +83,7 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		return nil, Permanentf("exec: with.command must be a non-empty list of strings (argv), e.g. [\"./collect.sh\", \"{{ inputs.date }}\"]")
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = os.Environ()
+	cmd.Env = x.environ()
 	if env, ok := in.With["env"].(map[string]any); ok {
 		keys := make([]string, 0, len(env))
 		for k := range env {

@@ -78,14 +78,27 @@ type Registry struct {
 	kinds map[string]Step
 }
 
+// RegistryOption configures the built-in kinds of NewRegistry.
+type RegistryOption func(*Exec)
+
+// WithExecEnv names variables of this process's environment that exec commands also get
+// (flowd --exec-env): by default they get only BaseEnv of it.
+func WithExecEnv(names ...string) RegistryOption {
+	return func(x *Exec) { x.PassEnv = append(x.PassEnv, names...) }
+}
+
 // NewRegistry returns a registry holding the built-in kinds. maxOutput bounds what
 // exec and http read as output (0: 1 MiB).
-func NewRegistry(maxOutput int) *Registry {
+func NewRegistry(maxOutput int, opts ...RegistryOption) *Registry {
 	if maxOutput <= 0 {
 		maxOutput = 1 << 20
 	}
+	x := Exec{MaxOutput: maxOutput}
+	for _, o := range opts {
+		o(&x)
+	}
 	r := &Registry{kinds: map[string]Step{}}
-	r.kinds["exec"] = Exec{MaxOutput: maxOutput}
+	r.kinds["exec"] = x
 	r.kinds["http"] = HTTP{MaxOutput: maxOutput}
 	r.kinds["sleep"] = WithCheck(Func(sleep), checkSleep) // a Func cannot have CheckWith
 	r.kinds["noop"] = Func(noop)

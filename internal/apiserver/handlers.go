@@ -168,7 +168,7 @@ func (s *Server) runHistory(_ context.Context, r *client.Request) (any, error) {
 	}
 	out := []client.Event{}
 	for _, e := range v.Events {
-		out = append(out, client.Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner,
+		out = append(out, client.Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner, Actor: e.Actor,
 			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: tsNano(e.At)})
 	}
 	return out, nil

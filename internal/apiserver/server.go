@@ -15,6 +15,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/internal/audit"
 	"github.com/flowrun/flow/internal/supervise"
 )
 
@@ -292,6 +293,9 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
+		// Who asked, as the NATS server says (with auth, a person's request crosses from
+		// the users' account and the server writes the header; docs/security.md).
+		ctx = audit.WithActor(ctx, audit.ActorFromRequestInfo(req.Headers().Get(audit.RequestInfoHeader)))
 		// Answer from a state that has caught up with the log as it is now, so that
 		// whichever node answers, a client reads what it (or anyone) wrote before.
 		if err := s.e.CatchUp(ctx); err != nil {

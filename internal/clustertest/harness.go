@@ -272,8 +272,14 @@ func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
 // attempt: the cluster is started again on other ports.
 func StartNATS(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartNATSWith(t, n, "")
+}
+
+// StartNATSWith is StartNATS with more of each server's configuration (accounts, TLS).
+func StartNATSWith(t testing.TB, n int, extraConf string) *Cluster {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		c, conflict := startNATSOnce(t, n)
+		c, conflict := startNATSOnce(t, n, extraConf)
 		if !conflict {
 			return c
 		}
@@ -283,7 +289,7 @@ func StartNATS(t testing.TB, n int) *Cluster {
 	}
 }
 
-func startNATSOnce(t testing.TB, n int) (c *Cluster, conflict bool) {
+func startNATSOnce(t testing.TB, n int, extraConf string) (c *Cluster, conflict bool) {
 	bin := Binaries(t)
 	dir := t.TempDir()
 	ports := freePorts(t, 2*n)
@@ -302,6 +308,7 @@ jetstream { store_dir: %q, sync_interval: always, max_memory_store: 256MB, max_f
 		if n > 1 { // one server is a stock single server: a cluster of one never elects a meta leader
 			body += fmt.Sprintf("cluster { name: flow-test, listen: 127.0.0.1:%d, routes: [%s] }\n", ports[n+i], strings.Join(routes, ", "))
 		}
+		body += extraConf
 		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}

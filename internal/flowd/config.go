@@ -11,10 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/natsnode"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -41,6 +44,14 @@ type Config struct {
 	SnapshotEvery uint64
 	// Retention is how long an ended run is kept.
 	Retention time.Duration
+	// Auth is the --auth file; AuthUsers its users (the embedded server refuses others).
+	Auth      string
+	AuthUsers []engine.NATSUser
+	// Credentials and TLS for --nats-url.
+	NATSCreds, NATSNKey, NATSUser, NATSPassword string
+	NATSTLSCA, NATSTLSCert, NATSTLSKey          string
+	// ExecEnv names flowd's environment variables that exec steps also get.
+	ExecEnv []string
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -68,6 +79,15 @@ var options = []option{
 	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
 	{"retention", "720h", "how long a run that ended (succeeded, failed, cancelled) is kept before every node removes it"},
 	{"snapshot-every", "100000", "log messages between the leader's snapshots of the state (the log is compacted below them)"},
+	{"auth", "", "YAML file of the embedded server's users and roles (docs/security.md); without it, the server listens on loopback only"},
+	{"nats-creds", "", "credentials file (JWT and seed) for --nats-url"},
+	{"nats-nkey", "", "nkey seed file for --nats-url"},
+	{"nats-user", "", "user name for --nats-url (with --nats-password)"},
+	{"nats-password", "", "password for --nats-user (prefer FLOWD_NATS_PASSWORD or the config file: a flag shows in ps)"},
+	{"nats-tls-ca", "", "CA certificate file to check --nats-url's servers against"},
+	{"nats-tls-cert", "", "client certificate file for mutual TLS with --nats-url (with --nats-tls-key)"},
+	{"nats-tls-key", "", "key file of --nats-tls-cert"},
+	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 }
 
 // Flags returns flowd's flag set (with --config).
@@ -230,10 +250,75 @@ func Load(args []string, env []string) (*Config, error) {
 	} else {
 		c.DrainTime = d
 	}
+	c.loadSecurity(get, bad)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrConfig, strings.Join(errs, "; "))
 	}
 	return c, nil
+}
+
+// loadSecurity reads and checks the security options: --auth and the listen address,
+// credentials and TLS for --nats-url, --exec-env.
+func (c *Config) loadSecurity(get func(string) string, bad func(string, string, ...any)) {
+	c.Auth = get("auth")
+	if c.Auth != "" {
+		if c.NATSURL != "" {
+			bad("auth", "the embedded server's users file cannot be used with --nats-url: an external server has users of its own (flowctl auth permissions ROLE prints a role's permissions for its configuration)")
+		} else if users, err := loadAuthFile(c.Auth); err != nil {
+			bad("auth", "%v", err)
+		} else {
+			c.AuthUsers = users
+		}
+	} else if c.NATSURL == "" && c.NATSListen != "" && !natsnode.IsLoopback(c.NATSListen) {
+		bad("nats-listen", "%q is reachable from other hosts, and without --auth anyone there could write to the log: give --auth FILE (docs/security.md) or listen on 127.0.0.1", c.NATSListen)
+	}
+	c.NATSCreds, c.NATSNKey = get("nats-creds"), get("nats-nkey")
+	c.NATSUser, c.NATSPassword = get("nats-user"), get("nats-password")
+	c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey = get("nats-tls-ca"), get("nats-tls-cert"), get("nats-tls-key")
+	kinds := 0
+	for _, set := range []bool{c.NATSCreds != "", c.NATSNKey != "", c.NATSUser != "" || c.NATSPassword != ""} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds > 1 {
+		bad("nats-creds", "give one kind of credentials: --nats-creds, --nats-nkey, or --nats-user with --nats-password")
+	}
+	if (c.NATSUser == "") != (c.NATSPassword == "") {
+		bad("nats-user", "--nats-user and --nats-password go together")
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		bad("nats-tls-cert", "--nats-tls-cert and --nats-tls-key go together")
+	}
+	for _, f := range []struct{ name, path string }{{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey},
+		{"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey}} {
+		if f.path == "" {
+			continue
+		}
+		if c.NATSURL == "" {
+			bad(f.name, "is for joining a NATS server with --nats-url; the embedded server needs none for flowd itself")
+		} else if st, err := os.Stat(f.path); err != nil || st.IsDir() {
+			bad(f.name, "%q is not a readable file", f.path)
+		}
+	}
+	if c.NATSUser != "" && c.NATSURL == "" {
+		bad("nats-user", "is for joining a NATS server with --nats-url")
+	}
+	if c.NATSNKey != "" && c.NATSURL != "" {
+		if _, err := nats.NkeyOptionFromSeed(c.NATSNKey); err != nil {
+			bad("nats-nkey", "%q holds no nkey seed: %v", c.NATSNKey, err)
+		}
+	}
+	for _, name := range strings.Split(get("exec-env"), ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		if strings.ContainsAny(name, "= \t") {
+			bad("exec-env", "%q is not a variable name: give names only, comma-separated (PGHOST,PGUSER)", name)
+			continue
+		}
+		c.ExecEnv = append(c.ExecEnv, name)
+	}
 }
 
 func checkAddr(bad func(string, string, ...any), name, addr string) {

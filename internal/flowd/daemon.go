@@ -20,6 +20,7 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
+	"github.com/flowrun/flow/internal/natsnode"
 )
 
 // Daemon is a running flowd.
@@ -61,7 +62,8 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
-		Retention: cfg.Retention,
+		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
+		ExecEnv: cfg.ExecEnv,
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {
@@ -98,7 +100,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = d.http.Serve(ln) }()
 	}
-	logger.Info("flowd ready", "node", e.NodeID(), "nats", e.ClientURL(), "http", d.HTTPAddr())
+	logger.Info("flowd ready", "node", e.NodeID(), "nats", natsnode.Redact(e.ClientURL()), "http", d.HTTPAddr())
 	return d, nil
 }
 

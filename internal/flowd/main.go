@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -32,6 +33,14 @@ func Main(args []string, reg *steps.Registry) int {
 		cfg.Registry = reg
 	}
 	logger := NewLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	// What flowd writes (the state, the embedded server's store, the log's copies of
+	// step outputs) is for this user only: files 0600, directories 0700. Step commands
+	// inherit the mask (docs/security.md).
+	syscall.Umask(0o077)
+	if err := privateDataDir(cfg.DataDir, logger); err != nil {
+		logger.Error("flowd could not start", "err", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	d, err := Start(ctx, cfg, logger)
@@ -55,4 +64,23 @@ func Main(args []string, reg *steps.Registry) int {
 	d.Stop()
 	logger.Info("flowd stopped")
 	return 0
+}
+
+// privateDataDir makes the data dir, or makes an existing one readable by this user
+// only (0700; a data dir made before issue 15 was 0755).
+func privateDataDir(dir string, logger *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("flowd: data dir %s: %w (give --data-dir a directory this user can create)", dir, err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("flowd: data dir %s: %w", dir, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("flowd: data dir %s is readable by others and cannot be made private: %w (chmod 700 it)", dir, err)
+		}
+		logger.Warn("the data dir was readable by other users: made private (0700)", "data_dir", dir, "was", st.Mode().Perm().String())
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -48,6 +49,10 @@ type Config struct {
 	Cluster ClusterConfig
 	// Logger receives the server's notices and errors; nil discards them.
 	Logger *slog.Logger
+	// Auth, when true, makes the server refuse every connection but Users' and this
+	// process's own (Connect), each with its role's permissions (auth.go).
+	Auth  bool
+	Users []User
 }
 
 // ClusterConfig joins an embedded server to others.
@@ -60,6 +65,9 @@ type ClusterConfig struct {
 // Server is a running embedded NATS server.
 type Server struct {
 	srv *server.Server
+	// internalUser and internalPassword are this process's own credentials when the
+	// server has auth: made at start, kept in memory only.
+	internalUser, internalPassword string
 }
 
 // Start starts an embedded server and waits until it accepts connections.
@@ -68,9 +76,21 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s := &Server{}
+	if cfg.Auth {
+		if s.internalUser, s.internalPassword, err = cfg.authOptions(opts); err != nil {
+			return nil, err
+		}
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsnode: start embedded NATS: %w", err)
+	}
+	s.srv = srv
+	if cfg.Auth {
+		if err := linkAccounts(srv); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.Logger != nil {
 		srv.SetLoggerV2(slogAdapter{cfg.Logger}, false, false, false)
@@ -81,7 +101,17 @@ func Start(cfg Config) (*Server, error) {
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("natsnode: embedded NATS not ready within %s (is %q in use?)", readyTimeout, cfg.Listen)
 	}
-	return &Server{srv: srv}, nil
+	if cfg.Auth {
+		// With a second account the server no longer enables JetStream for its global
+		// one (flow's: the streams are there, with or without auth) by itself; enabling
+		// it here restores the streams it holds on disk.
+		if err := srv.GlobalAccount().EnableJetStream(nil, nil); err != nil {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			return nil, fmt.Errorf("natsnode: enable JetStream for flow's account: %w", err)
+		}
+	}
+	return s, nil
 }
 
 func (cfg Config) serverOptions() (*server.Options, error) {
@@ -170,6 +200,9 @@ func orDefault[T comparable](v, def T) T {
 // Connect opens a client connection to the embedded server, in process (no TCP).
 func (s *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.InProcessServer(s.srv), nats.MaxReconnects(-1)}, opts...)
+	if s.internalUser != "" {
+		opts = append(opts, nats.UserInfo(s.internalUser, s.internalPassword))
+	}
 	nc, err := nats.Connect("", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("natsnode: connect in process: %w", err)
@@ -196,9 +229,29 @@ func Connect(urls, name string, opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, opts...)
 	nc, err := nats.Connect(urls, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("natsnode: connect to %s: %w (is NATS running there with JetStream enabled?)", urls, err)
+		return nil, fmt.Errorf("natsnode: connect to %s: %w (is NATS running there with JetStream enabled?)", Redact(urls), err)
 	}
 	return nc, nil
+}
+
+// Redact is urls (comma-separated) without their user information (user:password@),
+// for logs and errors: a password in --nats-url must not reach them.
+func Redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if at := strings.LastIndex(p, "@"); at >= 0 { // unparsable: cut what may be userinfo
+				parts[i] = "(redacted)@" + p[at+1:]
+			}
+			continue
+		}
+		if u.User != nil {
+			u.User = nil
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 type slogAdapter struct{ l *slog.Logger }

@@ -1,0 +1,136 @@
+package natsnode
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/flowrun/flow/client"
+)
+
+// User is one user of the embedded server (flowd --auth): a name and a password (plain
+// or bcrypt, "$2a$..."), or an nkey's public key, and a role (client.Roles).
+type User struct {
+	Name     string
+	Password string
+	NKey     string
+	Role     string
+}
+
+// UsersAccount is the account of the people's roles (viewer, operator, admin) in the
+// embedded server with auth. flow's own account (the server's global one, where the
+// streams and buckets are and the nodes connect) exports the API's subjects to it with
+// the requester's identity shared, so that every API request carries the
+// Nats-Request-Info header the server writes, naming the user (the audit in the log). A
+// user of UsersAccount can reach nothing else of flow's account: no stream, no bucket,
+// no JetStream API, whatever its permissions say.
+const UsersAccount = "FLOW_USERS"
+
+// apiExport is the subject space exported to UsersAccount.
+const apiExport = client.Subject + ".>"
+
+// apiResponseThreshold is how long a service answer may take across the import (the
+// server's default is two minutes; run.wait waits as long as its caller lets it).
+const apiResponseThreshold = 24 * time.Hour
+
+// authOptions sets the users, their permissions and accounts, and this process's own
+// user, whose password is made here, lives only in memory and is never logged.
+func (cfg Config) authOptions(opts *server.Options) (internalUser, internalPassword string, err error) {
+	users := server.NewAccount(UsersAccount)
+	opts.Accounts = []*server.Account{users}
+	seen := map[string]bool{}
+	for i, u := range cfg.Users {
+		perms, err := client.PermissionsOf(u.Role)
+		if err != nil {
+			return "", "", fmt.Errorf("%w: user %d (%s): %v", ErrInvalidConfig, i+1, u.label(), err)
+		}
+		p := &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: perms.Publish.Allow, Deny: perms.Publish.Deny},
+			Subscribe: &server.SubjectPermission{Allow: perms.Subscribe.Allow, Deny: perms.Subscribe.Deny},
+		}
+		var acc *server.Account // a node's user is in flow's account
+		if u.Role != client.RoleNode {
+			acc = users
+		}
+		switch {
+		case u.NKey != "" && u.Name == "" && u.Password == "":
+			if !nkeys.IsValidPublicUserKey(u.NKey) {
+				return "", "", fmt.Errorf("%w: user %d: nkey %q is not a user's public key (it starts with U; make one with `nk -gen user -pubout`)", ErrInvalidConfig, i+1, u.NKey)
+			}
+			if seen["nkey:"+u.NKey] {
+				return "", "", fmt.Errorf("%w: user %d: nkey %s is listed twice", ErrInvalidConfig, i+1, u.NKey)
+			}
+			seen["nkey:"+u.NKey] = true
+			opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.NKey, Permissions: p, Account: acc})
+		case u.NKey == "" && u.Name != "" && u.Password != "":
+			if seen["user:"+u.Name] {
+				return "", "", fmt.Errorf("%w: user %d: %s is listed twice", ErrInvalidConfig, i+1, u.Name)
+			}
+			seen["user:"+u.Name] = true
+			opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password, Permissions: p, Account: acc})
+		default:
+			return "", "", fmt.Errorf("%w: user %d (%s): give either user and password, or nkey (and a role)", ErrInvalidConfig, i+1, u.label())
+		}
+	}
+	var secret [24]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", "", fmt.Errorf("natsnode: make this process's own password: %w", err)
+	}
+	internalUser = "flowd-internal-" + hex.EncodeToString(secret[:4])
+	internalPassword = hex.EncodeToString(secret[4:])
+	opts.Users = append(opts.Users, &server.User{Username: internalUser, Password: internalPassword})
+	return internalUser, internalPassword, nil
+}
+
+// label names a user in errors, never with its password.
+func (u User) label() string {
+	switch {
+	case u.Name != "":
+		return "user " + u.Name
+	case u.NKey != "":
+		return "nkey " + u.NKey
+	}
+	return "no name"
+}
+
+// linkAccounts exports the API from flow's account to UsersAccount, sharing the
+// requester's identity, once the server has made the accounts.
+func linkAccounts(srv *server.Server) error {
+	flow := srv.GlobalAccount()
+	users, err := srv.LookupAccount(UsersAccount)
+	if err != nil {
+		return fmt.Errorf("natsnode: account %s: %w", UsersAccount, err)
+	}
+	if err := flow.AddServiceExport(apiExport, []*server.Account{users}); err != nil {
+		return fmt.Errorf("natsnode: export the API: %w", err)
+	}
+	if err := flow.SetServiceExportResponseThreshold(apiExport, apiResponseThreshold); err != nil {
+		return fmt.Errorf("natsnode: export the API: %w", err)
+	}
+	if err := users.AddServiceImport(flow, apiExport, apiExport); err != nil {
+		return fmt.Errorf("natsnode: import the API: %w", err)
+	}
+	if err := users.SetServiceImportSharing(flow, apiExport, true); err != nil {
+		return fmt.Errorf("natsnode: share the requester's identity: %w", err)
+	}
+	return nil
+}
+
+// IsLoopback says whether a listen address (HOST:PORT) is on loopback only.
+func IsLoopback(listen string) bool {
+	host, _, err := splitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
