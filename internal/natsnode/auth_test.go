@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // startAuth starts an embedded server with auth, listening on loopback, and these users.
@@ -64,7 +65,12 @@ func TestAuthRolesAndIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub, _ := kp.PublicKey()
+	hash, err := bcrypt.GenerateFromPassword([]byte("b-secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := startAuth(t,
+		User{Name: "bea", Password: string(hash), Role: "viewer"},
 		User{Name: "vera", Password: "v-secret", Role: "viewer"},
 		User{Name: "otto", Password: "o-secret", Role: "operator"},
 		User{Name: "nora", Password: "n-secret", Role: "node"},
@@ -140,6 +146,8 @@ func TestAuthRolesAndIdentity(t *testing.T) {
 		t.Fatalf("the log after the operator's tries: %v", err)
 	}
 
+	// A bcrypt password works as the plain one.
+	connectAs(t, s, nats.UserInfo("bea", "b-secret"))
 	// A viewer may not start a run; an nkey operator may.
 	viewer, viewerErrs := connectAs(t, s, nats.UserInfo("vera", "v-secret"))
 	if err := viewer.Publish("flow.v1.run.start", nil); err != nil {
