@@ -3,9 +3,11 @@ package client
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,6 +40,10 @@ type Client struct {
 	timeout        time.Duration
 	attemptTimeout time.Duration
 	natsOptions    []nats.Option
+	// keepDenials leaves permissions violations unmapped in the handler Dial installs:
+	// only the tests set it (withoutDenialMapping), to show that the handler is what
+	// turns a refused call into ErrNotAuthorized rather than a timeout.
+	keepDenials bool
 }
 
 // Option configures a Client.
@@ -51,7 +57,9 @@ func WithTimeout(d time.Duration) Option { return func(c *Client) { c.timeout = 
 // call is then tried again and reaches another.
 func WithAttemptTimeout(d time.Duration) Option { return func(c *Client) { c.attemptTimeout = d } }
 
-// WithNATSOptions adds options to the connection Dial makes (credentials, TLS, ...).
+// WithNATSOptions adds options to the connection Dial makes (credentials, TLS, ...). An
+// error handler given here (nats.ErrorHandler) still gets every asynchronous error,
+// after the client's own (see Dial).
 func WithNATSOptions(opts ...nats.Option) Option {
 	return func(c *Client) { c.natsOptions = append(c.natsOptions, opts...) }
 }
@@ -71,18 +79,58 @@ func newClient(nc *nats.Conn, opts []Option) *Client {
 }
 
 // Dial connects to the NATS URL (or comma-separated URLs) where flowd serves.
+//
+// A server that refuses the credentials (wrong, missing or expired ones) makes a
+// *NotAuthorizedError (errors.Is ErrNotAuthorized); any other failure to connect,
+// a failed TLS handshake included, is ErrUnreachable. Errors never show a URL's
+// password.
+//
+// Dial installs ErrorHandler as the connection's asynchronous error handler, so that a
+// call the server refuses for this user ends at once with a *NotAuthorizedError rather
+// than waiting for its timeout. A handler given with WithNATSOptions is chained after
+// it and sees every error; without one, the errors the client does not act on are
+// dropped (nats.go's default handler would print them on stderr).
 func Dial(url string, opts ...Option) (*Client, error) {
 	c := newClient(nil, opts)
 	nopts := append([]nats.Option{nats.Name("flow-client"), nats.Timeout(2 * time.Second), nats.MaxReconnects(0)}, c.natsOptions...)
+	// Last, so that it wraps whatever handler the options above set.
+	nopts = append(nopts, func(o *nats.Options) error {
+		o.AsyncErrorCB = errorHandler(o.AsyncErrorCB, !c.keepDenials)
+		return nil
+	})
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v (is flowd running? set --server or FLOW_SERVER)", ErrUnreachable, url, err)
+		if authError(err) {
+			return nil, &NotAuthorizedError{Server: redact(url), Err: err}
+		}
+		if tlsFailure(err) {
+			if !errors.Is(err, nats.ErrTLS) { // TLS 1.3: the server's alert came after the handshake
+				err = fmt.Errorf("%w: %w", nats.ErrTLS, err)
+			}
+			return nil, fmt.Errorf("%w: %s: %w (the TLS handshake failed)", ErrUnreachable, redact(url), err)
+		}
+		return nil, fmt.Errorf("%w: %s: %v (is flowd running? set --server or FLOW_SERVER)", ErrUnreachable, redact(url), err)
 	}
 	c.nc, c.own = nc, true
 	return c, nil
 }
 
-// New uses an existing connection, which Close leaves open.
+// tlsFailure says whether a connect failed in TLS: the handshake (nats.ErrTLS), or,
+// with TLS 1.3, the server's alert after it (a *net.OpError "remote error", as
+// crypto/tls reports it), when the server refused the client's certificate or the lack
+// of one. Which of the two comes is a race between the client's first write and the
+// alert.
+func tlsFailure(err error) bool {
+	var verr *tls.CertificateVerificationError
+	var oerr *net.OpError
+	return errors.Is(err, nats.ErrTLS) || errors.As(err, &verr) || (errors.As(err, &oerr) && oerr.Op == "remote error") ||
+		errors.Is(err, nats.ErrSecureConnWanted) || errors.Is(err, nats.ErrSecureConnRequired)
+}
+
+// New uses an existing connection, which Close leaves open. New leaves the connection's
+// error handler as it is: for a call the server refuses for this user to end at once as
+// ErrNotAuthorized, the connection's handler must be (or call) ErrorHandler; without it
+// such a call waits for its timeout and ends as ErrUnreachable.
 func New(nc *nats.Conn, opts ...Option) *Client { return newClient(nc, opts) }
 
 // Close closes the connection Dial made.
@@ -108,14 +156,14 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	subject := Subject + "." + op
 	var msg *nats.Msg
 	for {
-		actx, acancel := ctx, context.CancelFunc(func() {})
-		if readOnly[op] {
-			actx, acancel = context.WithTimeout(ctx, cmp.Or(c.attemptTimeout, DefaultAttemptTimeout))
+		msg, err = c.try(ctx, op, subject, data)
+		var nae *NotAuthorizedError
+		if errors.As(err, &nae) {
+			return err
 		}
-		msg, err = c.nc.RequestWithContext(actx, Subject+"."+op, data)
-		acancel()
 		// Only a read whose try went unanswered is sent again (to whichever node gets
 		// it next); any other failure (no responders, a closed connection) is the answer.
 		if err == nil || !readOnly[op] || ctx.Err() != nil || !unanswered(err) {
@@ -141,6 +189,29 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 		return fmt.Errorf("flow client: the server's answer to %s does not decode: %w", op, err)
 	}
 	return nil
+}
+
+// try sends one request. While it waits, it is registered under its subject so that
+// the connection's error handler (ErrorHandler) can end it when the server refuses this
+// user the subject: the server then sends the request nowhere, and only says so in an
+// asynchronous error. Such a try returns the *NotAuthorizedError.
+func (c *Client) try(ctx context.Context, op, subject string, data []byte) (*nats.Msg, error) {
+	dctx, deny := context.WithCancelCause(ctx)
+	defer deny(nil)
+	forget := register(c.nc, subject, op, deny)
+	defer forget()
+	rctx := dctx
+	if readOnly[op] {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(dctx, cmp.Or(c.attemptTimeout, DefaultAttemptTimeout))
+		defer cancel()
+	}
+	msg, err := c.nc.RequestWithContext(rctx, subject, data)
+	var nae *NotAuthorizedError
+	if err != nil && errors.As(context.Cause(dctx), &nae) {
+		return nil, nae
+	}
+	return msg, err
 }
 
 // unanswered reports whether a request's error means no answer came in time.

@@ -28,6 +28,9 @@ const (
 	ExitFailed      = 1
 	ExitUsage       = 2
 	ExitUnreachable = 3
+	// ExitNotAuthorized: the server refused the operation, or the connection's
+	// credentials, for this user.
+	ExitNotAuthorized = 4
 )
 
 // exitError carries an exit code.
@@ -50,12 +53,14 @@ type app struct {
 	out, errOut io.Writer
 	server      string
 	output      string
+	conn        connFlags
+	getenv      func(string) string
 	client      *client.Client
 }
 
 // Run runs flowctl with args and returns its exit code.
 func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{out: stdout, errOut: stderr}
+	a := &app{out: stdout, errOut: stderr, getenv: getenv}
 	root := a.commands(getenv)
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -73,6 +78,8 @@ func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	switch {
 	case errors.As(err, &ee):
 		code = ee.code
+	case errors.Is(err, client.ErrNotAuthorized):
+		code = ExitNotAuthorized
 	case errors.Is(err, client.ErrUnreachable):
 		code = ExitUnreachable
 	case errors.As(err, &ae):
@@ -87,12 +94,17 @@ func Run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 func oneLine(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ") }
 
-// api is the client of the server named by --server, dialled on first use.
+// api is the client of the server named by --server, dialled on first use with the
+// credentials and TLS files of the flags and the environment.
 func (a *app) api() (*client.Client, error) {
 	if a.client == nil {
-		c, err := client.Dial(a.server, client.WithNATSOptions(nats.Name("flowctl")))
+		conn, err := a.connectOptions()
 		if err != nil {
 			return nil, err
+		}
+		c, err := client.Dial(a.server, client.WithNATSOptions(append([]nats.Option{nats.Name("flowctl")}, conn.options...)...))
+		if err != nil {
+			return nil, connectError(err, conn)
 		}
 		a.client = c
 	}
@@ -128,7 +140,11 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&a.server, "server", server, "NATS URL of a flowd (env FLOW_SERVER)")
+	// FLOW_SERVER may hold credentials (nats://user:password@host): --help shows the
+	// default without them.
+	root.PersistentFlags().Lookup("server").DefValue = redactURLs(server)
 	root.PersistentFlags().StringVarP(&a.output, "output", "o", "table", "output format: table, json or yaml")
+	a.conn.register(root)
 
 	wf := group("workflow", "Validate, apply and show workflows")
 	var file string
@@ -209,7 +225,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
-	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.benchCommand())
+	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.authCommand(), a.benchCommand())
 	return root
 }
 
