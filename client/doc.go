@@ -11,6 +11,8 @@
 //
 // Every operation is a request on its own subject, flow.v1.<op> (a NATS micro service
 // named "flow"; any node answers): the wire shapes are the exported types here and
-// ../shared/CONTRACT.md's JSON. A server's refusal is an *Error with a Code; no answer
-// at all is ErrUnreachable. docs/client.md has more.
+// ../shared/CONTRACT.md's JSON. A server's refusal is an *Error with a Code; an
+// operation the NATS server does not allow this user is ErrNotAuthorized (see
+// ErrorHandler for connections made with New); no answer at all is ErrUnreachable.
+// docs/client.md has more.
 package client

@@ -377,6 +377,16 @@ func TestAuthPermissions(t *testing.T) {
 		if code != 0 || json.Unmarshal([]byte(out), &asJSON) != nil || !reflect.DeepEqual(asJSON, want) {
 			t.Errorf("auth permissions %s -o json: %d %q; want %+v", role, code, out, want)
 		}
+		// And the JSON, as the value of a user's permissions (docs/security.md does so):
+		// the server's configuration reads no \u escapes, so ">" must be written as is.
+		conf = filepath.Join(t.TempDir(), "server-json.conf")
+		if err := os.WriteFile(conf, []byte("authorization {\n  users: [\n    {user: u, password: p, permissions: "+out+"}\n  ]\n}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if opts, err = server.ProcessConfigFile(conf); err != nil || len(opts.Users) != 1 || opts.Users[0].Permissions == nil ||
+			!reflect.DeepEqual(opts.Users[0].Permissions.Subscribe.Allow, want.Subscribe.Allow) {
+			t.Errorf("nats-server does not read the JSON of %s: %v\n%s", role, err, out)
+		}
 	}
 	for _, args := range [][]string{{"auth", "permissions", "root"}, {"auth", "permissions"}, {"auth", "permissions", "viewer", "admin"}} {
 		code, out, errOut := ctl(nil, args...)

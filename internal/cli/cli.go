@@ -262,6 +262,9 @@ func (a *app) print(v any, table func(io.Writer)) error {
 	case "json":
 		enc := json.NewEncoder(a.out)
 		enc.SetIndent("", "  ")
+		// Not escaped for HTML: a terminal or a script reads this, and `auth permissions
+		// -o json` goes into a nats-server configuration, which cannot read \u003e (">").
+		enc.SetEscapeHTML(false)
 		return enc.Encode(v)
 	case "yaml":
 		raw, _ := json.Marshal(v)
@@ -480,13 +483,14 @@ func (a *app) history(id string) error {
 }
 
 func historyTable(w io.Writer, evs []client.Event) {
-	fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME")
+	fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME\tBY")
 	for _, e := range evs {
 		item := "-"
 		if e.Kind == "commit" || e.Kind == "fail" {
 			item = fmt.Sprint(e.Item)
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome)
+		// BY: the user who asked for it, as the NATS server said (with auth: docs/security.md).
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome, dash(e.Actor))
 	}
 }
 

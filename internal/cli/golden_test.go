@@ -38,7 +38,7 @@ func TestTableGolden(t *testing.T) {
 	}
 	cases["run-history"] = func(w io.Writer) {
 		historyTable(w, []client.Event{
-			{Seq: 2, Kind: "submit", Owner: "node-a", Outcome: "accepted"},
+			{Seq: 2, Kind: "submit", Owner: "node-a", Actor: "otto", Outcome: "accepted"},
 			{Seq: 3, Kind: "assign", Term: 57, Owner: "node-a", Outcome: "accepted"},
 			{Seq: 4, Kind: "claim", Epoch: 3, Owner: "node-a", Outcome: "accepted"},
 			{Seq: 9, Kind: "commit", Epoch: 3, Step: "transfer", Item: 17, Owner: "node-a", Outcome: "fenced: stale-epoch"},
