@@ -274,6 +274,13 @@ func TestAuthRolesWithTheEmbeddedServer(t *testing.T) {
 	if code, out := flowctl(url, "--user", "otto", "--password", "wrong", "run", "list"); code != 4 {
 		t.Errorf("a wrong password: exit %d: %s", code, out)
 	}
+	// Another flowd joins with the node role's credentials (the password from the
+	// environment, as docs/security.md says).
+	nb := StartFlowdEnv(t, &Cluster{URLs: []string{url}}, "node-b", []string{"FLOWD_NATS_PASSWORD=" + authPasswords["nora"]}, "--nats-user", "nora")
+	WaitFor(t, 60*time.Second, "node-b in the cluster", func() bool {
+		st, err := viewer.ClusterStatus(ctx)
+		return err == nil && len(st.Nodes) == 2
+	})
 	// Passwords are nowhere in the log or the metrics.
 	resp, err := http.Get("http://" + httpAddr + "/metrics")
 	if err != nil {
@@ -282,7 +289,7 @@ func TestAuthRolesWithTheEmbeddedServer(t *testing.T) {
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for user, pw := range authPasswords {
-		if strings.Contains(LogOf(p), pw) || strings.Contains(string(metrics), pw) {
+		if strings.Contains(LogOf(p), pw) || strings.Contains(LogOf(nb), pw) || strings.Contains(string(metrics), pw) {
 			t.Errorf("%s's password is in flowd's log or /metrics", user)
 		}
 	}

@@ -90,6 +90,7 @@ func FlowdLinkedWith(t testing.TB, setting string) string {
 type Proc struct {
 	Name string
 	args []string
+	env  []string // added to the test's environment
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan struct{} // closed when the process has exited for good
@@ -135,6 +136,9 @@ func (p *Proc) spawn() (*exec.Cmd, int64, error) {
 		from = st.Size()
 	}
 	cmd := exec.Command(p.args[0], p.args[1:]...)
+	if p.env != nil {
+		cmd.Env = append(os.Environ(), p.env...)
+	}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Start(); err != nil {
 		return nil, 0, err
@@ -359,6 +363,11 @@ jetstream { store_dir: %q, sync_interval: always, max_memory_store: 256MB, max_f
 
 // StartFlowd starts a flowd node on the cluster.
 func StartFlowd(t testing.TB, c *Cluster, name string, extra ...string) *Proc {
+	return StartFlowdEnv(t, c, name, nil, extra...)
+}
+
+// StartFlowdEnv is StartFlowd with variables added to its environment (FLOWD_*).
+func StartFlowdEnv(t testing.TB, c *Cluster, name string, env []string, extra ...string) *Proc {
 	bin := Binaries(t)
 	dir := t.TempDir()
 	logf, err := os.Create(filepath.Join(dir, "flowd.log"))
@@ -367,7 +376,7 @@ func StartFlowd(t testing.TB, c *Cluster, name string, extra ...string) *Proc {
 	}
 	args := append([]string{filepath.Join(bin, "flowd"), "--node-id", name, "--nats-url", c.URL(), "--data-dir", filepath.Join(dir, "data"),
 		"--http", "off", "--log-format", "json", "--log-level", "debug"}, extra...)
-	p := &Proc{Name: name, args: args, log: logf}
+	p := &Proc{Name: name, args: args, env: env, log: logf}
 	p.start(t)
 	t.Cleanup(p.Kill)
 	return p

@@ -222,3 +222,20 @@ func TestAuthKeepsTheStreams(t *testing.T) {
 		}
 	}
 }
+
+// URLs go to logs and errors without their user information.
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":                          "nats://127.0.0.1:4222",
+		"nats://otto:s3cret@h1:4222,tls://tok3n@h2:4222": "nats://h1:4222,tls://h2:4222",
+		"nats://otto:s3cret@h1:4222, nats://h2:4222":     "nats://h1:4222, nats://h2:4222",
+		"nats://otto:s%zz@h1:4222":                       "(redacted)@h1:4222",
+	} {
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if _, err := Connect("nats://otto:s3cret@127.0.0.1:1", "test", nats.MaxReconnects(0), nats.Timeout(200*time.Millisecond)); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("a failed connect says %v", err)
+	}
+}
