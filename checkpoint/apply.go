@@ -80,12 +80,18 @@ func (tx *applyBatch) commit() error {
 			if c.origStatus != "" {
 				_ = tx.b.Delete(keyByStatus(c.origStatus, id), nil)
 				_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, c.origStatus, id), nil)
+				setNewestStatus(tx.b, c.run, c.origStatus, true)
+			} else {
+				setNewestCreated(tx.b, c.run) // a new run (submit, or a tick that fired)
 			}
 			_ = tx.b.Set(keyByStatus(c.run.Status, id), nil, nil)
 			_ = tx.b.Set(keyByWorkflow(c.run.Workflow, c.run.Status, id), nil, nil)
+			setNewestStatus(tx.b, c.run, c.run.Status, false)
 		}
 	}
 	_ = tx.b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, tx.seq), nil)
+	// The newest-first indexes are current at this sequence too (newest.go).
+	_ = tx.b.Set(keyNewestAt, binary.BigEndian.AppendUint64(nil, tx.seq), nil)
 	_ = tx.b.Set(keyTerm, binary.BigEndian.AppendUint64(nil, uint64(tx.term)), nil)
 	// NoSync: the log is the durable record. A crash that loses this batch replays it,
 	// since the applied sequence is in the same batch.

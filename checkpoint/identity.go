@@ -48,7 +48,11 @@ func (s *Store) Skip(seq uint64) error {
 	if seq <= s.applied.Load() {
 		return nil
 	}
-	if err := s.db.Set(keyApplied, binary.BigEndian.AppendUint64(nil, seq), pebble.NoSync); err != nil {
+	b := s.db.NewBatch()
+	defer b.Close()
+	_ = b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, seq), nil)
+	_ = b.Set(keyNewestAt, binary.BigEndian.AppendUint64(nil, seq), nil) // no run changed: still current
+	if err := b.Commit(pebble.NoSync); err != nil {
 		return fmt.Errorf("checkpoint: skip to sequence %d: %w: %w", seq, ErrStorage, err)
 	}
 	s.applied.Store(seq)

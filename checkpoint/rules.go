@@ -481,5 +481,6 @@ func (tx *applyBatch) deleteRun(c *cachedRun) {
 			_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, st, id), nil)
 		}
 	}
+	deleteNewest(tx.b, c.run, c.origStatus, c.run.Status)
 	tx.s.counters.Retired.Add(1)
 }

@@ -213,6 +213,13 @@ type WorkflowVersion struct {
 //	v/<workflow>/<version:8>      WorkflowVersion
 //	x/<status>/<run>              index: runs by status
 //	w/<workflow>/<status>/<run>   index: runs by workflow and status
+//	m/index-newest                applied sequence the n/ o/ p/ q/ indexes are current at
+//	n/<seq:8><run>                index: runs by submit sequence (CreatedSeq), newest last
+//	o/<status>/<seq:8><run>       index: the same, by status
+//	p/<workflow>/<seq:8><run>     index: the same, by workflow
+//	q/<workflow>/<status>/<seq:8><run>  index: the same, by workflow and status
+//
+// (The n/ o/ p/ q/ indexes serve RunsNewest: newest.go says why and how.)
 var (
 	keyApplied = []byte("m/applied")
 	keyTerm    = []byte("m/term")

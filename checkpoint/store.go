@@ -102,6 +102,10 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := s.ensureNewestIndex(applied); err != nil {
+		db.Close()
+		return nil, err
+	}
 	s.applied.Store(applied)
 	s.term.Store(int64(term))
 	s.queue.init()
@@ -148,18 +152,24 @@ func (s *Store) Applied() uint64 { return s.applied.Load() }
 func (s *Store) HighestTerm() int64 { return s.term.Load() }
 
 func (s *Store) getUint(key []byte) (uint64, error) {
+	v, _, err := s.getUintFound(key)
+	return v, err
+}
+
+// getUintFound is getUint that also tells a missing key from a zero.
+func (s *Store) getUintFound(key []byte) (uint64, bool, error) {
 	v, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint: read %s: %w", key, err)
+		return 0, false, fmt.Errorf("checkpoint: read %s: %w", key, err)
 	}
 	defer closer.Close()
 	if len(v) != 8 {
-		return 0, fmt.Errorf("checkpoint: %s holds %d bytes, want 8: the state is corrupt; move the data dir's state aside and let flowd replay the log", key, len(v))
+		return 0, false, fmt.Errorf("checkpoint: %s holds %d bytes, want 8: the state is corrupt; move the data dir's state aside and let flowd replay the log", key, len(v))
 	}
-	return binary.BigEndian.Uint64(v), nil
+	return binary.BigEndian.Uint64(v), true, nil
 }
 
 // Apply applies one log message (a batch of entries) at sequence seq, in one Pebble
@@ -238,6 +248,7 @@ func (s *Store) reject(c *CorruptError) error {
 	}
 	_ = b.Set(keyRejected(c.Seq), raw, nil)
 	_ = b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, c.Seq), nil)
+	_ = b.Set(keyNewestAt, binary.BigEndian.AppendUint64(nil, c.Seq), nil) // nothing to index: still current
 	if err := b.Commit(pebble.NoSync); err != nil {
 		return fmt.Errorf("checkpoint: record the rejection of sequence %d: %w: %w", c.Seq, ErrStorage, err)
 	}
