@@ -151,6 +151,10 @@ type Node struct {
 	Applied uint64 `json:"applied"`
 	Leader  bool   `json:"leader"`
 	Running int    `json:"running"`
+	// LeasesDegraded: a lease this node holds goes unrenewed (it takes no new task).
+	LeasesDegraded bool `json:"leases_degraded,omitempty"`
+	// Problems are the node's parts that fell silent (as /readyz says them).
+	Problems []string `json:"problems,omitempty"`
 }
 
 // CronEntry is one scheduled workflow.
@@ -169,6 +173,8 @@ type Tick struct {
 	At      string `json:"at"`
 	Outcome string `json:"outcome"`
 	RunID   string `json:"run_id,omitempty"`
+	Term    int64  `json:"term,omitempty"`  // the leader term that recorded it
+	Owner   string `json:"owner,omitempty"` // the leader node that recorded it
 }
 
 // Drill is the evidence of a zombie drill: the drill's run and its verification.

@@ -336,6 +336,16 @@ func (e *Engine) ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string
 	return e.store.ListRuns(opts)
 }
 
+// RunsNewest returns a page of runs, newest first (the web UI's list).
+func (e *Engine) RunsNewest(opts checkpoint.NewestOptions) ([]checkpoint.Run, string, error) {
+	return e.store.RunsNewest(opts)
+}
+
+// RunsWithIDPrefix returns runs whose ID starts with prefix.
+func (e *Engine) RunsWithIDPrefix(prefix string, limit int) ([]checkpoint.Run, error) {
+	return e.store.RunsWithIDPrefix(prefix, limit)
+}
+
 // WaitRun waits until a run ends (succeeded, failed, cancelled, dead-lettered).
 func (e *Engine) WaitRun(ctx context.Context, id string) (*checkpoint.Run, error) {
 	ended := make(chan struct{})

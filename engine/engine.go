@@ -248,6 +248,10 @@ func isTimeout(err error) bool {
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
+// Changed is closed when this node has applied more of the log (a fresh channel each
+// call: take it before reading the state, then wait).
+func (e *Engine) Changed() <-chan struct{} { return e.clog.Changed() }
+
 // ClientURL is the NATS URL that clients (flowctl) reach this node's NATS at.
 func (e *Engine) ClientURL() string { return e.natsURL() }
 

@@ -105,6 +105,10 @@ func (e *Engine) runWorkers(ctx context.Context, alive func()) error {
 	}
 }
 
+// LeasesDegraded says whether a lease this node holds goes unrenewed (its renewals are
+// unanswered): such a node takes no new task (the cluster page's lease health).
+func (e *Engine) LeasesDegraded() bool { return e.degraded() }
+
 func (e *Engine) degraded() bool {
 	if e.hooks.IgnoreDegraded.Load() {
 		return false

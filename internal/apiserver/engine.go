@@ -20,6 +20,8 @@ type Engine interface {
 	// CatchUp waits until this node has applied the log as it is now.
 	CatchUp(ctx context.Context) error
 	IsLeader() bool
+	// LeasesDegraded says whether a lease this node holds goes unrenewed.
+	LeasesDegraded() bool
 	// Leader is the leader the leader key names, with its term.
 	Leader(ctx context.Context) (epoch.Leader, error)
 
@@ -32,6 +34,8 @@ type Engine interface {
 	StartRun(ctx context.Context, workflow string, inputs map[string]any, opts engine.RunOptions) (string, error)
 	Run(id string) (*checkpoint.RunView, error)
 	ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string, error)
+	RunsNewest(opts checkpoint.NewestOptions) ([]checkpoint.Run, string, error)
+	RunsWithIDPrefix(prefix string, limit int) ([]checkpoint.Run, error)
 	WaitRun(ctx context.Context, id string) (*checkpoint.Run, error)
 	Retry(ctx context.Context, id string) error
 	Cancel(ctx context.Context, id, reason string) error
@@ -42,6 +46,8 @@ type Engine interface {
 	Snapshot(ctx context.Context) (logstream.Snapshot, error)
 	// LogBounds are the log's first and last sequences and the newest snapshot's.
 	LogBounds(ctx context.Context) (first, last, snapshot uint64, err error)
+	// Changed is closed when this node has applied more of the log.
+	Changed() <-chan struct{}
 }
 
 var _ Engine = (*engine.Engine)(nil)

@@ -267,7 +267,7 @@ func (s *Server) cronList(context.Context, *client.Request) (any, error) {
 		}
 		ticks, _ := s.e.Ticks(w.Name)
 		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
-			c.Last = append(c.Last, client.Tick{At: ts(ticks[i].At), Outcome: ticks[i].Outcome, RunID: ticks[i].RunID})
+			c.Last = append(c.Last, client.Tick{At: ts(ticks[i].At), Outcome: ticks[i].Outcome, RunID: ticks[i].RunID, Term: ticks[i].Term, Owner: ticks[i].Owner})
 		}
 		out = append(out, c)
 	}
@@ -283,7 +283,11 @@ func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error
 }
 
 func (s *Server) nodeInfo() client.Node {
-	return client.Node{ID: s.e.NodeID(), Applied: s.e.Applied(), Leader: s.e.IsLeader()}
+	n := client.Node{ID: s.e.NodeID(), Applied: s.e.Applied(), Leader: s.e.IsLeader(), LeasesDegraded: s.e.LeasesDegraded()}
+	if s.sup != nil {
+		n.Problems = s.sup.Problems()
+	}
+	return n
 }
 
 // clusterStatus asks every node (a scatter of node requests) and the leader key.

@@ -27,6 +27,7 @@ type Server struct {
 	e       Engine
 	nc      *nats.Conn
 	silence time.Duration
+	sup     *supervise.Supervisor // whose Problems the node's answer carries
 	// svc and node are the current registration (under mu): the "api" part registers
 	// them again when its probe goes unanswered.
 	svc       micro.Service
@@ -100,7 +101,7 @@ func serveWith(cfg Config, slots, waiting chan struct{}) (*Server, error) {
 	if sup == nil {
 		sup = supervise.New()
 	}
-	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, slots: slots, waiting: waiting}
+	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, sup: sup, slots: slots, waiting: waiting}
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
 	// The first registration is made here, so that a node that cannot serve fails to start.
 	if err := s.register(); err != nil {
@@ -126,6 +127,131 @@ func serveWith(cfg Config, slots, waiting chan struct{}) (*Server, error) {
 	return s, nil
 }
 
+// handlers are the API's operations.
+func (s *Server) handlers() map[string]handler {
+	return map[string]handler{
+		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
+		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
+		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
+		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel, "run.wait": s.runWait,
+		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
+		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
+	}
+}
+
+// Do runs an operation in process, as a request on its subject would (after catching
+// up with the log), for this node's own callers (the web UI): the same results, and a
+// failure as a *client.Error with the same code and message. ctx carries the actor
+// (internal/audit). Authorization is the caller's: NATS does not see these calls.
+func (s *Server) Do(ctx context.Context, op string, req client.Request) (any, error) {
+	h, ok := s.handlers()[op]
+	if !ok {
+		return nil, &client.Error{Code: client.CodeBadRequest, Message: "no operation " + op}
+	}
+	if err := s.e.CatchUp(ctx); err != nil {
+		return nil, &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	}
+	out, err := h(ctx, &req)
+	if err != nil {
+		code, msg := classify(err)
+		return nil, &client.Error{Code: code, Message: msg}
+	}
+	return out, nil
+}
+
+// RunsPage is a page of runs newest first, filtered by workflow and status ("" for
+// any), after the cursor before; and the next page's cursor ("" at the end).
+func (s *Server) RunsPage(ctx context.Context, workflow, status, before string, limit int) ([]client.Run, string, error) {
+	if err := s.e.CatchUp(ctx); err != nil {
+		return nil, "", &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	}
+	runs, next, err := s.e.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
+	if err != nil {
+		code, msg := classify(err)
+		return nil, "", &client.Error{Code: code, Message: msg}
+	}
+	return runsJSON(runs), next, nil
+}
+
+// RunsWithIDPrefix are the runs whose ID starts with prefix (the UI's search).
+func (s *Server) RunsWithIDPrefix(ctx context.Context, prefix string, limit int) ([]client.Run, error) {
+	if err := s.e.CatchUp(ctx); err != nil {
+		return nil, &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	}
+	runs, err := s.e.RunsWithIDPrefix(prefix, limit)
+	if err != nil {
+		code, msg := classify(err)
+		return nil, &client.Error{Code: code, Message: msg}
+	}
+	return runsJSON(runs), nil
+}
+
+func runsJSON(runs []checkpoint.Run) []client.Run {
+	out := make([]client.Run, 0, len(runs))
+	for i := range runs {
+		out = append(out, runJSON(&runs[i], nil))
+	}
+	return out
+}
+
+// StepNeeds are the steps of a workflow version in their order, each with the steps it
+// needs (the run page's graph).
+func (s *Server) StepNeeds(name string, version int) ([]StepNeeds, error) {
+	w, err := s.e.Workflow(name, version)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]StepNeeds, 0, len(w.Steps))
+	for _, st := range w.Steps {
+		out = append(out, StepNeeds{Name: st.Name, Needs: st.Needs, Uses: st.Uses, Foreach: st.Foreach != ""})
+	}
+	return out, nil
+}
+
+// Versions are every version of a workflow, oldest first, each with its YAML.
+func (s *Server) Versions(name string) ([]client.Workflow, error) {
+	latest, err := s.e.Workflow(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []client.Workflow
+	for v := 1; v <= latest.Version; v++ {
+		w, err := s.e.Workflow(name, v)
+		if err != nil {
+			continue // a version retired or never stored: skip it
+		}
+		out = append(out, toWorkflow(w, true))
+	}
+	return out, nil
+}
+
+// Ticks are a workflow's newest n recorded fire times, newest first (the UI's cron page;
+// cron.list carries the last five).
+func (s *Server) Ticks(name string, n int) ([]client.Tick, error) {
+	ticks, err := s.e.Ticks(name)
+	if err != nil {
+		return nil, err
+	}
+	out := []client.Tick{}
+	for i := len(ticks) - 1; i >= 0 && len(out) < n; i-- {
+		t := ticks[i]
+		out = append(out, client.Tick{At: ts(t.At), Outcome: t.Outcome, RunID: t.RunID, Term: t.Term, Owner: t.Owner})
+	}
+	return out, nil
+}
+
+// StepNeeds is one step of a workflow with the steps it needs.
+type StepNeeds struct {
+	Name    string
+	Uses    string
+	Needs   []string
+	Foreach bool
+}
+
+// Changed is closed when this node applies more of the log (the UI's live pages wait
+// on it: one wait for every browser).
+func (s *Server) Changed() <-chan struct{} { return s.e.Changed() }
+
 // register adds the service's endpoints and the node subscription.
 func (s *Server) register() error {
 	nc := s.nc
@@ -134,16 +260,7 @@ func (s *Server) register() error {
 	if err != nil {
 		return fmt.Errorf("api: %w", err)
 	}
-	ops := map[string]handler{
-		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
-		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
-		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
-		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel,
-		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
-		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
-	}
-	ops["run.wait"] = s.runWait
-	for op, h := range ops {
+	for op, h := range s.handlers() {
 		name := strings.ReplaceAll(op, ".", "-")
 		slots := s.slots
 		if op == "run.wait" {

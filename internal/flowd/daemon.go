@@ -17,10 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/webui"
 )
 
 // Daemon is a running flowd.
@@ -29,6 +31,7 @@ type Daemon struct {
 	log    *slog.Logger
 	engine *engine.Engine
 	api    *apiserver.Server
+	ui     *webui.Server
 	http   *http.Server
 	ln     net.Listener
 	done   chan struct{}
@@ -97,6 +100,13 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", d.readyz)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger}); err != nil {
+			_ = ln.Close()
+			d.stopEngine()
+			return nil, err
+		}
+		mux.Handle("/ui/", d.ui)
+		mux.Handle("/ui", d.ui)
 		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = d.http.Serve(ln) }()
 	}
@@ -174,12 +184,27 @@ func (d *Daemon) Stop() {
 	if d.api != nil {
 		d.api.Stop()
 	}
+	if d.ui != nil {
+		d.ui.Close() // ends the live streams, which Shutdown would wait for
+	}
 	if d.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = d.http.Shutdown(ctx)
 		cancel()
 	}
 	d.stopEngine()
+}
+
+// uiUsers are the --auth users who sign in to the web UI: people (not nodes) with a
+// password (an nkey user has no password to type).
+func uiUsers(users []engine.NATSUser) []webui.User {
+	var out []webui.User
+	for _, u := range users {
+		if u.Password != "" && u.Role != client.RoleNode {
+			out = append(out, webui.User{Name: u.Name, Password: u.Password, Role: u.Role})
+		}
+	}
+	return out
 }
 
 func (d *Daemon) stopEngine() {

@@ -1,0 +1,53 @@
+// flow's UI: the one script. A run page that is still running holds a server-sent event
+// stream; on a change it closes the stream, fetches the page's main part again, swaps it
+// in (keeping which outputs were open and where the keyboard focus was) and follows the
+// new part's stream: one stream per page at any time. Everything else works without it.
+"use strict";
+(function () {
+  function focusKey(el) {
+    if (!el || el === document.body) return null;
+    if (el.id) return { id: el.id };
+    var form = el.closest && el.closest("form");
+    if (form) return { form: form.getAttribute("action") };
+    if (el.tagName === "SUMMARY") return { summary: el.textContent };
+    if (el.getAttribute && el.getAttribute("href")) return { href: el.getAttribute("href") };
+    return null;
+  }
+  function refocus(key) {
+    if (!key) return;
+    var el = null;
+    if (key.id) el = document.getElementById(key.id);
+    if (key.form) { var f = document.querySelector('form[action="' + CSS.escape(key.form) + '"]'); el = f && f.querySelector("button"); }
+    if (key.summary) el = Array.prototype.find.call(document.querySelectorAll("summary"), function (s) { return s.textContent === key.summary; });
+    if (key.href) el = document.querySelector('[href="' + CSS.escape(key.href) + '"]');
+    if (el) el.focus({ preventScroll: true });
+  }
+  function follow() {
+    var live = document.querySelector("[data-events]");
+    if (!live || !window.EventSource) return;
+    var src = new EventSource(live.getAttribute("data-events"));
+    var refresh = function (ev) {
+      src.close(); // one refresh at a time; the new part brings its own stream
+      var open = Array.prototype.map.call(document.querySelectorAll("details[open] summary"), function (s) { return s.textContent; });
+      var focus = focusKey(document.activeElement);
+      fetch(location.href, { headers: { "X-Flow-Fragment": "1" }, credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (html) {
+          document.getElementById("main").innerHTML = html;
+          document.querySelectorAll("details summary").forEach(function (s) {
+            if (open.indexOf(s.textContent) >= 0) s.parentElement.open = true;
+          });
+          refocus(focus);
+          follow();
+        })
+        .catch(function () {
+          // The page could not be fetched (the node restarting, the run gone): try the
+          // stream again in a while, unless it had ended.
+          if (ev.type !== "end") setTimeout(follow, 3000);
+        });
+    };
+    src.addEventListener("change", refresh);
+    src.addEventListener("end", refresh);
+  }
+  document.addEventListener("DOMContentLoaded", follow);
+})();
