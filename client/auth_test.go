@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flowrun/flow/internal/testnats"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -48,16 +50,7 @@ func startNATS(t *testing.T) string {
 		Publish:   &server.SubjectPermission{Allow: []string{Subject + ".workflow.list"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}})
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready for connections within 10s")
-	}
-	url := s.ClientURL()
+	url := testnats.Server(t, opts).ClientURL()
 
 	nc, err := nats.Connect(url, nats.UserInfo(RoleNode, passwords[RoleNode]))
 	if err != nil {

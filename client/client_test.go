@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -21,9 +20,8 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
-	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testnode"
 )
 
 // node is one flowd node: a real engine (it leads, schedules and runs steps) and the API
@@ -36,21 +34,7 @@ type node struct {
 
 func startNode(t *testing.T) *node {
 	t.Helper()
-	e, err := engine.New(engine.Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "127.0.0.1:0",
-		Lease: epoch.Config{TTL: time.Second, Backoff: backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(ctx)
-	})
+	e := testnode.Engine(t, nil)
 	srv, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)

@@ -4,11 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/internal/testnode"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -17,9 +18,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver/apitest"
-	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/testhooks"
 )
 
@@ -30,23 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // need runs, and nothing else writes to the log.
 func startEngine(t *testing.T) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(engine.Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "127.0.0.1:0",
-		Lease:            epoch.Config{TTL: time.Second, Backoff: backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}},
-		DisableScheduler: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(ctx)
-	})
-	return e
+	return testnode.Engine(t, func(c *engine.Config) { c.DisableScheduler = true })
 }
 
 // configFor serves e as flowd does: on its connection, supervised with its parts.

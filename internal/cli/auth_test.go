@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testnats"
 )
 
 // authPasswords are the test server's users, one per role, named after it.
@@ -54,17 +55,7 @@ func rolePermissions(t *testing.T, role string) *server.Permissions {
 // has users) that answers every operation. It returns the client URL.
 func natsServer(t *testing.T, opts *server.Options, connect ...nats.Option) string {
 	t.Helper()
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready for connections within 10s")
-	}
-	url := s.ClientURL()
+	url := testnats.Server(t, opts).ClientURL()
 	if len(opts.Users) > 0 {
 		connect = append(connect, nats.UserInfo(client.RoleNode, authPasswords[client.RoleNode]))
 	}

@@ -14,10 +14,11 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// waitJetStream waits until the cluster answers JetStream requests.
-func waitJetStream(t *testing.T, c *Cluster) {
-	WaitFor(t, 30*time.Second, "the NATS cluster", func() bool {
-		nc, err := nats.Connect(c.URL(), nats.Timeout(time.Second))
+// waitJetStream waits until the cluster answers JetStream requests (of a connection
+// made with opts: credentials, TLS).
+func waitJetStream(t *testing.T, c *Cluster, opts ...nats.Option) {
+	WaitFor(t, 60*time.Second, "the NATS cluster's JetStream", func() bool {
+		nc, err := nats.Connect(c.URL(), append(opts, nats.Timeout(time.Second))...)
 		if err != nil {
 			return false
 		}

@@ -1,7 +1,6 @@
 package clustertest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/internal/testcerts"
 )
@@ -73,18 +71,7 @@ func TestExternalClusterWithRoles(t *testing.T) {
 	}
 	c := StartNATSWith(t, 3, externalSecurityConf(t, certs, perms))
 	tlsOpts := []nats.Option{nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey)}
-	WaitFor(t, 60*time.Second, "the NATS cluster's JetStream for the node's user", func() bool {
-		nc, err := nats.Connect(c.URL(), append(tlsOpts, nats.UserInfo("nora", authPasswords["nora"]), nats.Timeout(time.Second))...)
-		if err != nil {
-			return false
-		}
-		defer nc.Close()
-		js, _ := jetstream.New(nc)
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err = js.AccountInfo(ctx)
-		return err == nil
-	})
+	waitJetStream(t, c, append(tlsOpts, nats.UserInfo("nora", authPasswords["nora"]))...)
 	var nodes []*Proc
 	for _, name := range []string{"node-a", "node-b"} {
 		nodes = append(nodes, StartFlowd(t, c, name, "--nats-user", "nora", "--nats-password", authPasswords["nora"],

@@ -8,7 +8,6 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,9 +17,8 @@ import (
 
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
-	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testnode"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -36,16 +34,7 @@ type testNode struct {
 
 func startNode(t *testing.T, cfg Config) *testNode {
 	t.Helper()
-	e, err := engine.New(engine.Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "-",
-		Lease: epoch.Config{TTL: time.Second, Backoff: backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	e := testnode.Engine(t, func(c *engine.Config) { c.NATSListen = "-" })
 	api, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)
@@ -60,9 +49,6 @@ func startNode(t *testing.T, cfg Config) *testNode {
 		ui.Close()
 		n.srv.Close()
 		api.Stop()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(ctx)
 	})
 	return n
 }
