@@ -48,13 +48,14 @@ func findBrowser(t *testing.T) string {
 	return ""
 }
 
-// screenshotDir is where the screenshots go: the test's temporary directory, or
+// screenshotDir is where the screenshots go, kept after the test as its artifacts:
 // FLOW_UI_SCREENSHOTS (relative to the repository's root: FLOW_UI_SCREENSHOTS=docs/img
-// makes docs/ui.md's images).
+// makes docs/ui.md's images; .ci/run sets one), or flow-ui-screenshots in the system's
+// temporary directory.
 func screenshotDir(t *testing.T) string {
 	dir := os.Getenv("FLOW_UI_SCREENSHOTS")
 	if dir == "" {
-		return t.TempDir()
+		dir = filepath.Join(os.TempDir(), "flow-ui-screenshots")
 	}
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join("..", "..", dir) // the test runs in internal/clustertest
