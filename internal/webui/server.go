@@ -153,7 +153,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin")
+	if !s.authEnabled() && !fromLoopback(r) {
+		// Without sign-in the UI's actions are everyone's: it answers only this host (an
+		// --http other hosts can reach still serves /metrics and the health checks).
+		http.Error(w, "the web UI without flowd --auth answers only this host: give flowd --auth FILE (docs/security.md) to open it to others", http.StatusForbidden)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// fromLoopback says whether the request came from this host.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // authEnabled says whether people sign in.

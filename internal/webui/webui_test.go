@@ -340,3 +340,28 @@ func TestRunEventsFollowTheLog(t *testing.T) {
 		t.Fatalf("the stream said %v; want changes, then its end", got)
 	}
 }
+
+// Without sign-in the UI answers only this host: its actions would be anyone's. With
+// sign-in, another host gets the sign-in page.
+func TestWithoutSignInOnlyThisHost(t *testing.T) {
+	for _, signIn := range []bool{false, true} {
+		n := startNode(t, Config{SignIn: signIn})
+		req := httptest.NewRequest(http.MethodGet, "/ui/", nil)
+		req.RemoteAddr = "10.1.2.3:5555"
+		w := httptest.NewRecorder()
+		n.ui.ServeHTTP(w, req)
+		want := http.StatusForbidden
+		if signIn {
+			want = http.StatusSeeOther
+		}
+		if w.Code != want || (!signIn && !strings.Contains(w.Body.String(), "--auth")) {
+			t.Errorf("sign-in %v: another host got %d %q, want %d", signIn, w.Code, w.Body.String(), want)
+		}
+		req.RemoteAddr = "127.0.0.1:5555"
+		w = httptest.NewRecorder()
+		n.ui.ServeHTTP(w, req)
+		if !signIn && w.Code != http.StatusOK {
+			t.Errorf("this host got %d", w.Code)
+		}
+	}
+}
