@@ -8,21 +8,14 @@ package cli
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/flowrun/flow/internal/testcerts"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -221,74 +214,22 @@ func TestHelpShowsNoPassword(t *testing.T) {
 	noPassword(t, "--help", out+errOut)
 }
 
-// pki is a CA and the certificates it signed, as PEM files.
-type pki struct{ ca, serverCert, serverKey, clientCert, clientKey string }
-
-// newPKI makes a CA (ECDSA P-256) and, signed by it, a server certificate for 127.0.0.1
-// and a client certificate, in dir.
-func newPKI(t *testing.T, dir string) pki {
-	t.Helper()
-	write := func(name, kind string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	now := time.Now()
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "flow test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kder, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return write(name+".pem", "CERTIFICATE", der), write(name+"-key.pem", "EC PRIVATE KEY", kder)
-	}
-	p := pki{ca: write("ca.pem", "CERTIFICATE", caDER)}
-	p.serverCert, p.serverKey = leaf("server", 2, x509.ExtKeyUsageServerAuth)
-	p.clientCert, p.clientKey = leaf("client", 3, x509.ExtKeyUsageClientAuth)
-	return p
-}
-
 // A server that wants TLS with a client certificate (verify) takes flowctl with
 // --tls-ca, --tls-cert and --tls-key; without the client certificate, or without the
 // CA, the TLS handshake fails: that is no permissions refusal but no server to talk
 // to, exit 3, with the TLS flags to check.
 func TestTLS(t *testing.T) {
-	p := newPKI(t, t.TempDir())
-	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: p.serverCert, KeyFile: p.serverKey, CaFile: p.ca, Verify: true})
+	p, err := testcerts.Make(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: p.ServerCert, KeyFile: p.ServerKey, CaFile: p.CA, Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	url := natsServer(t, &server.Options{TLS: true, TLSVerify: true, TLSConfig: tc, TLSTimeout: 5},
-		nats.RootCAs(p.ca), nats.ClientCert(p.clientCert, p.clientKey))
-	cert := []string{"--tls-cert", p.clientCert, "--tls-key", p.clientKey}
+		nats.RootCAs(p.CA), nats.ClientCert(p.ClientCert, p.ClientKey))
+	cert := []string{"--tls-cert", p.ClientCert, "--tls-key", p.ClientKey}
 	cases := []struct {
 		what string
 		env  map[string]string
@@ -296,9 +237,9 @@ func TestTLS(t *testing.T) {
 		code int
 		err  string
 	}{
-		{"the CA and a client certificate", nil, append([]string{"--tls-ca", p.ca}, cert...), 0, ""},
-		{"FLOW_TLS_CA and a client certificate", map[string]string{"FLOW_TLS_CA": p.ca}, cert, 0, ""},
-		{"no client certificate", nil, []string{"--tls-ca", p.ca}, 3, "and --tls-cert and --tls-key if the server wants a client certificate"},
+		{"the CA and a client certificate", nil, append([]string{"--tls-ca", p.CA}, cert...), 0, ""},
+		{"FLOW_TLS_CA and a client certificate", map[string]string{"FLOW_TLS_CA": p.CA}, cert, 0, ""},
+		{"no client certificate", nil, []string{"--tls-ca", p.CA}, 3, "and --tls-cert and --tls-key if the server wants a client certificate"},
 		{"no CA", nil, cert, 3, "certificate signed by unknown authority"},
 		{"nothing", nil, nil, 3, "check --tls-ca (or FLOW_TLS_CA)"},
 	}
