@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -61,7 +62,7 @@ func loadAuthFile(path string) ([]engine.NATSUser, error) {
 		if u.User != "" {
 			where += " (" + u.User + ")"
 		}
-		if !validRole(u.Role) {
+		if !slices.Contains(client.Roles, u.Role) {
 			return nil, fmt.Errorf("%s: role %q: use one of %s", where, u.Role, strings.Join(client.Roles, ", "))
 		}
 		switch {
@@ -75,15 +76,6 @@ func loadAuthFile(path string) ([]engine.NATSUser, error) {
 		users = append(users, engine.NATSUser{Name: u.User, Password: u.Password, NKey: u.NKey, Role: u.Role})
 	}
 	return users, nil
-}
-
-func validRole(role string) bool {
-	for _, r := range client.Roles {
-		if r == role {
-			return true
-		}
-	}
-	return false
 }
 
 // redactYAMLError keeps a YAML error's place and drops the text it quotes, which may

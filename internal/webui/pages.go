@@ -11,6 +11,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -147,7 +148,7 @@ const pageSize = 50
 func (s *Server) runsPage(r *http.Request) (string, string, any, error) {
 	q := r.URL.Query()
 	v := runsView{Workflow: q.Get("workflow"), Status: q.Get("status"), Query: strings.TrimSpace(q.Get("q")), Statuses: runStatuses}
-	if v.Status != "" && !slicesContains(runStatuses, v.Status) {
+	if v.Status != "" && !slices.Contains(runStatuses, v.Status) {
 		return "", "", nil, badInput("status %q: use one of %s", v.Status, strings.Join(runStatuses, ", "))
 	}
 	if len(v.Query) > 256 || len(v.Workflow) > 256 || len(q.Get("before")) > 512 {
@@ -419,9 +420,6 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
 		}
 	}
 }
-
-func urlQueryEscape(s string) string { return url.QueryEscape(s) }
-func urlPathEscape(s string) string  { return url.PathEscape(s) }
 
 // funcs for the templates.
 var funcs = template.FuncMap{

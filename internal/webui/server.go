@@ -15,6 +15,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -99,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.SessionTTL = 12 * time.Hour
 	}
 	for i, u := range cfg.Users {
-		if u.Name == "" || u.Password == "" || !slicesContains(peopleRoles, u.Role) {
+		if u.Name == "" || u.Password == "" || !slices.Contains(peopleRoles, u.Role) {
 			return nil, fmt.Errorf("webui: user %d: a name, a password and a role (%s) are required", i+1, strings.Join(peopleRoles, ", "))
 		}
 	}
@@ -250,7 +252,7 @@ func (s *Server) authed(h func(http.ResponseWriter, *http.Request, *session)) ht
 	return func(w http.ResponseWriter, r *http.Request) {
 		se := s.sessionOf(w, r)
 		if se == nil {
-			http.Redirect(w, r, "/ui/login?next="+urlQueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
 		h(w, r, se)
@@ -305,7 +307,7 @@ func (s *Server) runAction(op string) func(http.ResponseWriter, *http.Request, *
 			s.errorPage(w, r, se, err)
 			return
 		}
-		back := "/ui/runs/" + urlPathEscape(id)
+		back := "/ui/runs/" + url.PathEscape(id)
 		if op == "dlq.purge" {
 			back = "/ui/dlq"
 		}
@@ -369,15 +371,6 @@ func safeNext(next string) string {
 		return "/ui/"
 	}
 	return next
-}
-
-func slicesContains(list []string, v string) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // pageNames are the templates in assets/templates, each with the layout.
