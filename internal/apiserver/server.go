@@ -148,40 +148,57 @@ func (s *Server) Do(ctx context.Context, op string, req client.Request) (any, er
 	if !ok {
 		return nil, &client.Error{Code: client.CodeBadRequest, Message: "no operation " + op}
 	}
-	if err := s.e.CatchUp(ctx); err != nil {
-		return nil, &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	return s.call(ctx, h, &req)
+}
+
+// call answers a request from a state that has caught up with the log as it is now, so
+// that whichever node answers, a client reads what it (or anyone) wrote before; a
+// failure is a *client.Error with the code and message the client gets.
+func (s *Server) call(ctx context.Context, h handler, r *client.Request) (any, error) {
+	if err := s.caughtUp(ctx); err != nil {
+		return nil, err
 	}
-	out, err := h(ctx, &req)
+	out, err := h(ctx, r)
 	if err != nil {
-		code, msg := classify(err)
-		return nil, &client.Error{Code: code, Message: msg}
+		return nil, clientError(err)
 	}
 	return out, nil
+}
+
+func (s *Server) caughtUp(ctx context.Context) error {
+	if err := s.e.CatchUp(ctx); err != nil {
+		return &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	}
+	return nil
+}
+
+// clientError is err as the client gets it.
+func clientError(err error) error {
+	code, msg := classify(err)
+	return &client.Error{Code: code, Message: msg}
 }
 
 // RunsPage is a page of runs newest first, filtered by workflow and status ("" for
 // any), after the cursor before; and the next page's cursor ("" at the end).
 func (s *Server) RunsPage(ctx context.Context, workflow, status, before string, limit int) ([]client.Run, string, error) {
-	if err := s.e.CatchUp(ctx); err != nil {
-		return nil, "", &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	if err := s.caughtUp(ctx); err != nil {
+		return nil, "", err
 	}
 	runs, next, err := s.e.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
 	if err != nil {
-		code, msg := classify(err)
-		return nil, "", &client.Error{Code: code, Message: msg}
+		return nil, "", clientError(err)
 	}
 	return runsJSON(runs), next, nil
 }
 
 // RunsWithIDPrefix are the runs whose ID starts with prefix (the UI's search).
 func (s *Server) RunsWithIDPrefix(ctx context.Context, prefix string, limit int) ([]client.Run, error) {
-	if err := s.e.CatchUp(ctx); err != nil {
-		return nil, &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
+	if err := s.caughtUp(ctx); err != nil {
+		return nil, err
 	}
 	runs, err := s.e.RunsWithIDPrefix(prefix, limit)
 	if err != nil {
-		code, msg := classify(err)
-		return nil, &client.Error{Code: code, Message: msg}
+		return nil, clientError(err)
 	}
 	return runsJSON(runs), nil
 }
@@ -413,16 +430,11 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 		// Who asked, as the NATS server says (with auth, a person's request crosses from
 		// the users' account and the server writes the header; docs/security.md).
 		ctx = audit.WithActor(ctx, audit.ActorFromRequestInfo(req.Headers().Get(audit.RequestInfoHeader)))
-		// Answer from a state that has caught up with the log as it is now, so that
-		// whichever node answers, a client reads what it (or anyone) wrote before.
-		if err := s.e.CatchUp(ctx); err != nil {
-			s.fail(req, client.CodeInternal, "this node cannot catch up with the log: "+err.Error())
-			return
-		}
-		out, err := h(ctx, &r)
+		out, err := s.call(ctx, h, &r)
 		if err != nil {
-			code, msg := classify(err)
-			s.fail(req, code, msg)
+			ce := &client.Error{Code: client.CodeInternal, Message: err.Error()}
+			errors.As(err, &ce) // call's failures are all *client.Error
+			s.fail(req, ce.Code, ce.Message)
 			return
 		}
 		data, err := json.Marshal(out)
