@@ -25,9 +25,7 @@ import (
 const cronWindow = 1000
 
 // CronRunID is the run ID of a workflow's tick.
-func CronRunID(workflow string, tick time.Time) string {
-	return workflow + "-" + tick.UTC().Format("20060102T150405Z")
-}
+func CronRunID(name string, tick time.Time) string { return workflow.TickRunID(name, tick) }
 
 type cronPlan struct {
 	wf    *workflow.Workflow
