@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -183,7 +182,6 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "seq", &seq)
 	}
 	var entries []Entry
-	var datas [][]byte
 	for _, line := range strings.Split(d.Input, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -193,21 +191,16 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			d.Fatalf(t, "entry %q: %v", line, err)
 		}
-		raw, err := json.Marshal(e)
-		if err != nil {
-			d.Fatalf(t, "entry %q: %v", line, err)
-		}
 		entries = append(entries, e)
-		datas = append(datas, raw)
 	}
 	if len(entries) == 0 {
 		d.Fatalf(t, "apply needs at least one entry")
 	}
-	version := 1
-	for _, e := range entries {
-		version = max(version, FormatFor(e.Kind))
+	msg, err := EncodeMessage("transcript", entries...)
+	if err != nil {
+		d.Fatalf(t, "encode: %v", err)
 	}
-	verdicts, err := tr.s.Apply(seq, EncodeEnvelopeVersion("transcript", version, datas))
+	verdicts, err := tr.s.Apply(seq, msg)
 	if err != nil {
 		d.Fatalf(t, "apply at %d: %v", seq, err)
 	}
