@@ -76,7 +76,7 @@ var options = []option{
 	{"node-id", "", "this node's name in leases and epochs (default: the host name)"},
 	{"nats-url", "", "join this NATS (JetStream) server or cluster instead of embedding one"},
 	{"nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server"},
-	{"http", "127.0.0.1:8080", "address of /healthz, /readyz and /metrics"},
+	{"http", "127.0.0.1:8080", "address of /healthz, /readyz, /metrics and the web UI (/ui/)"},
 	{"workers", "8", "runs this node executes at once"},
 	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
 	{"workflows", "", "directory of workflow YAML files to apply at start"},

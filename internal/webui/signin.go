@@ -26,8 +26,9 @@ import (
 //   - Failures are counted per user name and per client address; after
 //     signInFailures of them the key is locked out, for a time that doubles with each
 //     further failure (up to signInMaxLock), answered 429 with Retry-After and without
-//     checking the password (the right one too). A success clears its user's count.
-//     Unknown names are counted like known ones, so a lockout tells nothing either.
+//     checking the password (the right one too). A success clears its user's count (not
+//     its address's: one valid account must not buy guesses at others). Unknown names
+//     are counted like known ones, so a lockout tells nothing either.
 //   - At most signInHashing comparisons run at once: a flood of sign-ins cannot take the
 //     node's cores from its runs. The excess waits up to signInWait, then gets 503.
 
@@ -93,7 +94,7 @@ func newSignIn(users []User, enabled bool) (*signIn, []int, error) {
 
 func isBcrypt(stored string) bool { return strings.HasPrefix(stored, "$2") }
 
-// check compares the password given for name: exactly one bcrypt comparison, whatever
+// checkPassword compares the password given for name: exactly one bcrypt comparison, whatever
 // name is.
 func (s *Server) checkPassword(name, given string) bool {
 	compare := bcrypt.CompareHashAndPassword
@@ -146,7 +147,8 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name, pw, next := r.PostFormValue("user"), r.PostFormValue("password"), safeNext(r.PostFormValue("next"))
-	keys := []limitKey{userKey(name), addrKey(s.clientAddr(r))}
+	client := s.clientAddr(r)
+	keys := []limitKey{userKey(name), addrKey(client)}
 	refuse := func(code int, retry time.Duration, msg string) {
 		w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 		s.render(w, r, nil, "login", code, viewOf(nil, true, "Sign in", loginView{Next: next, Error: msg}))
@@ -174,7 +176,13 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.hooks.noSignInLimit {
-		s.signIn.lim.fail(keys, s.now())
+		if d := s.signIn.lim.fail(keys, s.now()); d > 0 {
+			shown := name
+			if len(shown) > 64 {
+				shown = shown[:64] + "..."
+			}
+			s.cfg.Logger.Warn("ui: sign-ins locked out after failures", "user", shown, "client", client.String(), "for", d)
+		}
 	}
 	s.render(w, r, nil, "login", http.StatusUnauthorized, viewOf(nil, true, "Sign in", loginView{Next: next, Error: "wrong user or password"}))
 }
@@ -253,13 +261,15 @@ func (l *limiter) lockedFor(keys []limitKey, now time.Time) time.Duration {
 }
 
 // fail counts a failure for each key; from the after-th on, each locks its key out for
-// base, doubled for each failure since, up to max.
-func (l *limiter) fail(keys []limitKey, now time.Time) {
+// base, doubled for each failure since, up to max. It returns the longest lockout it
+// began (0: none).
+func (l *limiter) fail(keys []limitKey, now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.recs == nil {
 		l.recs = map[limitKey]*limitRec{}
 	}
+	var locked time.Duration
 	for _, k := range keys {
 		rec := l.recs[k]
 		if rec != nil && rec.quiet(now, l.forget) {
@@ -278,9 +288,12 @@ func (l *limiter) fail(keys []limitKey, now time.Time) {
 			for i := 0; i < over && lock < l.max; i++ {
 				lock *= 2
 			}
-			rec.until = now.Add(min(lock, l.max))
+			lock = min(lock, l.max)
+			rec.until = now.Add(lock)
+			locked = max(locked, lock)
 		}
 	}
+	return locked
 }
 
 // succeed forgets the failures of a key (a user who signed in).
