@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -738,4 +739,25 @@ func mustPrefix(t *testing.T, s string) netip.Prefix {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A password that starts as a bcrypt hash does but is not one stops the UI at start,
+// naming the user and not quoting the hash; hashes of different costs are warned about.
+func TestUsersHashesAreCheckedAtStart(t *testing.T) {
+	_, err := New(Config{Backend: &countingBackend{}, SignIn: true, Users: []User{{Name: "ann", Password: "$2a$10$secret-part", Role: client.RoleAdmin}}})
+	if err == nil || !strings.Contains(err.Error(), "user ann") || strings.Contains(err.Error(), "secret-part") {
+		t.Fatalf("a broken hash: %v", err)
+	}
+	h4, _ := bcrypt.GenerateFromPassword([]byte("a"), 4)
+	h5, _ := bcrypt.GenerateFromPassword([]byte("b"), 5)
+	var logs strings.Builder
+	ui, err := New(Config{Backend: &countingBackend{}, SignIn: true, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Users: []User{{Name: "ann", Password: string(h4), Role: client.RoleAdmin}, {Name: "bob", Password: string(h5), Role: client.RoleViewer}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ui.Close()
+	if cost, _ := bcrypt.Cost(ui.signIn.dummy); cost != 5 || !strings.Contains(logs.String(), "different costs") {
+		t.Fatalf("the dummy hash's cost is %d (want the highest, 5); the log: %s", cost, logs.String())
+	}
 }

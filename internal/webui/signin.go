@@ -67,8 +67,8 @@ func newSignIn(users []User, enabled bool) (*signIn, []int, error) {
 		}
 		if isBcrypt(u.Password) {
 			c, err := bcrypt.Cost([]byte(u.Password))
-			if err != nil {
-				return nil, nil, fmt.Errorf("webui: user %s: the password is not a valid bcrypt hash: %v", u.Name, err)
+			if err != nil { // (the error would quote part of it)
+				return nil, nil, fmt.Errorf("webui: user %s: its password starts as a bcrypt hash does ($2) but is not one: put a whole hash (htpasswd -bnBC 11 \"\" PASSWORD | tr -d ':\\n') in the --auth file", u.Name)
 			}
 			if !slices.Contains(costs, c) {
 				costs = append(costs, c)
