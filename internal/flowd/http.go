@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// httpLimits bound what one client may hold of the HTTP server (docs/ui.md, "Timeouts").
+// httpLimits bound what one client may hold of the HTTP server (docs/operations.md).
 // Without them a client sending a body a byte at a time held a connection and a
 // goroutine for as long as it liked.
 type httpLimits struct {
@@ -16,8 +16,9 @@ type httpLimits struct {
 	maxHeader  int           // bytes of request line and headers
 }
 
-// defaultHTTPLimits are flowd's. The read timeout also bounds a sign-in's wait for its
-// turn at the password check (5 s) plus the check, well within the write timeout.
+// defaultHTTPLimits are flowd's. The write timeout, counted from the end of the headers,
+// leaves room for the body (the read timeout) and a sign-in's wait for its turn at the
+// password check (at most 5 s) with the check itself.
 var defaultHTTPLimits = httpLimits{
 	readHeader: 5 * time.Second,
 	read:       30 * time.Second,
