@@ -40,6 +40,15 @@ func embeddedFlowd(t *testing.T, extra ...string) (*Proc, string, string) {
 	if testing.Short() {
 		t.Skip("starts flowd processes")
 	}
+	return embeddedFlowdBin(t, filepath.Join(Binaries(t), "flowd"), extra...)
+}
+
+// embeddedFlowdBin is embeddedFlowd with another flowd binary (FlowdLinkedWith's).
+func embeddedFlowdBin(t *testing.T, bin string, extra ...string) (*Proc, string, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts flowd processes")
+	}
 	dir := t.TempDir()
 	ports := freePorts(t, 2)
 	logf, err := os.Create(filepath.Join(dir, "flowd.log"))
@@ -47,7 +56,7 @@ func embeddedFlowd(t *testing.T, extra ...string) (*Proc, string, string) {
 		t.Fatal(err)
 	}
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	args := append([]string{filepath.Join(Binaries(t), "flowd"), "--node-id", "node-a", "--data-dir", filepath.Join(dir, "data"),
+	args := append([]string{bin, "--node-id", "node-a", "--data-dir", filepath.Join(dir, "data"),
 		"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--http", httpAddr, "--log-format", "json", "--log-level", "debug"}, extra...)
 	p := &Proc{Name: "node-a", log: logf, args: args}
 	p.start(t)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sort"
@@ -18,6 +19,7 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/webui"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -52,6 +54,12 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey          string
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
+	// UIHosts are more names the web UI answers to (--ui-host); UIProxies the reverse
+	// proxies in front of it (--ui-proxy). docs/ui.md.
+	UIHosts   []string
+	UIProxies []netip.Prefix
+	// httpLimits replaces the HTTP server's timeouts (tests; nil: defaultHTTPLimits).
+	httpLimits *httpLimits
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -68,7 +76,7 @@ var options = []option{
 	{"node-id", "", "this node's name in leases and epochs (default: the host name)"},
 	{"nats-url", "", "join this NATS (JetStream) server or cluster instead of embedding one"},
 	{"nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server"},
-	{"http", "127.0.0.1:8080", "address of /healthz, /readyz and /metrics"},
+	{"http", "127.0.0.1:8080", "address of /healthz, /readyz, /metrics and the web UI (/ui/)"},
 	{"workers", "8", "runs this node executes at once"},
 	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
 	{"workflows", "", "directory of workflow YAML files to apply at start"},
@@ -88,6 +96,8 @@ var options = []option{
 	{"nats-tls-cert", "", "client certificate file for mutual TLS with --nats-url (with --nats-tls-key)"},
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
+	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
+	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
 }
 
 // Flags returns flowd's flag set (with --config).
@@ -167,6 +177,13 @@ func Load(args []string, env []string) (*Config, error) {
 			return e
 		}
 		if fvv, ok := fileVals[name]; ok {
+			if list, ok := fvv.([]any); ok { // a YAML list, for the comma-separated options
+				var items []string
+				for _, it := range list {
+					items = append(items, fmt.Sprint(it))
+				}
+				return strings.Join(items, ",")
+			}
 			return fmt.Sprint(fvv)
 		}
 		return v.GetString(name)
@@ -251,6 +268,13 @@ func Load(args []string, env []string) (*Config, error) {
 		c.DrainTime = d
 	}
 	c.loadSecurity(get, bad)
+	var err error
+	if c.UIHosts, err = webui.ParseHosts(get("ui-host")); err != nil {
+		bad("ui-host", "%v", err)
+	}
+	if c.UIProxies, err = webui.ParseProxies(get("ui-proxy")); err != nil {
+		bad("ui-proxy", "%v", err)
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrConfig, strings.Join(errs, "; "))
 	}

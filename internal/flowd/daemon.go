@@ -100,14 +100,19 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", d.readyz)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger}); err != nil {
+		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger,
+			HTTPAddr: cfg.HTTP, Hosts: cfg.UIHosts, Proxies: cfg.UIProxies}); err != nil {
 			_ = ln.Close()
 			d.stopEngine()
 			return nil, err
 		}
 		mux.Handle("/ui/", d.ui)
 		mux.Handle("/ui", d.ui)
-		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		limits := defaultHTTPLimits
+		if cfg.httpLimits != nil {
+			limits = *cfg.httpLimits
+		}
+		d.http = newHTTPServer(mux, limits)
 		go func() { _ = d.http.Serve(ln) }()
 	}
 	logger.Info("flowd ready", "node", e.NodeID(), "nats", natsnode.Redact(e.ClientURL()), "http", d.HTTPAddr())
