@@ -61,11 +61,12 @@ func TestExternalClusterWithRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One block per person (their own inbox is in it), one for every node.
 	perms := map[string]string{}
-	for _, role := range []string{"viewer", "operator", "admin", "node"} {
-		code, out := flowctl("", "auth", "permissions", role, "-o", "json")
+	for user, role := range map[string]string{"vera": "viewer", "otto": "operator", "ann": "admin", "nora": "node"} {
+		code, out := flowctl("", "auth", "permissions", role, "--user", user, "-o", "json")
 		if code != 0 {
-			t.Fatalf("flowctl auth permissions %s: exit %d: %s", role, code, out)
+			t.Fatalf("flowctl auth permissions %s --user %s: exit %d: %s", role, user, code, out)
 		}
 		perms[role] = strings.TrimSpace(out)
 	}
