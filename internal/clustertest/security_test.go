@@ -16,7 +16,8 @@ import (
 // externalSecurityConf is the part of each server's configuration that docs/security.md
 // shows: mutual TLS for clients, flow's account (JetStream, the nodes, the API exported
 // with the requester's identity shared) and the people's account, each user with the
-// permissions `flowctl auth permissions ROLE -o json` printed.
+// permissions `flowctl auth permissions ROLE --user NAME -o json` printed (a person's block
+// names their own inbox; the node's is every node's).
 func externalSecurityConf(t *testing.T, certs testcerts.Files, perms map[string]string) string {
 	return fmt.Sprintf(`
 tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }
