@@ -128,12 +128,12 @@ func permissionsOf(role, user string) (client.Permissions, error) {
 	if oldPermissions == "" {
 		return client.PermissionsOf(role, user)
 	}
-	return OldPermissionsOf(role)
+	return oldPermissionsOf(role)
 }
 
-// OldPermissionsOf are role's permissions before issue 24, for the negative controls
+// oldPermissionsOf are role's permissions before issue 24, for the negative controls
 // only: a person could read everyone's answers (_INBOX.>), a node publish anything.
-func OldPermissionsOf(role string) (client.Permissions, error) {
+func oldPermissionsOf(role string) (client.Permissions, error) {
 	p, err := client.PermissionsOf(role, "old")
 	if err != nil {
 		return p, err
