@@ -49,9 +49,14 @@ type Config struct {
 	// Auth is the --auth file; AuthUsers its users (the embedded server refuses others).
 	Auth      string
 	AuthUsers []engine.NATSUser
-	// Credentials and TLS for --nats-url.
+	// Credentials for --nats-url.
 	NATSCreds, NATSNKey, NATSUser, NATSPassword string
-	NATSTLSCA, NATSTLSCert, NATSTLSKey          string
+	// TLS: this node's certificate and trust anchor. With --nats-url, the client
+	// certificate and the CA the servers are checked against; embedded, the server's
+	// certificate on --nats-listen and the CA client certificates must chain to.
+	NATSTLSCA, NATSTLSCert, NATSTLSKey string
+	// NATSInsecurePlaintext lets --auth serve a non-loopback --nats-listen without TLS.
+	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
 	// UIHosts are more names the web UI answers to (--ui-host); UIProxies the reverse
@@ -92,9 +97,10 @@ var options = []option{
 	{"nats-nkey", "", "nkey seed file for --nats-url"},
 	{"nats-user", "", "user name for --nats-url (with --nats-password)"},
 	{"nats-password", "", "password for --nats-user (prefer FLOWD_NATS_PASSWORD or the config file: a flag shows in ps)"},
-	{"nats-tls-ca", "", "CA certificate file to check --nats-url's servers against"},
-	{"nats-tls-cert", "", "client certificate file for mutual TLS with --nats-url (with --nats-tls-key)"},
+	{"nats-tls-ca", "", "CA certificate file: with --nats-url, to check the servers against; embedded, clients must show a certificate it signed (mutual TLS)"},
+	{"nats-tls-cert", "", "certificate file (with --nats-tls-key): with --nats-url, this node's client certificate; embedded, the server's, for TLS on --nats-listen"},
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
+	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
 	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
@@ -107,6 +113,8 @@ func Flags() *pflag.FlagSet {
 	for _, o := range options {
 		fs.String(o.name, o.def, o.usage)
 	}
+	// A switch: given alone it is on (--nats-insecure-plaintext=false turns it off).
+	fs.Lookup("nats-insecure-plaintext").NoOptDefVal = "true"
 	fs.SortFlags = false
 	return fs
 }
@@ -299,6 +307,7 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	c.NATSCreds, c.NATSNKey = get("nats-creds"), get("nats-nkey")
 	c.NATSUser, c.NATSPassword = get("nats-user"), get("nats-password")
 	c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey = get("nats-tls-ca"), get("nats-tls-cert"), get("nats-tls-key")
+	c.loadPlaintext(get, bad)
 	kinds := 0
 	for _, set := range []bool{c.NATSCreds != "", c.NATSNKey != "", c.NATSUser != "" || c.NATSPassword != ""} {
 		if set {
@@ -314,16 +323,22 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		bad("nats-tls-cert", "--nats-tls-cert and --nats-tls-key go together")
 	}
-	for _, f := range []struct{ name, path string }{{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey},
-		{"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey}} {
+	for _, f := range []struct {
+		name, path string
+		embedded   bool // also means something to the embedded server
+	}{{"nats-creds", c.NATSCreds, false}, {"nats-nkey", c.NATSNKey, false},
+		{"nats-tls-ca", c.NATSTLSCA, true}, {"nats-tls-cert", c.NATSTLSCert, true}, {"nats-tls-key", c.NATSTLSKey, true}} {
 		if f.path == "" {
 			continue
 		}
-		if c.NATSURL == "" {
+		if c.NATSURL == "" && !f.embedded {
 			bad(f.name, "is for joining a NATS server with --nats-url; the embedded server needs none for flowd itself")
 		} else if st, err := os.Stat(f.path); err != nil || st.IsDir() {
 			bad(f.name, "%q is not a readable file", f.path)
 		}
+	}
+	if c.NATSURL == "" && c.NATSTLSCA != "" && c.NATSTLSCert == "" {
+		bad("nats-tls-ca", "makes the embedded server ask clients for certificates signed by this CA, which needs TLS: give --nats-tls-cert and --nats-tls-key (the server's certificate) too")
 	}
 	if c.NATSUser != "" && c.NATSURL == "" {
 		bad("nats-user", "is for joining a NATS server with --nats-url")
@@ -343,6 +358,39 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 		}
 		c.ExecEnv = append(c.ExecEnv, name)
 	}
+}
+
+// loadPlaintext refuses --auth on a non-loopback --nats-listen without TLS, unless
+// --nats-insecure-plaintext accepts it: passwords (a node's is full control of the log)
+// and every answer would cross the network in the clear.
+func (c *Config) loadPlaintext(get func(string) string, bad func(string, string, ...any)) {
+	switch get("nats-insecure-plaintext") {
+	case "true", "1", "yes":
+		c.NATSInsecurePlaintext = true
+	case "false", "0", "no", "":
+	default:
+		bad("nats-insecure-plaintext", "%q: use true or false", get("nats-insecure-plaintext"))
+	}
+	switch {
+	case c.NATSInsecurePlaintext && c.NATSURL != "":
+		bad("nats-insecure-plaintext", "is for the embedded server's --nats-listen; with --nats-url, the servers' configuration decides TLS")
+	case c.NATSInsecurePlaintext && c.NATSTLSCert != "":
+		bad("nats-insecure-plaintext", "contradicts --nats-tls-cert: the embedded server serves TLS; drop one of them")
+	case c.NATSURL == "" && c.Auth != "" && c.NATSTLSCert == "" && !c.NATSInsecurePlaintext && !natsnode.IsLoopback(c.NATSListen):
+		bad("nats-listen", "%q is reachable from other hosts, and without TLS every password (a node's is full control of the log) and every answer crosses the network in the clear: "+
+			"give --nats-tls-cert and --nats-tls-key (and --nats-tls-ca to require client certificates), or --nats-insecure-plaintext to accept that (docs/security.md)", c.NATSListen)
+	}
+}
+
+// PlaintextWarning is what flowd logs at every start with --nats-insecure-plaintext
+// ("" without): what the embedded server then exposes.
+func (c *Config) PlaintextWarning() string {
+	if !c.NATSInsecurePlaintext {
+		return ""
+	}
+	return "--nats-insecure-plaintext: the embedded NATS server on " + c.NATSListen + " takes plaintext connections: " +
+		"anyone on the network path reads every password (a node's is full control of the log) and every answer, and can change them; " +
+		"give --nats-tls-cert and --nats-tls-key instead (docs/security.md)"
 }
 
 func checkAddr(bad func(string, string, ...any), name, addr string) {

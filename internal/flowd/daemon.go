@@ -60,6 +60,9 @@ func isTerminal(w io.Writer) bool {
 // Start starts the engine, applies the workflows directory and serves HTTP.
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
+	if w := cfg.PlaintextWarning(); w != "" {
+		logger.Warn(w, "nats_listen", cfg.NATSListen)
+	}
 	metrics := newMetrics()
 	ecfg := engine.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
@@ -67,6 +70,9 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
 		ExecEnv: cfg.ExecEnv,
+	}
+	if cfg.NATSURL == "" {
+		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {
