@@ -12,6 +12,8 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
 // The holder's timing on a fake clock. A keeper (the goroutine of a Lease or Term)
@@ -544,4 +546,50 @@ func TestCheckReadsTheClockItself(t *testing.T) {
 	if err := l.Check(); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("check at the deadline: %v", err)
 	}
+}
+
+// The lease guards' switches (internal/testhooks), as the negative controls of
+// docs/testing.md use them: without renewals the kill switch still fires at the trust
+// deadline; without the kill switch an unrenewed holder never notices, and stops
+// trying once its window has closed (no spin); with neither it does nothing at all.
+func TestLeaseGuardSwitchesOnAFakeClock(t *testing.T) {
+	t.Run("NoRenew", func(t *testing.T) {
+		h := newFakeHolder(t, Config{Hooks: &testhooks.Hooks{NoRenew: true}}, false)
+		h.parked(2 * time.Second) // no renewal: only the kill switch
+		h.at(2*time.Second - ns)
+		h.wantNotDone()
+		h.at(2 * time.Second)
+		h.waitDone("the kill switch at 2s")
+		h.wantSends()
+	})
+	t.Run("NoKillSwitch", func(t *testing.T) {
+		h := newFakeHolder(t, Config{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, false)
+		h.b.setMode("hold")
+		h.parked(time.Second) // the renewal only
+		h.at(time.Second)
+		h.parked(1500 * time.Millisecond)
+		h.at(1500 * time.Millisecond)
+		h.parked(2 * time.Second)
+		h.at(2 * time.Second)
+		waitFor(t, 10*time.Second, "the attempt given up at 2s", func() bool { // and then nothing to wait for
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return h.until.IsZero()
+		})
+		h.at(time.Hour)
+		h.wantSends(time.Second, 1500*time.Millisecond)
+		h.wantNotDone()
+		if err := h.k.check(); err != nil {
+			t.Fatalf("the control's check an hour later: %v; want nil (it never notices)", err)
+		}
+	})
+	t.Run("NoRenew+NoKillSwitch", func(t *testing.T) {
+		h := newFakeHolder(t, Config{Hooks: &testhooks.Hooks{NoRenew: true, NoKillSwitch: true}}, false)
+		h.at(time.Hour)
+		h.wantSends()
+		h.wantNotDone()
+		if err := h.k.check(); err != nil {
+			t.Fatalf("the control's check an hour later: %v; want nil", err)
+		}
+	})
 }
