@@ -102,6 +102,9 @@ func makeKeeper(parent context.Context, b bucket, key string, value []byte,
 	return k
 }
 
+// never is what park reports when the goroutine waits for nothing on the clock.
+var never = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // park tells a test that the goroutine waits on the clock until until (zero: it woke).
 func (k *keeper) park(until time.Time) {
 	if k.parked != nil {
@@ -186,6 +189,7 @@ func (k *keeper) run() {
 	defer close(k.done)
 	defer k.stopped()
 	if k.cfg.noRenew() && k.cfg.noKillSwitch() {
+		k.park(never)
 		select { // negative control: never renews, never notices
 		case <-k.stop:
 		case <-k.ctx.Done():
@@ -236,6 +240,7 @@ func (k *keeper) arm(wake clockwork.Timer) {
 	if !tr.Open(now) {
 		// Only the negative control without a kill switch gets here: nothing more to do.
 		wake.Stop()
+		k.park(never)
 		return
 	}
 	var at time.Time

@@ -169,6 +169,16 @@ func (h *fakeHolder) parked(d time.Duration) {
 	})
 }
 
+// parkedForever waits until the keeper's goroutine waits for nothing on the clock.
+func (h *fakeHolder) parkedForever() {
+	h.t.Helper()
+	waitFor(h.t, 10*time.Second, fmt.Sprintf("the keeper to wait for nothing on the clock (clock at %s)", h.clk.Now().Sub(t0)), func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.until.Equal(never)
+	})
+}
+
 // at moves the fake clock to t0+d.
 func (h *fakeHolder) at(d time.Duration) {
 	h.t.Helper()
@@ -571,11 +581,7 @@ func TestLeaseGuardSwitchesOnAFakeClock(t *testing.T) {
 		h.at(1500 * time.Millisecond)
 		h.parked(2 * time.Second)
 		h.at(2 * time.Second)
-		waitFor(t, 10*time.Second, "the attempt given up at 2s", func() bool { // and then nothing to wait for
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			return h.until.IsZero()
-		})
+		h.parkedForever() // the attempt given up at 2s, and then nothing to wait for
 		h.at(time.Hour)
 		h.wantSends(time.Second, 1500*time.Millisecond)
 		h.wantNotDone()
@@ -585,6 +591,7 @@ func TestLeaseGuardSwitchesOnAFakeClock(t *testing.T) {
 	})
 	t.Run("NoRenew+NoKillSwitch", func(t *testing.T) {
 		h := newFakeHolder(t, Config{Hooks: &testhooks.Hooks{NoRenew: true, NoKillSwitch: true}}, false)
+		h.parkedForever() // no timer at all
 		h.at(time.Hour)
 		h.wantSends()
 		h.wantNotDone()
