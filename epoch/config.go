@@ -25,8 +25,8 @@ const (
 	minRenewalTimeout = 50 * time.Millisecond
 )
 
-// DefaultBackoff is Config.Backoff's default: 50ms doubling to 2s, full jitter.
-var DefaultBackoff = backoff.Policy{Base: 50 * time.Millisecond, Cap: 2 * time.Second}
+// defaultBackoff is Config.Backoff's default: 50ms doubling to 2s, full jitter.
+var defaultBackoff = backoff.Policy{Base: 50 * time.Millisecond, Cap: 2 * time.Second}
 
 // Config of leases and elections. A zero field takes its default: [Config.WithDefaults]
 // fills them in, and every constructor (NewLeases, NewElector) applies it to its own
@@ -51,7 +51,8 @@ type Config struct {
 	// (steps.KillProcessGroups): the kernel kills a step's own process when flowd dies,
 	// but not the children that process started.
 	BeforeExit func()
-	// Backoff paces election retries and lease re-acquire (default DefaultBackoff).
+	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
+	// full jitter).
 	Backoff backoff.Policy
 	// Clock is where holders, electors and the lease watcher read the time and set
 	// their timers (default the real clock, clockwork.NewRealClock). The real clock's
@@ -92,7 +93,7 @@ func (c Config) WithDefaults() Config {
 		c.Exit = os.Exit
 	}
 	if c.Backoff == (backoff.Policy{}) {
-		c.Backoff = DefaultBackoff
+		c.Backoff = defaultBackoff
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()

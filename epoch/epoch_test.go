@@ -48,7 +48,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatalf("the zero config: Validate = %v, and it changed: %+v", err, zero)
 	}
 	d := DefaultConfig()
-	if d.TTL != 10*time.Second || d.RenewInterval != d.TTL/3 || d.Backoff != DefaultBackoff || d.Exit == nil ||
+	if d.TTL != 10*time.Second || d.RenewInterval != d.TTL/3 || d.Backoff != defaultBackoff || d.Exit == nil ||
 		d.Clock == nil || d.Counters == nil || d.Logger == nil || d.Validate() != nil {
 		t.Fatalf("DefaultConfig() = %+v (valid: %v)", d, d.Validate())
 	}

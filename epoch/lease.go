@@ -106,9 +106,9 @@ func (l *Lease) Degraded() bool { return l.k.degraded() }
 // lease has ended (lost or released) it is no later than the end.
 func (l *Lease) TrustDeadline() time.Time { return l.k.trust().Deadline() }
 
-// Freeze stops the lease's renewals and watchdog for d, as if the process were paused
-// (a GC pause, SIGSTOP): for drills (flowctl drill zombie). Afterwards it notices at
-// once that its trust window has passed.
+// Freeze stops the lease's renewals and kill switch for d, as if the process were
+// paused (a GC pause, SIGSTOP): for drills (flowctl drill zombie). Afterwards it
+// notices at once if its trust window has passed.
 func (l *Lease) Freeze(d time.Duration) {
 	select {
 	case l.k.freeze <- d:
