@@ -237,12 +237,14 @@ func (k *keeper) run() {
 func (k *keeper) arm(wake clockwork.Timer) {
 	now := k.clock.Now()
 	tr := k.trust()
-	if !tr.Open(now) {
-		// Only the negative control without a kill switch gets here: nothing more to do.
+	if k.cfg.noKillSwitch() && !tr.Open(now) {
+		// The negative control without a kill switch, past its window: nothing to do.
 		wake.Stop()
 		k.park(never)
 		return
 	}
+	// With the kill switch on, a window already closed (a keeper that starts late: its
+	// create took longer than the window to answer) fires at once.
 	var at time.Time
 	if !k.cfg.noKillSwitch() {
 		at = tr.Deadline()

@@ -135,6 +135,13 @@ type fakeHolder struct {
 
 func newFakeHolder(t *testing.T, cfg Config, term bool) *fakeHolder {
 	t.Helper()
+	return newFakeHolderStartedAt(t, cfg, term, 0)
+}
+
+// newFakeHolderStartedAt is newFakeHolder whose goroutine starts when the clock is at
+// t0+start: a create sent at t0 that took that long to answer.
+func newFakeHolderStartedAt(t *testing.T, cfg Config, term bool, start time.Duration) *fakeHolder {
+	t.Helper()
 	clk := clockwork.NewFakeClockAt(t0)
 	cfg.TTL, cfg.Clock = fakeTTL, clk
 	cfg, err := cfg.ready()
@@ -149,6 +156,7 @@ func newFakeHolder(t *testing.T, cfg Config, term bool) *fakeHolder {
 		defer h.mu.Unlock()
 		h.until = until
 	}
+	clk.Advance(start)
 	go h.k.run()
 	t.Cleanup(func() { _ = h.k.release(context.Background(), ErrReleased) })
 	return h
@@ -599,4 +607,16 @@ func TestLeaseGuardSwitchesOnAFakeClock(t *testing.T) {
 			t.Fatalf("the control's check an hour later: %v; want nil", err)
 		}
 	})
+}
+
+// A holder whose create took longer than the trust window to answer starts with its
+// window closed: its kill switch fires at once, and it never renews.
+func TestHolderStartedPastItsWindowIsLostAtOnce(t *testing.T) {
+	h := newFakeHolderStartedAt(t, Config{}, false, 2*time.Second)
+	h.waitDone("a holder started past its trust deadline")
+	if err := context.Cause(h.k.ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("cause %v; want ErrLeaseLost", err)
+	}
+	h.waitLoopEnded()
+	h.wantSends()
 }
