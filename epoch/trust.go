@@ -47,13 +47,14 @@ func (p LeaseClock) Begin(sent time.Time) Trust { return Trust{p: p, sent: sent}
 
 // Trust is a holder's belief in its ownership at one point of its life, as a value:
 // the send time of its last successful renewal, whether the ownership ended otherwise
-// (a renewal refused), and whether a renewal went unanswered. Methods that change it return a new Trust. Times are on
-// whatever clock the caller uses (the keeper: Config.Clock, monotonic when real); only
-// differences of two times of the same clock are ever taken.
+// (a renewal refused), and whether a renewal went unanswered. Methods that change it
+// return a new Trust. Times are on whatever clock the caller uses (the keeper:
+// Config.Clock, monotonic when real); only differences of two times of the same clock
+// are ever taken. The zero Trust is not useful: begin with LeaseClock.Begin.
 type Trust struct {
 	p        LeaseClock
 	sent     time.Time // send time of the last successful renewal (or of the create)
-	ended    time.Time // when the ownership ended other than by time (Ended); zero while it has not
+	ended    time.Time // when the ownership ended other than by time (Ended); zero until then
 	degraded time.Time // when a renewal first went unanswered; zero since one was answered
 }
 

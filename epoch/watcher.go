@@ -31,9 +31,10 @@ type LeaseEvent struct {
 }
 
 // LeaseWatcher is the leader's view of every run lease. Expiry is judged by the
-// server's TTL or by this watcher's own monotonic clock (Config.Clock), never by comparing the
-// holder's wall clock with ours. Its KV watch is a supervised part ("lease-watcher"):
-// a watch that closes, or hears nothing while the bucket moves on, is replaced.
+// server's TTL or by this watcher's own monotonic clock (Config.Clock), never by
+// comparing the holder's wall clock with ours. Its KV watch is a supervised part
+// ("lease-watcher"): a watch that closes, or hears nothing while the bucket moves on,
+// is replaced.
 type LeaseWatcher struct {
 	ls     *Leases
 	events chan LeaseEvent
