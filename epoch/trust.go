@@ -41,6 +41,12 @@ func (p LeaseClock) RenewalTimeout() time.Duration {
 	return max(p.renewInterval/2, minRenewalTimeout)
 }
 
+// LapseAfter is how long the leader's lease watcher, while its watch is current, goes
+// without seeing a lease renewed before it reports the lease lapsed by its own clock:
+// a TTL and a renew interval of slack. (The server's own lapse marker usually comes
+// first.)
+func (p LeaseClock) LapseAfter() time.Duration { return p.ttl + p.renewInterval }
+
 // Begin is the trust of a holder whose create (or adopting renewal) was sent at sent
 // and succeeded.
 func (p LeaseClock) Begin(sent time.Time) Trust { return Trust{p: p, sent: sent} }

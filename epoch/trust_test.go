@@ -25,7 +25,8 @@ import (
 //
 //	policy ttl=D [renew=D] [short]
 //	    The LeaseClock of Config{TTL, RenewInterval, AllowShortTTL}, with its
-//	    defaults, or the error Validate gives. Prints the derived durations.
+//	    defaults, or the error Validate gives. Prints the derived durations, the
+//	    lease watcher's (LapseAfter) included.
 //	begin sent=T
 //	    A holder whose create was sent at T. Prints its state.
 //	renewed sent=T | unanswered at=T | ended at=T
@@ -80,8 +81,8 @@ func (x *trustTranscript) handle(t *testing.T, d *datadriven.TestData) string {
 		}
 		x.p = cfg.LeaseClock()
 		p := x.p
-		return fmt.Sprintf("TTL %s: renew every %s, trust window %s, renewal timeout %s, poison pill after %s",
-			p.TTL(), p.RenewInterval(), p.TrustWindow(), p.RenewalTimeout(), p.PoisonAfter())
+		return fmt.Sprintf("TTL %s: renew every %s, trust window %s, renewal timeout %s, poison pill after %s; the watcher reports a lapse after %s unrenewed",
+			p.TTL(), p.RenewInterval(), p.TrustWindow(), p.RenewalTimeout(), p.PoisonAfter(), p.LapseAfter())
 	case "begin":
 		x.tr = x.p.Begin(at("sent"))
 		return x.state()

@@ -101,7 +101,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 	defer func() { _ = w.Stop() }()
 	clk := lw.ls.cfg.Clock
 	ttl := lw.ls.cfg.TTL
-	grace := ttl + lw.ls.cfg.RenewInterval
+	grace := lw.ls.cfg.leaseClock().LapseAfter()
 	sweep := clk.NewTicker(max(ttl/4, 10*time.Millisecond))
 	defer sweep.Stop()
 	var seenRev uint64 // the highest revision this watch delivered
