@@ -159,5 +159,8 @@ func (c *Config) validate() error {
 		// Pdeathsig kills only a step's own process, not what it started.
 		c.Lease.BeforeExit = func() { steps.KillProcessGroups() }
 	}
+	// Defaults once, here: the elector and the leases then share its Counters, and the
+	// engine reads TTL and Backoff from it.
+	c.Lease = c.Lease.WithDefaults()
 	return c.Lease.Validate()
 }
