@@ -121,7 +121,8 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 			listen = ""
 		}
 		e.srv, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(e.cfg.DataDir, "nats"), Listen: listen,
-			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced, Auth: e.cfg.NATSAuth, Users: natsUsers(e.cfg.NATSUsers)})
+			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced, Auth: e.cfg.NATSAuth, Users: natsUsers(e.cfg.NATSUsers),
+			TLS: natsnode.TLSFiles(e.cfg.NATSServerTLS)})
 		if err != nil {
 			return err
 		}

@@ -24,7 +24,7 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 			if shared {
 				waiting = slots
 			}
-			s, err := serveWith(configFor(e), slots, waiting)
+			s, err := serveWith(configFor(e), slots, waiting, perUserLimits{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -60,6 +60,9 @@ func isTerminal(w io.Writer) bool {
 // Start starts the engine, applies the workflows directory and serves HTTP.
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
+	if w := cfg.PlaintextWarning(); w != "" {
+		logger.Warn(w, "nats_listen", cfg.NATSListen)
+	}
 	metrics := newMetrics()
 	ecfg := engine.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
@@ -67,6 +70,9 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
 		ExecEnv: cfg.ExecEnv,
+	}
+	if cfg.NATSURL == "" {
+		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {
@@ -100,14 +106,19 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", d.readyz)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger}); err != nil {
+		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger,
+			HTTPAddr: cfg.HTTP, Hosts: cfg.UIHosts, Proxies: cfg.UIProxies}); err != nil {
 			_ = ln.Close()
 			d.stopEngine()
 			return nil, err
 		}
 		mux.Handle("/ui/", d.ui)
 		mux.Handle("/ui", d.ui)
-		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		limits := defaultHTTPLimits
+		if cfg.httpLimits != nil {
+			limits = *cfg.httpLimits
+		}
+		d.http = newHTTPServer(mux, limits)
 		go func() { _ = d.http.Serve(ln) }()
 	}
 	logger.Info("flowd ready", "node", e.NodeID(), "nats", natsnode.Redact(e.ClientURL()), "http", d.HTTPAddr())
