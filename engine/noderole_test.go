@@ -54,7 +54,7 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snaps, _ := logstream.Snapshots(ctx, a.js)
+		snaps, _ := a.clog.Snapshots.List(ctx)
 		if s.CachedInfo().State.FirstSeq > 1 && len(snaps) > 0 {
 			break
 		}

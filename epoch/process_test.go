@@ -50,7 +50,9 @@ func helperMain() {
 	if err != nil {
 		fail(err)
 	}
-	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: node})
+	logCfg := logstream.DefaultConfig()
+	logCfg.JS, logCfg.Store, logCfg.Node = js, store, node
+	lg, err := logstream.Open(ctx, logCfg)
 	if err != nil {
 		fail(err)
 	}
@@ -79,7 +81,7 @@ func helperMain() {
 			}
 			e := checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: term.Term(), Owner: node,
 				Tick: &checkpoint.CronTick{Workflow: "hb", At: time.Unix(0, tick.Add(1)).UTC(), Outcome: checkpoint.TickMissed}}
-			_, err := lg.Write(ctx, e)
+			err := lg.Writer.Write(ctx, e).Await(ctx)
 			switch {
 			case err == nil:
 				say("wrote %d", term.Term())
@@ -221,7 +223,9 @@ func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *logstream
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, time.Minute)
-	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: "observer"})
+	logCfg := logstream.DefaultConfig()
+	logCfg.JS, logCfg.Store, logCfg.Node = js, store, "observer"
+	lg, err := logstream.Open(ctx, logCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +240,11 @@ func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *logstream
 // node, and accepted terms never go down in log order.
 func checkOneLeaderPerTerm(t *testing.T, store *checkpoint.Store, lg *logstream.Log) map[int64]string {
 	ctx := ctxT(t, 10*time.Second)
-	last, err := lg.LastSeq(ctx)
+	last, err := lg.Applier.LastSeq(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lg.WaitApplied(ctx, last); err != nil {
+	if err := lg.Applier.WaitApplied(ctx, last); err != nil {
 		t.Fatal(err)
 	}
 	ticks, err := store.Ticks("hb")

@@ -171,10 +171,10 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	if p := d.engine.LeadershipProblem(); p != "" {
 		problems = append(problems, "leadership: "+p)
 	}
-	if err := d.engine.Log().Err(); err != nil {
+	if err := d.engine.Log().Applier.Err(); err != nil {
 		problems = append(problems, "the applier stopped: "+err.Error())
 	}
-	if last, err := d.engine.Log().LastSeq(ctx); err != nil {
+	if last, err := d.engine.Log().Applier.LastSeq(ctx); err != nil {
 		problems = append(problems, "cannot read the log: "+err.Error())
 	} else if applied := d.engine.Store().Applied(); last > applied+readyLag {
 		problems = append(problems, fmt.Sprintf("applier behind: %d of %d", applied, last))
