@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/tasks"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/audit"
 	"github.com/flowrun/flow/internal/ident"
@@ -69,25 +70,7 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 // Workflow returns a workflow version (0: the latest). Versions never change, so
 // decoded ones are cached.
 func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) {
-	if version > 0 {
-		if w, ok := e.specs.Load(name + "@" + strconv.Itoa(version)); ok {
-			return w.(*workflow.Workflow), nil
-		}
-	}
-	v, err := e.store.Workflow(name, version)
-	if err != nil {
-		return nil, err
-	}
-	if w, ok := e.specs.Load(name + "@" + strconv.Itoa(v.Version)); ok {
-		return w.(*workflow.Workflow), nil
-	}
-	w, err := workflow.Decode(v.Spec)
-	if err != nil {
-		return nil, err
-	}
-	w.Version = v.Version
-	e.specs.Store(name+"@"+strconv.Itoa(v.Version), w)
-	return w, nil
+	return e.specs.Workflow(name, version)
 }
 
 // RunOptions adjust StartRun.
@@ -145,7 +128,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// The short path is an assign like the scheduler's: only with room under admission
 	// and no older run waiting for one (admission.go).
 	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
-		defer e.admitted()
+		defer e.admission.Admitted()
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
 	if err := e.clog.Writer.Write(ctx, submit).Await(ctx); err != nil {
@@ -166,26 +149,27 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 // synced write and two round trips less (docs/decisions.md).
 func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, term *epoch.Term) error {
 	assign := checkpoint.Entry{Kind: checkpoint.KindAssign, Run: submit.Run, Term: term.Term(), Owner: e.cfg.NodeID}
-	own := e.reserveOwnRun()
+	own := e.workers.ReserveOwn()
 	if own {
 		assign.Worker = e.cfg.NodeID
 	}
 	f := e.clog.Writer.Write(ctx, submit, assign)
 	if own {
-		// The reserved slot (and its count in e.wg) follows the assign's outcome in the
-		// log, not the caller, whose ctx may end first; nor the engine's context: Stop
-		// cancels it while the log still applies what is in flight, and an accepted
-		// assign must then be handed back (runOwn does, its lease acquire failing). A
-		// write refused before publishing is resolved at once: the slot goes back.
+		// The reserved slot (and its count in the pool's wait group) follows the assign's
+		// outcome in the log, not the caller, whose ctx may end first; nor the engine's
+		// context: Stop drains while the log still applies what is in flight, and an
+		// accepted assign must then be handed back (RunOwn does, its lease acquire
+		// failing). A write refused before publishing is resolved at once: the slot goes
+		// back.
 		go func() {
-			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*logstream.DefaultPublishTimeout)
+			actx, cancel := context.WithTimeout(context.Background(), 3*logstream.DefaultPublishTimeout)
 			err := f.Results(actx)[1]
 			cancel()
 			if err != nil {
-				e.releaseOwnRun()
+				e.workers.ReleaseOwn()
 				return
 			}
-			e.runOwn(submit.Run, int64(f.Seq()))
+			e.workers.RunOwn(submit.Run, int64(f.Seq()))
 		}()
 	}
 	errs := f.Results(ctx)
@@ -197,11 +181,16 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		return nil
 	}
 	if !own {
-		if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
+		if err := e.tasks.Publish(ctx, tasks.Task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
 			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
 		}
 	}
 	return nil
+}
+
+// admit reserves room under admission for a run started on the leader (the short path).
+func (e *Engine) admit() bool {
+	return e.admission.Admit(func() int { assigned, _ := e.store.Held(); return assigned })
 }
 
 // NewRunID is a time-ordered run ID: 20261129-101500.123-k3j9x2.
@@ -308,4 +297,76 @@ func (e *Engine) Purge(ctx context.Context, id string) error {
 		return err
 	}
 	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID}).Await(ctx)
+}
+
+// DrillStepKind is the step kind of the zombie drill, registered on every engine.
+const DrillStepKind = worker.DrillStepKind
+
+// DrillWorkflow is the workflow `flowctl drill zombie` runs.
+const DrillWorkflow = worker.DrillWorkflow
+
+// DrillZombie runs the drill and returns the run once it ended.
+func (e *Engine) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
+	if _, err := e.ApplyWorkflow(ctx, "drill-zombie.yaml", []byte(DrillWorkflow)); err != nil {
+		return nil, err
+	}
+	id, err := e.StartRun(ctx, "flow-drill-zombie", nil, RunOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := e.WaitRun(ctx, id); err != nil {
+		return nil, err
+	}
+	// The new owner may finish before the paused one wakes: wait for its fenced commit.
+	if err := e.waitFor(ctx, func() bool {
+		r, err := e.store.Run(id)
+		return err == nil && r.Fenced > 0
+	}); err != nil {
+		return nil, fmt.Errorf("engine: drill: the paused worker's commit never reached the log: %w", err)
+	}
+	return e.Run(id)
+}
+
+// Snapshot writes a snapshot of this node's state now (flowctl cluster snapshot).
+func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
+	return e.clog.Snapshots.Take(ctx)
+}
+
+// LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
+func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
+	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
+	}
+	info := s.CachedInfo()
+	snaps, err := e.clog.Snapshots.List(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if len(snaps) > 0 {
+		snapshot = snaps[len(snaps)-1].Seq
+	}
+	return info.State.FirstSeq, info.State.LastSeq, snapshot, nil
+}
+
+// Workflows lists every applied workflow version.
+func (e *Engine) Workflows() ([]checkpoint.WorkflowVersion, error) { return e.store.Workflows() }
+
+// Ticks are the recorded fire times of a workflow's schedule, oldest first.
+func (e *Engine) Ticks(workflow string) ([]checkpoint.Tick, error) { return e.store.Ticks(workflow) }
+
+// ReasonStolen is logged (and returned) when a worker finds its run was taken over: a
+// commit fenced, or its lease lost.
+const ReasonStolen = worker.ReasonStolen
+
+// CronRunID is the run ID of a workflow's tick (workflow.TickRunID).
+func CronRunID(name string, tick time.Time) string { return workflow.TickRunID(name, tick) }
+
+// LeadershipProblem says why this node's election cannot give it a term that
+// schedules ("" when nothing is wrong).
+func (e *Engine) LeadershipProblem() string {
+	if e.leader == nil {
+		return ""
+	}
+	return e.leader.Problem()
 }

@@ -66,7 +66,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, a.clog.Applier, func() bool {
+	if err := a.waitFor(ctx, func() bool {
 		steps, _ := a.store.Steps(id)
 		return len(steps) == 2 && steps[1].Status == checkpoint.StepRunning
 	}); err != nil {
@@ -79,8 +79,8 @@ steps:
 		t.Fatal(err)
 	}
 	cancel()
-	if a.Stats().HandedBack.Load() != 1 {
-		t.Fatalf("handed back %d runs", a.Stats().HandedBack.Load())
+	if a.workers.Stats().HandedBack.Load() != 1 {
+		t.Fatalf("handed back %d runs", a.workers.Stats().HandedBack.Load())
 	}
 	r, err := b.WaitRun(ctx, id)
 	if err != nil || r.Status != checkpoint.StatusSucceeded {
@@ -139,7 +139,7 @@ func TestStopUnderLoadLeavesNothingRunning(t *testing.T) {
 			}()
 		}
 		for started.Load() < 40 {
-			if err := waitFor(ctx, e.clog.Applier, func() bool { return started.Load() >= 40 }); err != nil {
+			if err := e.waitFor(ctx, func() bool { return started.Load() >= 40 }); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -123,7 +123,7 @@ func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engin
 	g.release("node-a/s2") // the zombie wakes and commits s2 with its old epoch
 	// Wait on what the log decided of the zombie's commit (fenced, or with a guard off
 	// accepted): the state is what the log's notifications tell about.
-	if err := waitFor(ctx, a.clog.Applier, func() bool {
+	if err := a.waitFor(ctx, func() bool {
 		v, _ := a.store.View(id)
 		_, decided := zombieCommit(v)
 		return decided
@@ -174,9 +174,9 @@ func TestFencedStop(t *testing.T) {
 	a, v := runStolen(t, storeGuardsOff{}, "s2")
 	// node-a stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
-	for a.Stats().Stolen.Load() != 1 {
+	for a.workers.Stats().Stolen.Load() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("node-a stopped %d epochs as %s, want 1", a.Stats().Stolen.Load(), ReasonStolen)
+			t.Fatalf("node-a stopped %d epochs as %s, want 1", a.workers.Stats().Stolen.Load(), ReasonStolen)
 		}
 		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
 	}
@@ -259,9 +259,9 @@ func TestDrillZombie(t *testing.T) {
 	}
 	// The paused worker stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
-	for e.Stats().Stolen.Load() != 1 {
+	for e.workers.Stats().Stolen.Load() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("stolen %d, want 1", e.Stats().Stolen.Load())
+			t.Fatalf("stolen %d, want 1", e.workers.Stats().Stolen.Load())
 		}
 		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
 	}
@@ -289,7 +289,7 @@ func TestLockDelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, a.clog.Applier, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
+	if err := a.waitFor(ctx, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := a.store.Run(id)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
@@ -121,7 +122,7 @@ func waitLeader(t *testing.T, e *Engine) {
 			t.Fatal("no term won within 30s")
 		}
 		ctx := ctxT(t, time.Second)
-		_ = waitFor(ctx, e.clog.Applier, func() bool { return e.Leading() != nil })
+		_ = e.waitFor(ctx, func() bool { return e.Leading() != nil })
 	}
 }
 
@@ -141,8 +142,8 @@ func TestVerdictsAndUnknownOutcomes(t *testing.T) {
 		{logstream.ErrStopped, false},
 		{fmt.Errorf("x: %w", checkpoint.ErrCorruptLog), false},
 	} {
-		if got := isVerdict(c.err); got != c.verdict {
-			t.Errorf("isVerdict(%v) = %v, want %v", c.err, got, c.verdict)
+		if got := worker.IsVerdict(c.err); got != c.verdict {
+			t.Errorf("worker.IsVerdict(%v) = %v, want %v", c.err, got, c.verdict)
 		}
 	}
 }
@@ -283,7 +284,7 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 	t.Helper()
 	start := time.Now()
 	ctx := ctxT(t, 20*time.Second)
-	if err := waitFor(ctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
+	if err := e.waitFor(ctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
 		t.Fatalf("run %s never reclaimed: %v", id, err)
 	}
 	return time.Since(start)
@@ -330,7 +331,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		// the run once the worker loop holds back (its fetch ends within 2 s).
 		if guard {
 			deadline := time.Now().Add(10 * time.Second)
-			for !e.holdingBack.Load() {
+			for !e.workers.HoldingBack() {
 				if time.Now().After(deadline) {
 					t.Fatal("the worker loop never held back")
 				}
@@ -344,7 +345,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-		err = waitFor(wctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
+		err = e.waitFor(wctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
 		cancel()
 		taken := err == nil
 		if guard && taken {
@@ -377,7 +378,7 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := waitFor(ctx, e.clog.Applier, func() bool {
+		if err := e.waitFor(ctx, func() bool {
 			r, err := e.store.Run("holder")
 			return err == nil && r.Status == checkpoint.StatusRunning
 		}); err != nil {
@@ -440,7 +441,7 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 	}
 	// Running means claimed: through a task that takes a claim entry, on the own-run path
 	// none (the assign names the worker).
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		r, err := e.store.Run(sleeper)
 		return err == nil && r.Status == checkpoint.StatusRunning
 	}); err != nil {
@@ -468,7 +469,7 @@ func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 60*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-held")
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		r, err := e.store.Run("r-held")
 		return err == nil && len(r.Epochs) >= 2
 	}); err != nil {
@@ -517,7 +518,7 @@ func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-wait")
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for e.stats.TasksDeferred.Load() == 0 {
+	for e.workers.Stats().TasksDeferred.Load() == 0 {
 		select {
 		case <-ctx.Done():
 			t.Fatal("the task never met the held lease")

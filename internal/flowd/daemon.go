@@ -161,24 +161,7 @@ func (d *Daemon) applyDir(ctx context.Context, dir string) error {
 func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	var problems []string
-	if !d.engine.Conn().IsConnected() {
-		problems = append(problems, "NATS is not reachable")
-	}
-	// Each long-lived NATS interaction heard from within its silence limit (a node cut
-	// off by a silent partition is not ready until every part works again).
-	problems = append(problems, d.engine.Supervisor().Problems()...)
-	if p := d.engine.LeadershipProblem(); p != "" {
-		problems = append(problems, "leadership: "+p)
-	}
-	if err := d.engine.Log().Applier.Err(); err != nil {
-		problems = append(problems, "the applier stopped: "+err.Error())
-	}
-	if last, err := d.engine.Log().Applier.LastSeq(ctx); err != nil {
-		problems = append(problems, "cannot read the log: "+err.Error())
-	} else if applied := d.engine.Store().Applied(); last > applied+readyLag {
-		problems = append(problems, fmt.Sprintf("applier behind: %d of %d", applied, last))
-	}
+	problems := d.engine.Health(ctx).Problems
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintln(w, strings.Join(problems, "; "))
@@ -186,9 +169,6 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintln(w, "ready")
 }
-
-// readyLag is how far behind the log a node may be and still call itself ready.
-const readyLag = 1000
 
 // Stop drains (hands running runs back, within the drain timeout) and shuts down.
 func (d *Daemon) Stop() {

@@ -88,56 +88,52 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	if e == nil {
 		return
 	}
-	c := e.Store().Counters()
+	m0 := e.Metrics(context.Background())
 	counter := func(name string, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.CounterValue, v, labels...)
 	}
 	gauge := func(name string, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.GaugeValue, v, labels...)
 	}
-	counter("flow_commits_total", float64(c.CommitsAccepted.Load()), "accepted")
-	counter("flow_commits_total", float64(c.CommitsFenced.Load()), "fenced")
-	counter("flow_epoch_changes_total", float64(c.EpochChanges.Load()))
-	counter("flow_stale_term_rejections_total", float64(c.StaleTerms.Load()))
-	counter("flow_log_rejected_total", float64(c.LogRejected.Load()))
-	counter("flow_runs_retired_total", float64(c.Retired.Load()))
-	term, leader := e.Store().HighestTerm(), 0.0
-	if t := e.Leading(); t != nil {
-		term, leader = max(term, t.Term()), 1
+	counter("flow_commits_total", float64(m0.CommitsAccepted), "accepted")
+	counter("flow_commits_total", float64(m0.CommitsFenced), "fenced")
+	counter("flow_epoch_changes_total", float64(m0.EpochChanges))
+	counter("flow_stale_term_rejections_total", float64(m0.StaleTerms))
+	counter("flow_log_rejected_total", float64(m0.LogRejected))
+	counter("flow_runs_retired_total", float64(m0.RunsRetired))
+	leader := 0.0
+	if m0.Leading {
+		leader = 1
 	}
-	gauge("flow_leader_term", float64(term))
+	gauge("flow_leader_term", float64(m0.HighestTerm))
 	gauge("flow_is_leader", leader)
-	lc := e.Counters()
-	counter("flow_lease_renewals_total", float64(lc.RenewalsOK.Load()), "ok")
-	counter("flow_lease_renewals_total", float64(lc.RenewalsFailed.Load()), "failed")
-	counter("flow_leases_lost_total", float64(lc.LeasesLost.Load()))
-	counter("flow_terms_won_total", float64(lc.TermsWon.Load()))
-	counter("flow_lease_degraded_seconds_total", lc.Degraded().Seconds())
+	counter("flow_lease_renewals_total", float64(m0.RenewalsOK), "ok")
+	counter("flow_lease_renewals_total", float64(m0.RenewalsFailed), "failed")
+	counter("flow_leases_lost_total", float64(m0.LeasesLost))
+	counter("flow_terms_won_total", float64(m0.TermsWon))
+	counter("flow_lease_degraded_seconds_total", m0.LeaseDegraded.Seconds())
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
 		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
-		n, _ := e.Store().CountRuns(st)
+		n := m0.Runs[st]
 		gauge("flow_runs", float64(n), string(st))
 		if st == checkpoint.StatusDeadLettered {
 			gauge("flow_dlq_size", float64(n))
 		}
 	}
-	gauge("flow_runs_waiting", float64(e.Store().QueuedRuns()))
-	assigned, _ := e.Store().Held()
-	gauge("flow_runs_assigned", float64(assigned))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if last, err := e.Log().Applier.LastSeq(ctx); err == nil {
-		gauge("flow_apply_lag_messages", float64(last-min(last, e.Store().Applied())))
+	gauge("flow_runs_waiting", float64(m0.Queued))
+	gauge("flow_runs_assigned", float64(m0.Assigned))
+	if m0.ApplyLag >= 0 {
+		gauge("flow_apply_lag_messages", float64(m0.ApplyLag))
 	}
-	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))
-	counter("flow_handed_back_total", float64(e.Stats().HandedBack.Load()))
-	counter("flow_tasks_deferred_total", float64(e.Stats().TasksDeferred.Load()))
-	counter("flow_step_attempts_total", float64(e.Stats().StepAttempts.Load()))
-	counter("flow_step_failures_total", float64(e.Stats().StepFailures.Load()))
-	counter("flow_leases_acquired_total", float64(lc.LeasesAcquired.Load()))
-	counter("flow_nats_reconnects_total", float64(e.Conn().Stats().Reconnects))
-	counter("flow_part_restarts_total", float64(e.Supervisor().Restarts()))
-	for _, p := range e.Supervisor().Status() {
+	counter("flow_stolen_total", float64(m0.Stolen))
+	counter("flow_handed_back_total", float64(m0.HandedBack))
+	counter("flow_tasks_deferred_total", float64(m0.TasksDeferred))
+	counter("flow_step_attempts_total", float64(m0.StepAttempts))
+	counter("flow_step_failures_total", float64(m0.StepFailures))
+	counter("flow_leases_acquired_total", float64(m0.LeasesAcquired))
+	counter("flow_nats_reconnects_total", float64(m0.NATSReconnects))
+	counter("flow_part_restarts_total", float64(m0.PartRestarts))
+	for _, p := range m0.Parts {
 		up := 0.0
 		if p.Healthy {
 			up = 1

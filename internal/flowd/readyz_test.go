@@ -59,11 +59,11 @@ func TestReadyzFailsWhenTheApplierStopped(t *testing.T) {
 	waitReady(t, d, http.StatusOK, "ready", 5*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := d.Engine().JetStream().Publish(ctx, "flow.log", []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
+	if err := d.Engine().Conn().Publish("flow.log", []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-d.Engine().Log().Applier.Failed():
+	case <-d.Engine().ApplierFailed():
 	case <-ctx.Done():
 		t.Fatal("the applier did not stop on a message of a newer format")
 	}

@@ -98,3 +98,6 @@ func (a *Admission) Admit(assigned func() int) bool {
 
 // Admitted releases what Admit reserved.
 func (a *Admission) Admitted() { a.admitting.Add(-1) }
+
+// Backlogged says whether the assigner's last pass left runs waiting for room.
+func (a *Admission) Backlogged() bool { return a.backlogged.Load() }

@@ -21,6 +21,8 @@ type State interface {
 	Ticks(workflow string) ([]checkpoint.Tick, error)
 	HighestTerm() int64
 	Applied() uint64
+	// ScheduleChanged is closed when a workflow or a tick is applied (cron wakes).
+	ScheduleChanged() <-chan struct{}
 }
 
 var _ State = (*checkpoint.Store)(nil)

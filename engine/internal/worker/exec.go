@@ -1,4 +1,4 @@
-package engine
+package worker
 
 import (
 	"context"
@@ -27,7 +27,7 @@ var errDrain = errors.New("engine: draining")
 
 // runExec runs one epoch of one run.
 type runExec struct {
-	e      *Engine
+	p      *Pool
 	run    *checkpoint.Run
 	wf     *workflow.Workflow
 	epoch  int64
@@ -43,7 +43,7 @@ type runExec struct {
 	completed   bool // the run's completion was written with its last commit
 	drillZombie bool // the zombie drill: writes skip the local lease check
 	// ended: the log ended the run from outside (cancelled, dead-lettered): nothing more
-	// is written, the steps are stopped (cancel.go). endedSeen is e.runsEnded when the run
+	// is written, the steps are stopped (cancel.go). endedSeen is p.runsEnded when the run
 	// was read, so that execute can tell whether one ended since.
 	ended     atomic.Bool
 	endedSeen uint64
@@ -52,18 +52,18 @@ type runExec struct {
 	fresh bool
 }
 
-func newRunExec(e *Engine, id string, ep int64, lease *epoch.Lease) (*runExec, error) {
-	endedSeen := e.runsEnded.Load() // before the read: checkEnded covers what follows
-	r, err := e.store.Run(id)
+func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, error) {
+	endedSeen := p.runsEnded.Load() // before the read: checkEnded covers what follows
+	r, err := p.cfg.State.Run(id)
 	if err != nil {
 		return nil, err
 	}
-	wf, err := e.runWorkflow(r)
+	wf, err := p.cfg.Specs.OfRun(r)
 	if err != nil {
 		return nil, err
 	}
-	x := &runExec{e: e, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
-		log: e.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen}
+	x := &runExec{p: p, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
+		log: p.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen}
 	// The epoch's work ends when the lease ends (kill switch) or the run is drained.
 	x.ctx, x.cancel = context.WithCancelCause(lease.Context())
 	return x, nil
@@ -77,13 +77,13 @@ func (x *runExec) handBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if x.lease.Check() == nil {
-		err := x.e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: x.e.cfg.NodeID}).Await(ctx)
+		err := x.p.cfg.Log.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: x.p.cfg.Node}).Await(ctx)
 		if err != nil {
 			x.log.Warn("hand-back not recorded; the lease will lapse", "err", err)
 		}
 	}
 	_ = x.lease.Release(ctx)
-	x.e.stats.HandedBack.Add(1)
+	x.p.stats.HandedBack.Add(1)
 	x.log.Info("run handed back")
 }
 
@@ -94,7 +94,7 @@ func (x *runExec) steal(cause error) error {
 	x.stolen = true
 	x.mu.Unlock()
 	if first {
-		x.e.stats.Stolen.Add(1)
+		x.p.stats.Stolen.Add(1)
 		x.log.Warn(ReasonStolen, "cause", cause)
 	}
 	x.cancel(errStolen)
@@ -124,7 +124,7 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 		return fail(errStolen)
 	}
 	if x.ended.Load() {
-		return fail(errRunEnded)
+		return fail(ErrRunEnded)
 	}
 	x.mu.Lock()
 	drill := x.drillZombie
@@ -133,27 +133,27 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 		return fail(x.steal(err))
 	}
 	for i := range es {
-		es[i].Run, es[i].Epoch, es[i].Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
+		es[i].Run, es[i].Epoch, es[i].Owner = x.run.ID, x.epoch, x.p.cfg.Node
 	}
 	// Writes outlive a cancelled step: use a context of their own, bounded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
 	defer cancel()
-	errs := x.e.clog.Writer.Write(ctx, es...).Results(ctx)
+	errs := x.p.cfg.Log.Write(ctx, es...).Results(ctx)
 	for i, err := range errs {
-		if err != nil && !isVerdict(err) {
+		if err != nil && !IsVerdict(err) {
 			errs[i] = x.steal(err)
 		}
 	}
 	return errs
 }
 
-// isVerdict tells the log's judgement of an entry (refused for what it says: the step's
+// IsVerdict tells the log's judgement of an entry (refused for what it says: the step's
 // output too large, a conflict with the run's state) from not knowing the outcome: the
 // log unreachable or slower than the write's deadline, the node stopping. Fenced is a
 // verdict too, but on the epoch. Not knowing ends the epoch like a lost lease (the run
 // is reclaimed and resumes from what the log holds); it never fails the run, which would
 // make an infrastructure outage look like the run's own failure.
-func isVerdict(err error) bool {
+func IsVerdict(err error) bool {
 	return !errors.Is(err, checkpoint.ErrFenced) && (errors.Is(err, checkpoint.ErrConflict) ||
 		errors.Is(err, checkpoint.ErrInvalidEntry) || errors.Is(err, logstream.ErrOutputTooLarge))
 }
@@ -196,8 +196,8 @@ func (x *runExec) note(entry checkpoint.Entry) {
 	if x.isStolen() || x.ended.Load() || x.lease.Check() != nil {
 		return
 	}
-	entry.Run, entry.Epoch, entry.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
-	x.e.clog.Writer.Write(context.WithoutCancel(x.ctx), entry)
+	entry.Run, entry.Epoch, entry.Owner = x.run.ID, x.epoch, x.p.cfg.Node
+	x.p.cfg.Log.Write(context.WithoutCancel(x.ctx), entry)
 }
 
 type stepResult struct {
@@ -209,15 +209,15 @@ type stepResult struct {
 func (x *runExec) execute() {
 	defer func() {
 		// Release in the background: the slot is free as soon as the run is.
-		x.e.wg.Add(1)
+		x.p.wg.Add(1)
 		go func() {
-			defer x.e.wg.Done()
+			defer x.p.wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = x.lease.Release(ctx)
 		}()
 	}()
-	x.checkEnded() // a cancel applied before this run was registered in e.mu.running
+	x.checkEnded() // a cancel applied before this run was registered in p.mu.running
 	if x.wf.Timeout > 0 {
 		deadline := x.run.CreatedAt.Add(time.Duration(x.wf.Timeout))
 		var cancel context.CancelFunc
@@ -225,7 +225,7 @@ func (x *runExec) execute() {
 		defer cancel()
 	}
 	if !x.fresh { // reading them was ~50 µs of a W2 run's start
-		stored, err := x.e.store.Steps(x.run.ID)
+		stored, err := x.p.cfg.State.Steps(x.run.ID)
 		if err != nil {
 			x.log.Error("read steps", "err", err)
 			return
@@ -241,7 +241,7 @@ func (x *runExec) execute() {
 	running := map[string]bool{}
 	var failed *stepResult
 	for {
-		ready := readySteps(x.wf, x.isDone, running, x.e.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
+		ready := readySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
 		var res stepResult
 		if len(ready) == 1 && len(running) == 0 {
 			// A lone step runs on this goroutine: a chain's steps then cost no goroutine

@@ -1,4 +1,4 @@
-package engine
+package worker
 
 import (
 	"bytes"
@@ -93,7 +93,7 @@ func (e stepTimeout) Error() string { return fmt.Sprintf("step timeout %s", e.d)
 
 // attempts runs a step (or one item) with its retry policy.
 func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (json.RawMessage, int, error) {
-	kind, ok := x.e.cfg.Registry.Get(st.Uses)
+	kind, ok := x.p.cfg.Registry.Get(st.Uses)
 	if !ok {
 		return nil, 0, steps.Permanentf("unknown step kind %q on this node", st.Uses)
 	}
@@ -110,13 +110,13 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		if st.Timeout > 0 {
 			sctx, cancel = context.WithTimeoutCause(x.ctx, time.Duration(st.Timeout), stepTimeout{time.Duration(st.Timeout)})
 		}
-		x.e.stats.StepAttempts.Add(1)
-		began := time.Now()
+		x.p.stats.StepAttempts.Add(1)
+		began := x.p.clock.Now()
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
-			StopGrace: x.e.stopGrace()})
-		if obs := x.e.cfg.StepObserver; obs != nil {
-			obs(st.Uses, time.Since(began), err)
+			StopGrace: x.p.stopGrace()})
+		if obs := x.p.cfg.StepObserver; obs != nil {
+			obs(st.Uses, x.p.clock.Since(began), err)
 		}
 		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
 		cancel()
@@ -129,7 +129,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 			}
 			return out, attempt, nil
 		}
-		x.e.stats.StepFailures.Add(1)
+		x.p.stats.StepFailures.Add(1)
 		if x.ctx.Err() != nil {
 			return nil, attempt, context.Cause(x.ctx)
 		}
@@ -161,7 +161,7 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 	// null (a nil slice marshalled by a Go step) is an empty list, as ranging over a nil
 	// slice is in Go: zero items, and the step succeeds with an empty output list.
 	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
-	done, err := x.e.store.Items(x.run.ID, st.Name)
+	done, err := x.p.cfg.State.Items(x.run.ID, st.Name)
 	if err != nil {
 		return err
 	}
@@ -224,7 +224,7 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 	if x.ctx.Err() != nil {
 		return context.Cause(x.ctx)
 	}
-	all, err := x.e.store.Items(x.run.ID, st.Name)
+	all, err := x.p.cfg.State.Items(x.run.ID, st.Name)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,7 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 		outs[i] = it.Output
 	}
 	agg, _ := json.Marshal(outs)
-	if len(agg) > x.e.cfg.MaxOutputBytes {
+	if len(agg) > x.p.cfg.MaxOutputBytes {
 		agg, _ = json.Marshal(map[string]any{"items": len(all), "truncated": true})
 	}
 	if err := x.commit(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: agg}); err != nil {

@@ -1,10 +1,11 @@
-package engine
+package worker
 
 import (
 	"errors"
 	"fmt"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/workflow"
 )
@@ -103,4 +104,28 @@ func (d endDecision) status() checkpoint.RunStatus {
 		return checkpoint.StatusSucceeded
 	}
 	return checkpoint.StatusFailed
+}
+
+// TaskVerdict is what a worker does with a task.
+type TaskVerdict int
+
+const (
+	// TaskNotYet: this node has not applied the assign that made the task (or has no
+	// such run): look again a little later.
+	TaskNotYet TaskVerdict = iota
+	// TaskStale: the run moved on (a newer epoch, claimed, ended): ack and drop it.
+	TaskStale
+	// TaskTake: take the lease and claim the epoch.
+	TaskTake
+)
+
+// JudgeTask judges a task against the run as this node's state has it (nil: no run).
+func JudgeTask(r *checkpoint.Run, t tasks.Task) TaskVerdict {
+	switch {
+	case r == nil || r.Epoch < t.Epoch:
+		return TaskNotYet
+	case r.Epoch != t.Epoch || r.Status != checkpoint.StatusPending || r.Owner != "":
+		return TaskStale
+	}
+	return TaskTake
 }

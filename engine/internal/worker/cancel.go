@@ -1,4 +1,4 @@
-package engine
+package worker
 
 import (
 	"errors"
@@ -8,9 +8,9 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 )
 
-// errRunEnded is the cause of an epoch stopped because the log ended its run from
+// ErrRunEnded is the cause of an epoch stopped because the log ended its run from
 // outside: an operator's cancel (written on any node) or a dead-letter.
-var errRunEnded = errors.New("engine: the run ended while this node executed it")
+var ErrRunEnded = errors.New("engine: the run ended while this node executed it")
 
 // endedFromOutside tells the statuses that only someone other than the run's owner
 // sets: a run this node executes that takes one of them must stop at once.
@@ -29,23 +29,21 @@ func endedFromOutside(s checkpoint.RunStatus) bool {
 // every entry, so the apply is the one place that sees it everywhere, exactly once, and
 // at no cost to other entries: the hook runs for status changes only and returns after
 // one comparison unless the run was cancelled or dead-lettered. (Re-reading the runs in
-// e.mu.running on every Changed() would cost a Pebble read per running run per applied
+// p.mu.running on every Changed() would cost a Pebble read per running run per applied
 // message on the W2 path.)
-func (e *Engine) stopEnded(run string, status checkpoint.RunStatus) {
+func (p *Pool) RunEnded(run string, status checkpoint.RunStatus) {
 	if !endedFromOutside(status) {
 		return
 	}
 	// Counted before the lookup: a runExec not yet registered at the lookup sees the
 	// count move when it starts (checkEnded) and reads the run's status itself.
-	e.runsEnded.Add(1)
-	if e.hooks.KeepEndedRunning.Load() {
+	p.runsEnded.Add(1)
+	if p.hooks.KeepEndedRunning.Load() {
 		return
 	}
-	e.mu.Lock()
-	x := e.mu.running[run]
-	e.mu.Unlock()
+	x := p.running(run)
 	if x != nil {
-		x.end(fmt.Errorf("%w: %s", errRunEnded, status))
+		x.end(fmt.Errorf("%w: %s", ErrRunEnded, status))
 	}
 }
 
@@ -60,21 +58,21 @@ func (x *runExec) end(cause error) {
 }
 
 // checkEnded closes the gap between newRunExec's read of the run and the registration
-// in e.mu.running: a cancel applied in between found nothing to stop. It costs one
+// in p.mu.running: a cancel applied in between found nothing to stop. It costs one
 // atomic load unless a run ended (anywhere) meanwhile; then one read of this run.
 func (x *runExec) checkEnded() {
-	if x.e.hooks.KeepEndedRunning.Load() {
+	if x.p.hooks.KeepEndedRunning.Load() {
 		return
 	}
 	if endedFromOutside(x.run.Status) {
-		x.end(fmt.Errorf("%w: %s", errRunEnded, x.run.Status))
+		x.end(fmt.Errorf("%w: %s", ErrRunEnded, x.run.Status))
 		return
 	}
-	if x.e.runsEnded.Load() == x.endedSeen {
+	if x.p.runsEnded.Load() == x.endedSeen {
 		return
 	}
-	if r, err := x.e.store.Run(x.run.ID); err == nil && endedFromOutside(r.Status) {
-		x.end(fmt.Errorf("%w: %s", errRunEnded, r.Status))
+	if r, err := x.p.cfg.State.Run(x.run.ID); err == nil && endedFromOutside(r.Status) {
+		x.end(fmt.Errorf("%w: %s", ErrRunEnded, r.Status))
 	}
 }
 
@@ -86,4 +84,4 @@ func (x *runExec) checkEnded() {
 // between them. The grace is TTL/4 so that the SIGKILL lands before the lease can move
 // with TTL/12 to spare for the timers and the scheduling between the kill switch and
 // the SIGTERM (docs/decisions.md).
-func (e *Engine) stopGrace() time.Duration { return e.cfg.Lease.TTL / 4 }
+func (p *Pool) stopGrace() time.Duration { return p.cfg.TTL / 4 }
