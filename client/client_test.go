@@ -35,7 +35,7 @@ type node struct {
 func startNode(t *testing.T) *node {
 	t.Helper()
 	e := testnode.Engine(t, nil)
-	srv, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -237,7 +237,7 @@ func startSingleNode(ctx context.Context, o options) (func(), *client.Client, er
 		defer cancel()
 		_ = e.Stop(sctx)
 	}
-	srv, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		stopEngine()
 		return nil, nil, err

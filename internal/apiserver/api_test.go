@@ -34,7 +34,7 @@ func startEngine(t *testing.T) *engine.Engine {
 
 // configFor serves e as flowd does: on its connection, supervised with its parts.
 func configFor(e *engine.Engine) Config {
-	return Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}
+	return Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}
 }
 
 func serve(t *testing.T, e *engine.Engine) *Server {
@@ -304,7 +304,7 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 func TestRunVerifyReportsEachBrokenInvariant(t *testing.T) {
 	e := startEngine(t)
 	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoCheckpointCheck: true})
-	s, err := Serve(Config{Engine: apitest.Engine{Engine: e, State: state}, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	s, err := Serve(Config{Node: apitest.Node{API: e.API(), State: state}, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,16 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/ident"
-	"github.com/flowrun/flow/workflow"
 )
 
 // maxWait bounds one run.wait (below the 2m every request gets); a client wanting
@@ -30,14 +28,14 @@ func (s *Server) runWait(ctx context.Context, r *client.Request) (any, error) {
 			return nil, badRequest("wait %q: use a duration from 1ms to %s, such as 30s", r.Wait, maxWait)
 		}
 	}
-	if _, err := s.view(r); err != nil { // unknown runs fail now, not after the wait
+	if _, err := s.run(r); err != nil { // unknown runs fail now, not after the wait
 		return nil, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	stop := context.AfterFunc(s.waitCtx, cancel)
 	defer stop()
-	if _, err := s.e.WaitRun(wctx, r.ID); err != nil && wctx.Err() == nil {
+	if err := s.n.WaitRun(wctx, r.ID); err != nil && wctx.Err() == nil {
 		return nil, err
 	}
 	return s.runGet(ctx, r)
@@ -54,139 +52,115 @@ func needID(r *client.Request) error {
 }
 
 func (s *Server) workflowValidate(_ context.Context, r *client.Request) (any, error) {
-	w, err := s.e.ValidateWorkflow(r.File, []byte(r.YAML))
+	w, err := s.n.ValidateWorkflow(r.File, []byte(r.YAML))
 	if err != nil {
 		return nil, badRequest("%v", err)
 	}
-	return toWorkflow(w, false), nil
+	return w, nil
 }
 
 func (s *Server) workflowApply(ctx context.Context, r *client.Request) (any, error) {
 	if r.YAML == "" {
 		return nil, badRequest("the workflow file is empty")
 	}
-	w, err := s.e.ApplyWorkflow(ctx, r.File, []byte(r.YAML))
+	w, err := s.n.ApplyWorkflow(ctx, r.File, []byte(r.YAML))
 	if err != nil {
 		return nil, err
 	}
-	return toWorkflow(w, false), nil
-}
-
-func toWorkflow(w *workflow.Workflow, source bool) client.Workflow {
-	out := client.Workflow{Name: w.Name, Version: w.Version, Description: w.Description, Steps: len(w.Steps)}
-	if w.Schedule != nil {
-		out.Schedule = w.Schedule.Cron + " " + w.Schedule.Timezone
-	}
-	if source {
-		out.Source = w.Source
-	}
-	return out
+	return w, nil
 }
 
 func (s *Server) workflowList(context.Context, *client.Request) (any, error) {
-	vs, err := s.e.Workflows()
+	ws, err := s.n.Workflows()
 	if err != nil {
 		return nil, err
 	}
-	out := []client.Workflow{}
-	for _, v := range vs {
-		w, err := s.e.Workflow(v.Name, v.Version)
-		if err != nil {
-			return nil, err
-		}
-		ww := toWorkflow(w, false)
-		ww.AppliedAt = ts(v.At)
-		out = append(out, ww)
-	}
-	return out, nil
+	return ws, nil
 }
 
 func (s *Server) workflowShow(_ context.Context, r *client.Request) (any, error) {
 	if r.Name == "" {
 		return nil, badRequest("a workflow name is required")
 	}
-	w, err := s.e.Workflow(r.Name, 0)
+	w, err := s.n.Workflow(r.Name, 0)
 	if err != nil {
 		return nil, err
 	}
-	return toWorkflow(w, true), nil
+	return w, nil
 }
 
 func (s *Server) runStart(ctx context.Context, r *client.Request) (any, error) {
 	if r.Workflow == "" {
 		return nil, badRequest("a workflow name is required")
 	}
-	inputs := map[string]any{}
-	for k, v := range r.Inputs {
-		inputs[k] = v
-	}
-	id, err := s.e.StartRun(ctx, r.Workflow, inputs, engine.RunOptions{ID: r.ID})
+	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs})
 	if err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": id}, nil
 }
 
-func (s *Server) view(r *client.Request) (*checkpoint.RunView, error) {
+// run is the run r names.
+func (s *Server) run(r *client.Request) (client.Run, error) {
 	if err := needID(r); err != nil {
-		return nil, err
+		return client.Run{}, err
 	}
-	return s.e.Run(r.ID)
+	return s.n.Run(r.ID)
 }
 
 func (s *Server) runGet(_ context.Context, r *client.Request) (any, error) {
-	v, err := s.view(r)
+	run, err := s.run(r)
 	if err != nil {
 		return nil, err
 	}
-	return runJSON(&v.Run, v), nil
+	return run, nil
 }
 
+// runStatuses are the statuses a run can have on the wire (checkpoint.RunStatus's
+// values; TestRunStatusesAreTheStates checks they agree).
+var runStatuses = []string{"pending", "running", "succeeded", "failed", "cancelled", "dead_lettered"}
+
 func (s *Server) runList(_ context.Context, r *client.Request) (any, error) {
-	st := checkpoint.RunStatus(r.Status)
-	if st != "" && !checkpoint.ValidRunStatus(st) {
+	if r.Status != "" && !slices.Contains(runStatuses, r.Status) {
 		return nil, badRequest("status %q: use pending, running, succeeded, failed, cancelled or dead_lettered", r.Status)
 	}
 	if r.Limit < 0 || r.Limit > 10000 {
 		return nil, badRequest("limit %d: use 1 to 10000", r.Limit)
 	}
-	runs, _, err := s.e.ListRuns(checkpoint.ListOptions{Workflow: r.Workflow, Status: st, After: r.After, Limit: r.Limit})
+	runs, err := s.n.Runs(client.ListOptions{Workflow: r.Workflow, Status: r.Status, After: r.After, Limit: r.Limit})
 	if err != nil {
 		return nil, err
 	}
-	out := []client.Run{}
-	for i := range runs {
-		out = append(out, runJSON(&runs[i], nil))
-	}
-	return out, nil
+	return runs, nil
 }
 
 func (s *Server) runHistory(_ context.Context, r *client.Request) (any, error) {
-	v, err := s.view(r)
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	events, err := s.n.History(r.ID)
 	if err != nil {
 		return nil, err
 	}
-	out := []client.Event{}
-	for _, e := range v.Events {
-		out = append(out, client.Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner, Actor: e.Actor,
-			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: tsNano(e.At)})
-	}
-	return out, nil
+	return events, nil
 }
 
 func (s *Server) runVerify(_ context.Context, r *client.Request) (any, error) {
-	v, err := s.view(r)
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	v, err := s.n.Verify(r.ID)
 	if err != nil {
 		return nil, err
 	}
-	return verify(v), nil
+	return v, nil
 }
 
 func (s *Server) runRetry(ctx context.Context, r *client.Request) (any, error) {
 	if err := needID(r); err != nil {
 		return nil, err
 	}
-	if err := s.e.Retry(ctx, r.ID); err != nil {
+	if err := s.n.Retry(ctx, r.ID); err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "pending"}, nil
@@ -196,34 +170,37 @@ func (s *Server) runCancel(ctx context.Context, r *client.Request) (any, error) 
 	if err := needID(r); err != nil {
 		return nil, err
 	}
-	if err := s.e.Cancel(ctx, r.ID, ""); err != nil {
+	if err := s.n.Cancel(ctx, r.ID); err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
 }
 
 func (s *Server) dlqList(ctx context.Context, r *client.Request) (any, error) {
-	r.Status = string(checkpoint.StatusDeadLettered)
+	r.Status = deadLettered
 	return s.runList(ctx, r)
 }
 
-func (s *Server) dlqRun(r *client.Request) (*checkpoint.RunView, error) {
-	v, err := s.view(r)
+// deadLettered is the status of the runs in the dead-letter queue.
+const deadLettered = "dead_lettered"
+
+func (s *Server) dlqRun(r *client.Request) (client.Run, error) {
+	run, err := s.run(r)
 	if err != nil {
-		return nil, err
+		return client.Run{}, err
 	}
-	if v.Run.Status != checkpoint.StatusDeadLettered {
-		return nil, &apiError{client.CodeNotFound, fmt.Sprintf("run %s is not in the dead-letter queue (it is %s)", r.ID, v.Run.Status)}
+	if run.Status != deadLettered {
+		return client.Run{}, &client.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("run %s is not in the dead-letter queue (it is %s)", r.ID, run.Status)}
 	}
-	return v, nil
+	return run, nil
 }
 
 func (s *Server) dlqShow(_ context.Context, r *client.Request) (any, error) {
-	v, err := s.dlqRun(r)
+	run, err := s.dlqRun(r)
 	if err != nil {
 		return nil, err
 	}
-	return runJSON(&v.Run, v), nil
+	return run, nil
 }
 
 func (s *Server) dlqRetry(ctx context.Context, r *client.Request) (any, error) {
@@ -238,52 +215,30 @@ func (s *Server) dlqPurge(ctx context.Context, r *client.Request) (any, error) {
 	if _, err := s.dlqRun(r); err != nil {
 		return nil, err
 	}
-	if err := s.e.Purge(ctx, r.ID); err != nil {
+	if err := s.n.Purge(ctx, r.ID); err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
 }
 
 func (s *Server) cronList(context.Context, *client.Request) (any, error) {
-	vs, err := s.e.Workflows()
+	cron, err := s.n.Schedules()
 	if err != nil {
 		return nil, err
 	}
-	out := []client.CronEntry{}
-	for _, v := range vs {
-		w, err := s.e.Workflow(v.Name, v.Version)
-		if err != nil || w.Schedule == nil {
-			continue
-		}
-		c := client.CronEntry{Workflow: w.Name, Cron: w.Schedule.Cron, Timezone: w.Schedule.Timezone, Overlap: w.Schedule.Overlap,
-			Catchup: w.Schedule.Catchup, Next: []string{}, Last: []client.Tick{}}
-		if sched, err := workflow.CronParser.Parse(w.Schedule.Cron); err == nil {
-			loc, _ := time.LoadLocation(w.Schedule.Timezone)
-			t := time.Now().In(loc)
-			for i := 0; i < 3; i++ {
-				t = sched.Next(t)
-				c.Next = append(c.Next, t.Format(time.RFC3339))
-			}
-		}
-		ticks, _ := s.e.Ticks(w.Name)
-		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
-			c.Last = append(c.Last, client.Tick{At: ts(ticks[i].At), Outcome: ticks[i].Outcome, RunID: ticks[i].RunID, Term: ticks[i].Term, Owner: ticks[i].Owner})
-		}
-		out = append(out, c)
-	}
-	return out, nil
+	return cron, nil
 }
 
 func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error) {
-	v, err := s.e.DrillZombie(ctx)
+	d, err := s.n.DrillZombie(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return client.Drill{Run: runJSON(&v.Run, v), Verify: verify(v)}, nil
+	return d, nil
 }
 
 func (s *Server) nodeInfo() client.Node {
-	n := client.Node{ID: s.e.NodeID(), Applied: s.e.Applied(), Leader: s.e.IsLeader(), LeasesDegraded: s.e.LeasesDegraded()}
+	n := s.n.Status()
 	if s.sup != nil {
 		n.Problems = s.sup.Problems()
 	}
@@ -292,13 +247,8 @@ func (s *Server) nodeInfo() client.Node {
 
 // clusterStatus asks every node (a scatter of node requests) and the leader key.
 func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, error) {
-	st := client.ClusterStatus{Nodes: []client.Node{}}
-	if l, err := s.e.Leader(ctx); err == nil {
-		st.Leader, st.Term = l.Node, l.Term
-	}
-	if first, last, snap, err := s.e.LogBounds(ctx); err == nil {
-		st.FirstSeq, st.LastSeq, st.SnapshotSeq = first, last, snap
-	}
+	st := s.n.Cluster(ctx)
+	st.Nodes = []client.Node{}
 	nc := s.nc
 	inbox := nats.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -325,9 +275,9 @@ func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, err
 }
 
 func (s *Server) clusterSnapshot(ctx context.Context, _ *client.Request) (any, error) {
-	snap, err := s.e.Snapshot(ctx)
+	snap, err := s.n.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return client.Snapshot{Name: snap.Name, Seq: snap.Seq, Bytes: snap.Size}, nil
+	return snap, nil
 }

@@ -12,9 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/audit"
 	"github.com/flowrun/flow/internal/supervise"
 )
@@ -22,9 +20,9 @@ import (
 // nodeSubject is answered by every node (cluster status gathers the answers).
 const nodeSubject = client.Subject + ".node"
 
-// Server serves the API for one engine.
+// Server serves the API for one node.
 type Server struct {
-	e       Engine
+	n       Node
 	nc      *nats.Conn
 	silence time.Duration
 	sup     *supervise.Supervisor // whose Problems the node's answer carries
@@ -80,21 +78,15 @@ type heldKey struct {
 
 type handler func(ctx context.Context, r *client.Request) (any, error)
 
-// apiError is an error with a code for the client.
-type apiError struct {
-	code, msg string
-}
-
-func (e *apiError) Error() string { return e.msg }
-
+// badRequest is a request the server refuses before asking the node.
 func badRequest(format string, args ...any) error {
-	return &apiError{client.CodeBadRequest, fmt.Sprintf(format, args...)}
+	return &client.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
 }
 
 // Config is what Serve needs.
 type Config struct {
-	Engine Engine     // required: the node the API answers for
-	Conn   *nats.Conn // required: the connection the service is registered on
+	Node Node       // required: the node the API answers for (engine.Engine.API)
+	Conn *nats.Conn // required: the connection the service is registered on
 	// Supervisor keeps the service alive (a part named "api"); default: one of its own.
 	Supervisor *supervise.Supervisor
 	// Silence is how long the service may go without answering its own ping before it
@@ -115,8 +107,8 @@ func Serve(cfg Config) (*Server, error) {
 // serveWith is Serve with the request and run.wait slots and one user's shares of them
 // given (tests size them).
 func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) (*Server, error) {
-	if cfg.Engine == nil || cfg.Conn == nil {
-		return nil, errors.New("apiserver: Config needs an Engine and a Conn")
+	if cfg.Node == nil || cfg.Conn == nil {
+		return nil, errors.New("apiserver: Config needs a Node and a Conn")
 	}
 	if cfg.Silence <= 0 {
 		cfg.Silence = defaultSilence
@@ -125,7 +117,7 @@ func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) 
 	if sup == nil {
 		sup = supervise.New()
 	}
-	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, sup: sup, slots: slots, waiting: waiting, perUser: perUser, held: map[heldKey]int{}}
+	s := &Server{n: cfg.Node, nc: cfg.Conn, silence: cfg.Silence, sup: sup, slots: slots, waiting: waiting, perUser: perUser, held: map[heldKey]int{}}
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
 	// The first registration is made here, so that a node that cannot serve fails to start.
 	if err := s.register(); err != nil {
@@ -190,7 +182,7 @@ func (s *Server) call(ctx context.Context, h handler, r *client.Request) (any, e
 }
 
 func (s *Server) caughtUp(ctx context.Context) error {
-	if err := s.e.CatchUp(ctx); err != nil {
+	if err := s.n.CatchUp(ctx); err != nil {
 		return &client.Error{Code: client.CodeInternal, Message: "this node cannot catch up with the log: " + err.Error()}
 	}
 	return nil
@@ -208,11 +200,11 @@ func (s *Server) RunsPage(ctx context.Context, workflow, status, before string, 
 	if err := s.caughtUp(ctx); err != nil {
 		return nil, "", err
 	}
-	runs, next, err := s.e.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
+	runs, next, err := s.n.RunsNewest(workflow, status, before, limit)
 	if err != nil {
 		return nil, "", clientError(err)
 	}
-	return runsJSON(runs), next, nil
+	return runs, next, nil
 }
 
 // RunsWithIDPrefix are the runs whose ID starts with prefix (the UI's search).
@@ -220,48 +212,39 @@ func (s *Server) RunsWithIDPrefix(ctx context.Context, prefix string, limit int)
 	if err := s.caughtUp(ctx); err != nil {
 		return nil, err
 	}
-	runs, err := s.e.RunsWithIDPrefix(prefix, limit)
+	runs, err := s.n.RunsWithIDPrefix(prefix, limit)
 	if err != nil {
 		return nil, clientError(err)
 	}
-	return runsJSON(runs), nil
-}
-
-func runsJSON(runs []checkpoint.Run) []client.Run {
-	out := make([]client.Run, 0, len(runs))
-	for i := range runs {
-		out = append(out, runJSON(&runs[i], nil))
-	}
-	return out
+	return runs, nil
 }
 
 // StepNeeds are the steps of a workflow version in their order, each with the steps it
 // needs (the run page's graph).
 func (s *Server) StepNeeds(name string, version int) ([]StepNeeds, error) {
-	w, err := s.e.Workflow(name, version)
+	out := []StepNeeds{}
+	err := s.n.WorkflowSteps(name, version, func(name, uses string, needs []string, foreach bool) {
+		out = append(out, StepNeeds{Name: name, Needs: needs, Uses: uses, Foreach: foreach})
+	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([]StepNeeds, 0, len(w.Steps))
-	for _, st := range w.Steps {
-		out = append(out, StepNeeds{Name: st.Name, Needs: st.Needs, Uses: st.Uses, Foreach: st.Foreach != ""})
 	}
 	return out, nil
 }
 
 // Versions are every version of a workflow, oldest first, each with its YAML.
 func (s *Server) Versions(name string) ([]client.Workflow, error) {
-	latest, err := s.e.Workflow(name, 0)
+	latest, err := s.n.Workflow(name, 0)
 	if err != nil {
 		return nil, err
 	}
 	var out []client.Workflow
 	for v := 1; v <= latest.Version; v++ {
-		w, err := s.e.Workflow(name, v)
+		w, err := s.n.Workflow(name, v)
 		if err != nil {
 			continue // a version retired or never stored: skip it
 		}
-		out = append(out, toWorkflow(w, true))
+		out = append(out, w)
 	}
 	return out, nil
 }
@@ -269,14 +252,13 @@ func (s *Server) Versions(name string) ([]client.Workflow, error) {
 // Ticks are a workflow's newest n recorded fire times, newest first (the UI's cron page;
 // cron.list carries the last five).
 func (s *Server) Ticks(name string, n int) ([]client.Tick, error) {
-	ticks, err := s.e.Ticks(name)
+	ticks, err := s.n.Ticks(name)
 	if err != nil {
 		return nil, err
 	}
 	out := []client.Tick{}
 	for i := len(ticks) - 1; i >= 0 && len(out) < n; i-- {
-		t := ticks[i]
-		out = append(out, client.Tick{At: ts(t.At), Outcome: t.Outcome, RunID: t.RunID, Term: t.Term, Owner: t.Owner})
+		out = append(out, ticks[i])
 	}
 	return out, nil
 }
@@ -291,7 +273,7 @@ type StepNeeds struct {
 
 // Changed is closed when this node applies more of the log (the UI's live pages wait
 // on it: one wait for every browser).
-func (s *Server) Changed() <-chan struct{} { return s.e.Changed() }
+func (s *Server) Changed() <-chan struct{} { return s.n.Changed() }
 
 // register adds the service's endpoints and the node subscription.
 func (s *Server) register() error {
@@ -532,21 +514,11 @@ func (s *Server) fail(req micro.Request, code, msg string) {
 	s.answer(req, &nats.Msg{Header: h})
 }
 
+// classify is the code and message the client gets for err: a *client.Error's (the
+// server's refusals, and the node's errors with a code of their own), else internal.
 func classify(err error) (string, string) {
-	var ae *apiError
-	switch {
-	case errors.As(err, &ae):
-		return ae.code, ae.msg
-	case errors.Is(err, checkpoint.ErrNotFound):
-		var nf *checkpoint.NotFoundError
-		if errors.As(err, &nf) {
-			return client.CodeNotFound, nf.Error() // the thing, without the layers it passed through
-		}
-		return client.CodeNotFound, err.Error()
-	case errors.Is(err, engine.ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
-		return client.CodeBadRequest, strings.TrimPrefix(err.Error(), "engine: bad input: ")
-	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, checkpoint.ErrRunExists):
-		return client.CodeConflict, err.Error()
+	if ce := (*client.Error)(nil); errors.As(err, &ce) {
+		return ce.Code, ce.Message
 	}
 	return client.CodeInternal, err.Error()
 }

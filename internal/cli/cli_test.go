@@ -207,7 +207,7 @@ func TestVerifyCatchesAStaleCommit(t *testing.T) {
 	defer eng.Stop(ctx)
 	// The API serves runs from a state written with the epoch check off.
 	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoEpochCheck: true})
-	srv, err := apiserver.Serve(apiserver.Config{Engine: apitest.Engine{Engine: eng, State: state}, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: apitest.Node{API: eng.API(), State: state}, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ type testNode struct {
 func startNode(t *testing.T, cfg Config) *testNode {
 	t.Helper()
 	e := testnode.Engine(t, func(c *engine.Config) { c.NATSListen = "-" })
-	api, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	api, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)
 	}

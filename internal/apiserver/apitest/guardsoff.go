@@ -1,6 +1,7 @@
 // Package apitest helps tests of the API serve states that the rules forbid: runs
 // written while guards were off, for the negative controls of run verify. A test wraps
-// its engine in a type whose Run method reads a GuardsOff state, and serves that.
+// its engine's API in a type whose Verify method reads a GuardsOff state, and serves
+// that.
 package apitest
 
 import (
@@ -11,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/testhooks"
 )
@@ -61,12 +63,19 @@ func (g *GuardsOff) Write(t testing.TB, entries ...checkpoint.Entry) (uint64, []
 // checkpointEpoch is the time of entries written without one.
 var checkpointEpoch = time.Date(2026, 11, 29, 2, 0, 0, 0, time.UTC)
 
-// Engine is a real engine whose runs are read from State instead of its own state:
-// serve it to show what the API says of runs the rules forbid.
-type Engine struct {
-	*engine.Engine
+// Node is a real engine's API whose run.verify reads State instead of the engine's own
+// state: serve it (apiserver.Config.Node) to show what run verify says of runs the rules
+// forbid. Every other operation is the engine's.
+type Node struct {
+	*engine.API
 	State *GuardsOff
 }
 
-// Run is the run as State has it.
-func (e Engine) Run(id string) (*checkpoint.RunView, error) { return e.State.Run(id) }
+// Verify is engine.VerifyRun of the run as State has it.
+func (n Node) Verify(id string) (client.Verification, error) {
+	v, err := n.State.Run(id)
+	if err != nil {
+		return client.Verification{}, err
+	}
+	return engine.VerifyRun(v), nil
+}

@@ -1,4 +1,4 @@
-package apiserver
+package engine
 
 import (
 	"fmt"
@@ -7,10 +7,12 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// verify re-checks a run's invariants from the state alone: epochs only grow; every
-// accepted commit carried the run's epoch of that moment; no (step, item) has two
-// accepted commits; every fenced commit carried an epoch no newer than the current one.
-func verify(v *checkpoint.RunView) client.Verification {
+// VerifyRun re-checks a run's invariants from the state alone (flowctl run verify, the
+// zombie drill): epochs only grow; every accepted commit carried the run's epoch of that
+// moment; no (step, item) has two accepted commits; every fenced commit carried an epoch
+// no newer than the current one. It reads v only, so a test can hand it a state written
+// with the rules' guards off (internal/apiserver/apitest) and see each violation.
+func VerifyRun(v *checkpoint.RunView) client.Verification {
 	res := client.Verification{ID: v.Run.ID, Checked: []string{
 		"epochs only grow",
 		"every accepted commit carried the run's epoch of that moment",
