@@ -41,6 +41,11 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// hostPid is shell that prints the shell's own PID as this test sees it: in a PID
+// namespace $$ is the namespace's number, but /proc is still the host's, and /proc/self
+// is read by the shell itself (read is a builtin).
+const hostPid = `read hp _ < /proc/self/stat; echo $hp`
+
 func readPid(t *testing.T, file string) int {
 	t.Helper()
 	var pid int
@@ -73,7 +78,7 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 			pidFile := filepath.Join(t.TempDir(), "pid")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			input := in(map[string]any{"command": list("sh", "-c", `trap '' TERM; echo $$ > `+pidFile+`; while true; do sleep 0.02; done`)})
+			input := in(map[string]any{"command": list("sh", "-c", `trap '' TERM; `+hostPid+` > `+pidFile+`; while true; do sleep 0.02; done`)})
 			input.StopGrace = tc.stop
 			done := make(chan error, 1)
 			go func() { _, err := tc.x.Run(ctx, input); done <- err }()
@@ -103,7 +108,7 @@ func TestKillProcessGroupsKillsStepsAndTheirChildren(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, errs[i] = Exec{MaxOutput: 1 << 10}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
-				`trap '' TERM; (trap '' TERM; exec sleep 60) & echo $! > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; echo $$ > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
+				`trap '' TERM; (trap '' TERM; `+hostPid+` > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; exec sleep 60) & `+hostPid+` > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
 		}()
 	}
 	var pids []int

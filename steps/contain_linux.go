@@ -1,0 +1,398 @@
+package steps
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// The step init is this very program, started again through /proc/self/exe with
+// initArg0 as its argv[0] (as Docker's reexec does): the init function of this package
+// (stepinit_linux.go) sees the marker and runs the init instead of the program's main.
+// Every program that links package steps (flowd, an embedding program, a test binary)
+// carries it, and /proc/self/exe names the running binary even after an upgrade
+// replaced the file on disk.
+const initArg0 = "flow-step-init"
+
+// The init's file descriptors besides 0, 1 and 2 (which the command gets as they are).
+const (
+	initControlFD = 3 // flowd -> init: the spec, then trust, stop and kill lines
+	initReportFD  = 4 // init -> flowd: started or failed, then the command's status
+)
+
+// initSpec is the first line flowd writes to the init's control pipe.
+type initSpec struct {
+	Probe bool     `json:"probe,omitempty"` // answer "ok" and exit: the namespaces work
+	Mode  Mode     `json:"mode"`
+	Path  string   `json:"path"`
+	Args  []string `json:"args"`
+	Env   []string `json:"env"`
+	Dir   string   `json:"dir"`
+	User  *User    `json:"user,omitempty"`
+	// Trust is when the step's right to act ends unless extended, on CLOCK_MONOTONIC
+	// (the same clock in every process of the machine), in nanoseconds; 0: no deadline.
+	Trust int64 `json:"trust,omitempty"`
+	// Grace is the time between SIGTERM and SIGKILL when the trust deadline passes.
+	Grace time.Duration `json:"grace"`
+}
+
+// container is one exec step's init, as flowd holds it.
+type container struct {
+	mode Mode
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the init has been reaped
+
+	mu  sync.Mutex // serialises the control pipe's lines
+	ctl *os.File   // the control pipe's write end; its close (or this process's death) is EOF
+
+	started    chan startReport // one report: the command's start
+	status     chan string      // the command's wait status, if the init reported one
+	watchdog   atomic.Bool      // the init stopped the step at its trust deadline
+	reportDone chan struct{}    // closed when the report has been read to its end
+}
+
+type startReport struct {
+	pid int
+	err error
+}
+
+// send writes one line to the init; errors mean the init is gone, which is what the
+// line would have achieved.
+func (c *container) send(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctl != nil {
+		_, _ = fmt.Fprintf(c.ctl, format+"\n", args...)
+	}
+}
+
+// stop asks the init for SIGTERM to every process of the step, SIGKILL a grace later.
+func (c *container) stop(grace time.Duration) { c.send("stop %d", int64(grace)) }
+
+// kill asks the init to SIGKILL every process of the step now. In a PID namespace the
+// init itself is killed too: its death makes the kernel kill everything in it, whatever
+// state the init is in.
+func (c *container) kill() {
+	c.send("kill")
+	if c.mode == ModePIDNamespace || c.mode == ModeUserPIDNamespace {
+		_ = c.cmd.Process.Signal(syscall.SIGKILL) // a no-op once the init was reaped
+	}
+}
+
+// trust moves the step's deadline (the lease's trust window) to t.
+func (c *container) trust(t time.Time) { c.send("trust %d", monotonicOf(t)) }
+
+// closeControl closes the control pipe: the init kills the tree and exits.
+func (c *container) closeControl() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctl != nil {
+		_ = c.ctl.Close()
+		c.ctl = nil
+	}
+}
+
+// monotonicNow reads CLOCK_MONOTONIC, which every process of the machine shares (Go's
+// own monotonic readings are not exposed as numbers).
+func monotonicNow() int64 {
+	var ts syscall.Timespec
+	_, _, _ = syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 1 /* CLOCK_MONOTONIC */, uintptr(unsafe.Pointer(&ts)), 0)
+	return ts.Nano()
+}
+
+// monotonicOf converts t to CLOCK_MONOTONIC. The clock is read before time.Until, so a
+// pause between the two reads makes the deadline earlier, never later; and an absolute
+// deadline stays right however late the line reaches the init (flowd frozen between
+// computing and writing it), which a relative one would not.
+func monotonicOf(t time.Time) int64 {
+	now := monotonicNow()
+	return now + int64(time.Until(t))
+}
+
+// initAttr is how the init is started in mode m: the namespaces, and the parent-death
+// signal where the kernel's kill of the namespace does the rest. A subreaper's init
+// gets none: killed, it could not sweep; it sees its control pipe close instead when
+// this process dies.
+func initAttr(m Mode, u *User) *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true}
+	switch m {
+	case ModePIDNamespace:
+		a.Cloneflags = syscall.CLONE_NEWPID
+		a.Pdeathsig = syscall.SIGKILL
+	case ModeUserPIDNamespace:
+		a.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
+		a.Pdeathsig = syscall.SIGKILL
+		// flowd's own user and group map to themselves (not to root: a step sees the ids
+		// it has outside). An --exec-user's ids too, which only a process with CAP_SETUID
+		// may write (root in a container that cannot make a PID namespace without one).
+		uid, gid := os.Getuid(), os.Getgid()
+		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
+		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
+		if u != nil {
+			if int(u.UID) != uid {
+				a.UidMappings = append(a.UidMappings, syscall.SysProcIDMap{ContainerID: int(u.UID), HostID: int(u.UID), Size: 1})
+			}
+			for _, g := range append([]uint32{u.GID}, u.Groups...) {
+				if int(g) != gid && !mapped(a.GidMappings, int(g)) {
+					a.GidMappings = append(a.GidMappings, syscall.SysProcIDMap{ContainerID: int(g), HostID: int(g), Size: 1})
+				}
+			}
+			a.GidMappingsEnableSetgroups = true
+		}
+	}
+	return a
+}
+
+func mapped(m []syscall.SysProcIDMap, id int) bool {
+	for _, e := range m {
+		if e.HostID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// probe finds the strongest mode this process can use, by starting the init in probe
+// mode with each mode's namespaces. Root makes a PID namespace directly; others, and
+// root in a container that may not, need a user namespace around it.
+func probe() (Mode, string) {
+	candidates := []Mode{ModeUserPIDNamespace}
+	if os.Geteuid() == 0 {
+		candidates = []Mode{ModePIDNamespace, ModeUserPIDNamespace}
+	}
+	var failed []string
+	for _, m := range candidates {
+		err := probeMode(m)
+		if err == nil {
+			return m, "each step's processes run in a PID namespace of their own"
+		}
+		failed = append(failed, fmt.Sprintf("%s: %v", m, err))
+	}
+	return ModeSubreaper, "no PID namespace could be made (" + strings.Join(failed, "; ") + "): each step's init is a child subreaper that kills every descendant"
+}
+
+// probeWait bounds a probe: the init answers as soon as it has read its spec.
+const probeWait = 10 * time.Second
+
+func probeMode(m Mode) error {
+	c, _, err := startInit(m, &initSpec{Probe: true, Mode: m}, nil, io.Discard, io.Discard)
+	if err != nil {
+		return err
+	}
+	defer c.closeControl()
+	t := time.NewTimer(probeWait)
+	defer t.Stop()
+	select {
+	case r := <-c.started:
+		<-c.done
+		return r.err
+	case <-t.C:
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		return errors.New("the init did not answer")
+	}
+}
+
+// startInit starts the step init in mode m, gives it spec, and returns the container
+// and a channel that gets the init's Wait result. Its report is read by a goroutine
+// that ends with the init.
+func startInit(m Mode, spec *initSpec, stdin io.Reader, stdout, stderr io.Writer) (*container, <-chan error, error) {
+	ctlR, ctlW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
+		return nil, nil, err
+	}
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{initArg0}, Env: []string{}, // not nil: nil is this process's environment
+		Stdin: stdin, Stdout: stdout, Stderr: stderr, ExtraFiles: []*os.File{ctlR, repW}, SysProcAttr: initAttr(m, spec.User),
+		// A process the init could not kill (another user's) may hold stdout open: Wait
+		// does not wait for it longer than this once the init has exited.
+		WaitDelay: time.Second}
+	c := &container{mode: m, cmd: cmd, ctl: ctlW, done: make(chan struct{}), started: make(chan startReport, 1), status: make(chan string, 1),
+		reportDone: make(chan struct{})}
+	waited, err := start(cmd, func() { addContainer(c) })
+	ctlR.Close() // the init's ends: this process keeps none, so the init's death is EOF here
+	repW.Close()
+	if err != nil {
+		ctlW.Close()
+		repR.Close()
+		return nil, nil, err
+	}
+	out := make(chan error, 1)
+	go func() {
+		err := <-waited
+		containerDone(c)
+		close(c.done)
+		out <- err
+	}()
+	go c.readReport(repR)
+	line, _ := json.Marshal(spec)
+	c.send("%s", line)
+	return c, out, nil
+}
+
+// readReport reads the init's report until the init exits: its first line says whether
+// the command started, a later "exit STATUS" how it ended.
+func (c *container) readReport(r *os.File) {
+	defer close(c.reportDone)
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 64<<10)
+	first := true
+	for sc.Scan() {
+		verb, arg, _ := strings.Cut(sc.Text(), " ")
+		switch {
+		case first && verb == "ok": // a probe's answer
+			c.started <- startReport{}
+			first = false
+		case first && verb == "started":
+			pid, _ := strconv.Atoi(arg)
+			c.started <- startReport{pid: pid}
+			first = false
+		case first && verb == "failed":
+			c.started <- startReport{err: errors.New(arg)}
+			first = false
+		case verb == "watchdog":
+			c.watchdog.Store(true)
+		case verb == "exit":
+			select {
+			case c.status <- arg:
+			default:
+			}
+		}
+	}
+	if first {
+		c.started <- startReport{err: errors.New("the step init exited before it started the command")}
+	}
+}
+
+// waitStatusText is what os.ProcessState.String says of a wait status: "exit status 3",
+// "signal: killed".
+func waitStatusText(raw string) string {
+	n, err := strconv.ParseUint(raw, 10, 32)
+	if err != nil {
+		return "unknown status " + raw
+	}
+	ws := syscall.WaitStatus(n)
+	switch {
+	case ws.Exited():
+		return "exit status " + strconv.Itoa(ws.ExitStatus())
+	case ws.Signaled():
+		s := "signal: " + ws.Signal().String()
+		if ws.CoreDump() {
+			s += " (core dumped)"
+		}
+		return s
+	}
+	return "wait status " + raw
+}
+
+func waitStatusOK(raw string) bool {
+	n, err := strconv.ParseUint(raw, 10, 32)
+	return err == nil && syscall.WaitStatus(n).Exited() && syscall.WaitStatus(n).ExitStatus() == 0
+}
+
+// initLate is how long after a stop's grace flowd waits for the init before it kills
+// the init itself: an init that has not ended by then was stopped or killed by the
+// step (a subreaper's, by a step running as flowd's own user).
+const initLate = time.Second
+
+// runContained runs p under a step init in mode m.
+func (p *process) runContained(ctx context.Context, m Mode) outcome {
+	spec := &initSpec{Mode: m, Path: p.path, Args: p.args, Env: p.env, Dir: p.dir, User: p.user, Grace: p.grace}
+	var last time.Time
+	if p.trust != nil {
+		if last = p.trust(); !last.IsZero() {
+			spec.Trust = monotonicOf(last)
+		}
+	}
+	c, waited, err := startInit(m, spec, p.stdin, p.stdout, p.stderr)
+	if err != nil {
+		return outcome{start: fmt.Errorf("the step init: %w", err)}
+	}
+	defer c.closeControl()
+	if r := <-c.started; r.err != nil {
+		c.closeControl()
+		<-waited
+		return outcome{start: r.err}
+	}
+	stopTrust := make(chan struct{})
+	trustDone := make(chan struct{})
+	go func() {
+		defer close(trustDone)
+		c.forwardTrust(p.trust, last, stopTrust)
+	}()
+	defer func() { close(stopTrust); <-trustDone }()
+	var werr error
+	select {
+	case werr = <-waited:
+	case <-ctx.Done():
+		c.stop(p.grace)
+		t := time.NewTimer(p.grace + initLate)
+		select {
+		case <-waited:
+		case <-t.C:
+			c.kill()
+			_ = c.cmd.Process.Kill()
+			<-waited
+		}
+		t.Stop()
+		return outcome{stopped: true}
+	}
+	<-c.reportDone
+	select {
+	case st := <-c.status:
+		if waitStatusOK(st) {
+			return outcome{}
+		}
+		err := errors.New(waitStatusText(st))
+		if c.watchdog.Load() {
+			err = fmt.Errorf("%w (stopped by its init: its lease's trust deadline passed without a renewal)", err)
+		}
+		return outcome{exit: err}
+	default:
+		return outcome{exit: fmt.Errorf("the step init ended without the command's status: %v", werr)}
+	}
+}
+
+// forwardTrust tells the init each new trust deadline (a renewal of the lease), until
+// stop. It reads trust at a quarter of the time left, so a renewal reaches the init
+// long before the deadline it replaces (a renewal comes a third of the TTL before).
+func (c *container) forwardTrust(trust func() time.Time, last time.Time, stop <-chan struct{}) {
+	if trust == nil {
+		return
+	}
+	for {
+		wait := time.Second
+		if d := trust(); !d.IsZero() {
+			if !d.Equal(last) {
+				c.trust(d)
+				last = d
+			}
+			wait = min(max(time.Until(d)/4, 10*time.Millisecond), time.Second)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return
+		}
+	}
+}
