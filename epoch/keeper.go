@@ -80,6 +80,14 @@ func (k *keeper) check() error {
 	return nil
 }
 
+// trustDeadline is when check starts failing (zero without a kill switch).
+func (k *keeper) trustDeadline() time.Time {
+	if k.cfg.noKillSwitch() {
+		return time.Time{}
+	}
+	return k.base.Add(time.Duration(k.trustUntil.Load()))
+}
+
 func (k *keeper) lose(cause error) {
 	k.lostOnce.Do(func() {
 		if k.ctx.Err() != nil {
