@@ -52,6 +52,8 @@ type Config struct {
 	NATSTLSCA, NATSTLSCert, NATSTLSKey          string
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
+	// ExecUser, if set (--exec-user), is the user exec steps run as.
+	ExecUser *steps.User
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -88,6 +90,7 @@ var options = []option{
 	{"nats-tls-cert", "", "client certificate file for mutual TLS with --nats-url (with --nats-tls-key)"},
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
+	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID (docs/security.md)"},
 }
 
 // Flags returns flowd's flag set (with --config).
@@ -319,6 +322,8 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 		}
 		c.ExecEnv = append(c.ExecEnv, name)
 	}
+	c.loadExecUser(get("exec-user"), bad)
+	c.checkSecretFiles(bad)
 }
 
 func checkAddr(bad func(string, string, ...any), name, addr string) {

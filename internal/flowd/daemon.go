@@ -60,13 +60,14 @@ func isTerminal(w io.Writer) bool {
 // Start starts the engine, applies the workflows directory and serves HTTP.
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
+	logContainment(logger, cfg)
 	metrics := newMetrics()
 	ecfg := engine.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
-		ExecEnv: cfg.ExecEnv,
+		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser,
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {
