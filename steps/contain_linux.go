@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,11 @@ const (
 	initControlFD = 3 // flowd -> init: the spec, then trust, stop and kill lines
 	initReportFD  = 4 // init -> flowd: started or failed, then the command's status
 )
+
+// initEnv is the init's own environment: none of flowd's (not nil: nil would be this
+// process's), but for the race detector's, which in a -race build (tests) would sleep a
+// second before every init's exit (atexit_sleep_ms). The command's comes in the spec.
+var initEnv = []string{"GORACE=atexit_sleep_ms=0"}
 
 // initSpec is the first line flowd writes to the init's control pipe.
 type initSpec struct {
@@ -82,12 +88,17 @@ func (c *container) send(format string, args ...any) {
 func (c *container) stop(grace time.Duration) { c.send("stop %d", int64(grace)) }
 
 // kill asks the init to SIGKILL every process of the step now. In a PID namespace the
-// init itself is killed too: its death makes the kernel kill everything in it, whatever
-// state the init is in.
+// init itself is killed too, whatever state it is in: its death makes the kernel kill
+// everything in it, and its parent's wait returns only once they are all gone. (In a
+// user namespace the init's parent is the launcher: it is asked, with SIGTERM, to
+// SIGKILL the init and wait for it.)
 func (c *container) kill() {
 	c.send("kill")
-	if c.mode == ModePIDNamespace || c.mode == ModeUserPIDNamespace {
+	switch c.mode {
+	case ModePIDNamespace:
 		_ = c.cmd.Process.Signal(syscall.SIGKILL) // a no-op once the init was reaped
+	case ModeUserPIDNamespace:
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}
 }
 
@@ -121,47 +132,74 @@ func monotonicOf(t time.Time) int64 {
 	return now + int64(time.Until(t))
 }
 
-// initAttr is how the init is started in mode m: the namespaces, and the parent-death
-// signal where the kernel's kill of the namespace does the rest. A subreaper's init
-// gets none: killed, it could not sweep; it sees its control pipe close instead when
-// this process dies.
-func initAttr(m Mode, u *User) *syscall.SysProcAttr {
+// initCommand is how the init is started in mode m: its argv and its attributes (the
+// namespaces, and the parent-death signal where the kernel's kill of the namespace does
+// the rest). A subreaper's init gets no parent-death signal: killed, it could not
+// sweep; it sees its control pipe close instead when this process dies.
+//
+// A user namespace is made by a launcher in between (launchInUserNamespace): whoever
+// clones a child into a new user namespace writes the child's uid and gid maps in
+// /proc/CHILD, and flowd, not dumpable, cannot (its children's /proc files belong to
+// root until they exec). The launcher is a fresh exec, dumpable, so it can; it starts the
+// init in the namespaces, with its own parent-death signal, and waits for it.
+func initCommand(m Mode, u *User) ([]string, *syscall.SysProcAttr) {
 	a := &syscall.SysProcAttr{Setpgid: true}
 	switch m {
 	case ModePIDNamespace:
 		a.Cloneflags = syscall.CLONE_NEWPID
 		a.Pdeathsig = syscall.SIGKILL
 	case ModeUserPIDNamespace:
-		a.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
 		a.Pdeathsig = syscall.SIGKILL
-		// flowd's own user and group map to themselves (not to root: a step sees the ids
-		// it has outside). An --exec-user's ids too, which only a process with CAP_SETUID
-		// may write (root in a container that cannot make a PID namespace without one).
-		uid, gid := os.Getuid(), os.Getgid()
-		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
-		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
-		if u != nil {
-			if int(u.UID) != uid {
-				a.UidMappings = append(a.UidMappings, syscall.SysProcIDMap{ContainerID: int(u.UID), HostID: int(u.UID), Size: 1})
-			}
-			for _, g := range append([]uint32{u.GID}, u.Groups...) {
-				if int(g) != gid && !mapped(a.GidMappings, int(g)) {
-					a.GidMappings = append(a.GidMappings, syscall.SysProcIDMap{ContainerID: int(g), HostID: int(g), Size: 1})
-				}
-			}
-			a.GidMappingsEnableSetgroups = true
-		}
+		return append([]string{initArg0, launcherArg}, userNamespaceMaps(u)...), a
 	}
-	return a
+	return []string{initArg0}, a
 }
 
-func mapped(m []syscall.SysProcIDMap, id int) bool {
-	for _, e := range m {
-		if e.HostID == id {
-			return true
+// launcherArg marks the launcher of an init in a user namespace (initCommand).
+const launcherArg = "userns"
+
+// userNamespaceMaps are the launcher's arguments: the uid map, the gid map, and whether
+// the init may call setgroups. flowd's own user and group map to themselves (not to
+// root: a step sees the ids it has outside); an --exec-user's ids too, which only a
+// process with CAP_SETUID may write (root in a container that cannot make a PID
+// namespace without a user namespace).
+func userNamespaceMaps(u *User) []string {
+	uids, gids := []int{os.Getuid()}, []int{os.Getgid()}
+	setgroups := "deny"
+	if u != nil {
+		uids = appendNew(uids, int(u.UID))
+		for _, g := range append([]uint32{u.GID}, u.Groups...) {
+			gids = appendNew(gids, int(g))
+		}
+		setgroups = "allow"
+	}
+	return []string{idList(uids), idList(gids), setgroups}
+}
+
+func appendNew(ids []int, id int) []int {
+	if slices.Contains(ids, id) {
+		return ids
+	}
+	return append(ids, id)
+}
+
+func idList(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.Itoa(id)
+	}
+	return strings.Join(s, ",")
+}
+
+// idMaps parses idList's form into identity maps.
+func idMaps(list string) []syscall.SysProcIDMap {
+	var m []syscall.SysProcIDMap
+	for _, f := range strings.Split(list, ",") {
+		if id, err := strconv.Atoi(f); err == nil {
+			m = append(m, syscall.SysProcIDMap{ContainerID: id, HostID: id, Size: 1})
 		}
 	}
-	return false
+	return m
 }
 
 // probe finds the strongest mode this process can use, by starting the init in probe
@@ -219,8 +257,9 @@ func startInit(m Mode, spec *initSpec, stdin io.Reader, stdout, stderr io.Writer
 		ctlW.Close()
 		return nil, nil, err
 	}
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: []string{initArg0}, Env: []string{}, // not nil: nil is this process's environment
-		Stdin: stdin, Stdout: stdout, Stderr: stderr, ExtraFiles: []*os.File{ctlR, repW}, SysProcAttr: initAttr(m, spec.User),
+	args, attr := initCommand(m, spec.User)
+	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: args, Env: initEnv,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr, ExtraFiles: []*os.File{ctlR, repW}, SysProcAttr: attr,
 		// A process the init could not kill (another user's) may hold stdout open: Wait
 		// does not wait for it longer than this once the init has exited.
 		WaitDelay: time.Second}
@@ -349,8 +388,13 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 		case <-waited:
 		case <-t.C:
 			c.kill()
-			_ = c.cmd.Process.Kill()
-			<-waited
+			t.Reset(initLate)
+			select {
+			case <-waited:
+			case <-t.C:
+				_ = c.cmd.Process.Kill()
+				<-waited
+			}
 		}
 		t.Stop()
 		return outcome{stopped: true}

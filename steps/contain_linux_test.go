@@ -87,11 +87,16 @@ func checkStopped(t *testing.T, control bool, dir string, pids []int, stopped ti
 }
 
 // modes are the containment modes tested here: the namespace this machine gives (if
-// any), the subreaper fallback, and the control without containment.
+// any), the user namespace's too where root can make one (the mode of a flowd that is
+// not root; clustertest's TestStepsCannotReadFlowdsEnvironment runs one), the
+// subreaper fallback, and the control without containment.
 func modes(t *testing.T) []Mode {
 	var ms []Mode
 	if c := Containment(); c == ModePIDNamespace || c == ModeUserPIDNamespace {
 		ms = append(ms, c)
+		if c == ModePIDNamespace && probeMode(ModeUserPIDNamespace) == nil {
+			ms = append(ms, ModeUserPIDNamespace)
+		}
 	} else {
 		t.Logf("no PID namespace here: %s; only the subreaper mode is tested", ContainmentNote())
 	}

@@ -98,36 +98,46 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 }
 
 // KillProcessGroups (what the poison pill calls before it exits) kills every running
-// exec step's group: the step's process and what it started.
+// exec step: the step's process and what it started, in every containment mode (and
+// its process group without containment).
 func TestKillProcessGroupsKillsStepsAndTheirChildren(t *testing.T) {
-	dir := t.TempDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i := range errs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = Exec{MaxOutput: 1 << 10}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
-				`trap '' TERM; (trap '' TERM; `+hostPid+` > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; exec sleep 60) & `+hostPid+` > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
-		}()
-	}
-	var pids []int
-	for i := range errs {
-		pids = append(pids, readPid(t, filepath.Join(dir, "pid"+strconv.Itoa(i))), readPid(t, filepath.Join(dir, "child"+strconv.Itoa(i))))
-	}
-	if n := KillProcessGroups(); n < 2 {
-		t.Fatalf("signalled %d groups; want 2", n)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Fatalf("step: %v; want it killed", err)
-		}
-	}
-	for _, pid := range pids {
-		waitUntil(t, 2*time.Second, "process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
-	}
-	if n := KillProcessGroups(); n != 0 {
-		t.Fatalf("%d groups still registered after their steps returned", n)
+	for _, m := range modes(t) {
+		t.Run(string(m), func(t *testing.T) {
+			dir := t.TempDir()
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range errs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, errs[i] = Exec{MaxOutput: 1 << 10, mode: m}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
+						`trap '' TERM; (trap '' TERM; `+hostPid+` > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; exec sleep 60) & `+hostPid+` > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
+				}()
+			}
+			var pids []int
+			for i := range errs {
+				pids = append(pids, readPid(t, filepath.Join(dir, "pid"+strconv.Itoa(i))), readPid(t, filepath.Join(dir, "child"+strconv.Itoa(i))))
+			}
+			if n := KillProcessGroups(); n < 2 {
+				t.Fatalf("killed %d steps; want 2", n)
+			}
+			for _, pid := range pids { // dead when KillProcessGroups returns (but without containment)
+				if m != ModeProcessGroup && alive(pid) {
+					t.Fatalf("process %d alive after KillProcessGroups returned", pid)
+				}
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "killed") {
+					t.Fatalf("step: %v; want it killed", err)
+				}
+			}
+			for _, pid := range pids {
+				waitUntil(t, 2*time.Second, "process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
+			}
+			if n := KillProcessGroups(); n != 0 {
+				t.Fatalf("%d steps still registered after they returned", n)
+			}
+		})
 	}
 }

@@ -17,8 +17,56 @@ import (
 // the init and exits before any main. (Package initialisation runs dependencies first;
 // what the init uses is initialised by then.)
 func init() {
-	if len(os.Args) == 1 && os.Args[0] == initArg0 {
+	switch {
+	case len(os.Args) == 1 && os.Args[0] == initArg0:
 		os.Exit(stepInit())
+	case len(os.Args) == 5 && os.Args[0] == initArg0 && os.Args[1] == launcherArg:
+		os.Exit(launchInUserNamespace(os.Args[2], os.Args[3], os.Args[4] == "allow"))
+	}
+}
+
+// launchInUserNamespace starts the init in a new user and PID namespace, with the
+// given identity maps, passes it this process's files (0-4) and waits for it
+// (initCommand says why a launcher does it and not flowd). If this process dies (flowd
+// died: the launcher has its parent-death signal), the init gets SIGKILL from the
+// kernel too, and the namespace goes with it.
+func launchInUserNamespace(uids, gids string, setgroups bool) int {
+	runtime.LockOSThread() // the init's parent-death signal follows this thread
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1,
+		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{initArg0}, &syscall.ProcAttr{Env: initEnv, Files: []uintptr{0, 1, 2, initControlFD, initReportFD},
+		Sys: &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID, UidMappings: idMaps(uids), GidMappings: idMaps(gids),
+			GidMappingsEnableSetgroups: setgroups, Pdeathsig: syscall.SIGKILL}})
+	if err != nil {
+		_, _ = fmt.Fprintf(os.NewFile(initReportFD, "report"), "failed cannot make a user and PID namespace: %v\n", err)
+		return 2
+	}
+	// The init holds the pipes now: flowd's end of the report sees EOF when it exits.
+	_ = syscall.Close(initControlFD)
+	_ = syscall.Close(initReportFD)
+	go func() {
+		for s := range sigs {
+			if s == syscall.SIGTERM { // flowd's kill (container.kill): nothing inside the namespace can send it
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}()
+	for {
+		var ws syscall.WaitStatus
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		switch {
+		case err != nil:
+			return 1
+		case ws.Signaled(): // end the same way, so flowd's error says how the init ended
+			signal.Reset(ws.Signal())
+			_ = syscall.Kill(os.Getpid(), ws.Signal())
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
 	}
 }
 
