@@ -76,7 +76,7 @@ func checkStopped(t *testing.T, control bool, dir string, pids []int, stopped ti
 		return
 	}
 	for _, pid := range pids {
-		waitUntil(t, time.Until(stopped.Add(margin)), "escaped process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
+		waitUntil(t, max(time.Until(stopped.Add(margin)), 10*time.Millisecond), "escaped process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
 	}
 	if last := lastMarker(dir); last > after {
 		t.Fatalf("an escaped process wrote its marker %s after the stop", time.Duration(last-stopped.UnixNano()))
