@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -94,9 +95,13 @@ func programPath(name string, dirGiven bool) (string, error) {
 	return filepath.Abs(name)
 }
 
+// workDirPrefix starts the name of every step's working directory, followed by the PID
+// of the process that made it: RemoveStaleWorkDirs finds those of processes that died.
+const workDirPrefix = "flow-step-"
+
 // workDir makes a step's fresh working directory: empty, 0700, the step's user's.
 func workDir(u *User) (string, error) {
-	dir, err := os.MkdirTemp("", "flow-step-")
+	dir, err := os.MkdirTemp("", workDirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return "", fmt.Errorf("a working directory: %w (is TMPDIR writable?)", err)
 	}
@@ -130,4 +135,54 @@ func removeWorkDir(dir string, log *slog.Logger) {
 	if err != nil && log != nil {
 		log.Warn("exec: the step's working directory could not be removed", "dir", dir, "err", err)
 	}
+}
+
+// RemoveStaleWorkDirs removes the working directories that exec steps of processes
+// no longer running left behind (a flowd that was SIGKILLed could not remove its
+// running steps'), and returns how many it removed. flowd calls it at start. Only
+// directories in this process's TMPDIR named by a dead process, and owned by this
+// process's user or by u (--exec-user), are removed.
+func RemoveStaleWorkDirs(u *User) (int, error) {
+	tmp := os.TempDir()
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), workDirPrefix)
+		pidText, _, ok2 := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || !ok2 || err != nil || pid <= 0 || !e.IsDir() || processExists(pid) {
+			continue
+		}
+		path := filepath.Join(tmp, e.Name())
+		if !ownedBy(path, os.Geteuid(), u) {
+			continue
+		}
+		removeWorkDir(path, nil)
+		if _, err := os.Lstat(path); os.IsNotExist(err) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// processExists reports whether a process pid exists (or may: EPERM).
+func processExists(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// ownedBy reports whether path (not followed) belongs to uid or to u.
+func ownedBy(path string, uid int, u *User) bool {
+	st, err := os.Lstat(path)
+	if err != nil || !st.IsDir() {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	return int(sys.Uid) == uid || (u != nil && sys.Uid == u.UID)
 }

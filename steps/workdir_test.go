@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -40,7 +42,7 @@ func TestExecRunsInAFreshWorkingDirectory(t *testing.T) {
 					t.Fatalf("pwd and entries: %q; want a directory and 0 entries", lines)
 				}
 				dirs = append(dirs, lines[0])
-				if !strings.HasPrefix(lines[0], filepath.Clean(os.TempDir())+"/flow-step-") {
+				if !strings.HasPrefix(lines[0], filepath.Join(os.TempDir(), "flow-step-"+strconv.Itoa(os.Getpid())+"-")) {
 					t.Fatalf("working directory %s; want a fresh one under %s", lines[0], os.TempDir())
 				}
 				if _, err := os.Stat(lines[0]); !os.IsNotExist(err) {
@@ -67,5 +69,39 @@ func TestExecRunsInAFreshWorkingDirectory(t *testing.T) {
 				t.Fatalf("./prog.sh: %q", got)
 			}
 		})
+	}
+}
+
+// A process that dies with steps running (a SIGKILLed flowd) cannot remove their
+// working directories; the next flowd removes them at start: those named by a process
+// that no longer runs, and only those. The control: a directory of a live process
+// (this one) stays.
+func TestRemoveStaleWorkDirs(t *testing.T) {
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := os.MkdirTemp("", "flow-step-"+strconv.Itoa(dead.Process.Pid)+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stale) })
+	if err := os.WriteFile(filepath.Join(stale, "left"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live, err := workDir(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(live) })
+	n, err := RemoveStaleWorkDirs(nil)
+	if err != nil || n < 1 {
+		t.Fatalf("removed %d: %v", n, err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the dead process's directory is still there: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatalf("a live process's directory was removed: %v", err)
 	}
 }

@@ -60,7 +60,7 @@ func isTerminal(w io.Writer) bool {
 // Start starts the engine, applies the workflows directory and serves HTTP.
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
-	logContainment(logger, cfg)
+	stepsAtStart(logger, cfg)
 	metrics := newMetrics()
 	ecfg := engine.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,

@@ -87,9 +87,15 @@ func checkExecUserReach(c *Config) error {
 	return nil
 }
 
-// logContainment says at start how exec steps are contained and as whom they run
-// (docs/operations.md), at warn level where the containment has known holes.
-func logContainment(logger *slog.Logger, c *Config) {
+// stepsAtStart says at start how exec steps are contained and as whom they run
+// (docs/operations.md), at warn level where the containment has known holes, and
+// removes the working directories a flowd that died left behind.
+func stepsAtStart(logger *slog.Logger, c *Config) {
+	if n, err := steps.RemoveStaleWorkDirs(c.ExecUser); err != nil {
+		logger.Warn("could not look for working directories of steps of a flowd that died", "err", err)
+	} else if n > 0 {
+		logger.Info("removed working directories of steps of a flowd that died", "count", n)
+	}
 	mode := steps.Containment()
 	runAs := "flowd's own user"
 	if c.ExecUser != nil {
