@@ -24,17 +24,25 @@ import (
 // passwords of the test server's users, one per role.
 var passwords = map[string]string{RoleViewer: "viewer-secret", RoleOperator: "operator-secret", RoleNode: "node-secret"}
 
-// serverPermissions is a role's Permissions as the server's options take them.
-func serverPermissions(t *testing.T, role string) *server.Permissions {
+// serverPermissions is the Permissions of user of role as the server's options take them.
+func serverPermissions(t *testing.T, role, user string) *server.Permissions {
 	t.Helper()
-	p, err := PermissionsOf(role)
+	p, err := PermissionsOf(role, user)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &server.Permissions{
+	sp := &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
 		Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
 	}
+	if p.Responses != nil {
+		expires, err := time.ParseDuration(p.Responses.Expires)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp.Response = &server.ResponsePermission{MaxMsgs: p.Responses.Max, Expires: expires}
+	}
+	return sp
 }
 
 // startNATS starts an embedded nats-server on 127.0.0.1 with a user per role (named
@@ -44,11 +52,11 @@ func startNATS(t *testing.T) string {
 	t.Helper()
 	opts := &server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true}
 	for role, pw := range passwords {
-		opts.Users = append(opts.Users, &server.User{Username: role, Password: pw, Permissions: serverPermissions(t, role)})
+		opts.Users = append(opts.Users, &server.User{Username: role, Password: pw, Permissions: serverPermissions(t, role, role)})
 	}
 	opts.Users = append(opts.Users, &server.User{Username: "blind", Password: "blind-secret", Permissions: &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: []string{Subject + ".workflow.list"}},
-		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{InboxPrefix("blind") + ".>"}},
 	}})
 	url := testnats.Server(t, opts).ClientURL()
 
@@ -238,7 +246,8 @@ func TestDialChainsTheCallersErrorHandler(t *testing.T) {
 func TestNewWithAndWithoutTheErrorHandler(t *testing.T) {
 	url := startNATS(t)
 	ctx := ctxFor(t, 30*time.Second)
-	nc, err := nats.Connect(url, nats.UserInfo(RoleViewer, passwords[RoleViewer]), nats.ErrorHandler(ErrorHandler(nil)))
+	nc, err := nats.Connect(url, nats.UserInfo(RoleViewer, passwords[RoleViewer]), nats.CustomInboxPrefix(InboxPrefix(RoleViewer)),
+		nats.ErrorHandler(ErrorHandler(nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +257,7 @@ func TestNewWithAndWithoutTheErrorHandler(t *testing.T) {
 		wantNotAuthorized(t, err, "run.start", RoleOperator, fmt.Sprintf("client %d on the caller's connection", i))
 	}
 
-	bare, err := nats.Connect(url, nats.UserInfo(RoleViewer, passwords[RoleViewer]),
+	bare, err := nats.Connect(url, nats.UserInfo(RoleViewer, passwords[RoleViewer]), nats.CustomInboxPrefix(InboxPrefix(RoleViewer)),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // not nats.go's default, which prints
 	if err != nil {
 		t.Fatal(err)

@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -80,6 +83,11 @@ func newClient(nc *nats.Conn, opts []Option) *Client {
 
 // Dial connects to the NATS URL (or comma-separated URLs) where flowd serves.
 //
+// The answers to its requests come under InboxPrefix of the user the credentials name
+// (a user and password, an nkey, a credentials file's JWT, or a user in the URL), which
+// is what a person's permissions let them read; a nats.CustomInboxPrefix given with
+// WithNATSOptions wins.
+//
 // A server that refuses the credentials (wrong, missing or expired ones) makes a
 // *NotAuthorizedError (errors.Is ErrNotAuthorized); any other failure to connect,
 // a failed TLS handshake included, is ErrUnreachable. Errors never show a URL's
@@ -93,6 +101,11 @@ func newClient(nc *nats.Conn, opts []Option) *Client {
 func Dial(url string, opts ...Option) (*Client, error) {
 	c := newClient(nil, opts)
 	nopts := append([]nats.Option{nats.Name("flow-client"), nats.Timeout(2 * time.Second), nats.MaxReconnects(0)}, c.natsOptions...)
+	// Answers come under this user's own prefix, the only inbox a person's permissions
+	// let them read (InboxPrefix), unless the options chose one.
+	if prefix, ok := inboxFor(url, nopts); ok {
+		nopts = append(nopts, nats.CustomInboxPrefix(prefix))
+	}
 	// Last, so that it wraps whatever handler the options above set.
 	nopts = append(nopts, func(o *nats.Options) error {
 		o.AsyncErrorCB = errorHandler(o.AsyncErrorCB, !c.keepDenials)
@@ -217,4 +230,63 @@ func (c *Client) try(ctx context.Context, op, subject string, data []byte) (*nat
 // unanswered reports whether a request's error means no answer came in time.
 func unanswered(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+}
+
+// inboxFor is the inbox prefix of the user opts (and urls) sign in as, and false when
+// the options set one themselves. A user and password, an nkey or a credentials file
+// name the user; so does a user with a password in the first URL (nats://user:pw@host).
+func inboxFor(urls string, opts []nats.Option) (string, bool) {
+	o := nats.GetDefaultOptions()
+	for _, opt := range opts {
+		if opt(&o) != nil {
+			return "", false // Connect reports it
+		}
+	}
+	if o.InboxPrefix != "" {
+		return "", false
+	}
+	return InboxPrefix(userOf(urls, &o)), true
+}
+
+// userOf is the user opts sign in as, as the server names it: a user name, or the
+// public key of an nkey or of a credentials file's JWT; "" for none (anonymous, a token).
+func userOf(urls string, o *nats.Options) string {
+	switch {
+	case o.User != "":
+		return o.User
+	case o.Nkey != "":
+		return o.Nkey
+	case o.UserJWT != nil:
+		if jwt, err := o.UserJWT(); err == nil {
+			return jwtSubject(jwt)
+		}
+		return ""
+	}
+	first, _, _ := strings.Cut(urls, ",")
+	if u, err := url.Parse(strings.TrimSpace(first)); err == nil && u.User != nil {
+		if _, hasPassword := u.User.Password(); hasPassword {
+			return u.User.Username()
+		}
+	}
+	return ""
+}
+
+// jwtSubject is a JWT's "sub" claim (a user JWT's: the user's public key), read without
+// checking the signature (the server does that); "" if it has none.
+func jwtSubject(jwt string) string {
+	parts := strings.Split(jwt, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var claims struct {
+		Sub string `json:"sub"`
+	}
+	if json.Unmarshal(raw, &claims) != nil {
+		return ""
+	}
+	return claims.Sub
 }

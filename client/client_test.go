@@ -574,12 +574,12 @@ func loseOwner(t *testing.T, n *node, r client.Run) {
 	if term == nil {
 		t.Fatal("node-a does not lead, yet it ran a run")
 	}
-	ep, err := n.e.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch, Term: term.Term(),
+	assign := n.e.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch, Term: term.Term(),
 		Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
-	if err != nil {
+	if err := assign.Await(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.e.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: r.ID, Epoch: int64(ep), Owner: "ghost"}); err != nil {
+	if err := n.e.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: r.ID, Epoch: int64(assign.Seq()), Owner: "ghost"}).Await(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

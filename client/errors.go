@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,7 +134,8 @@ func denyPending(nc *nats.Conn, err error) {
 	}
 	m := publishViolation.FindStringSubmatch(err.Error())
 	if m == nil {
-		return // a refused subscription, not a call's publish
+		denyInbox(nc, err)
+		return
 	}
 	subject, uerr := strconv.Unquote(m[1])
 	if uerr != nil {
@@ -143,6 +145,37 @@ func denyPending(nc *nats.Conn, err error) {
 	defer pending.Unlock()
 	for call := range pending.calls[pendingKey{nc, subject}] {
 		call.cancel(&NotAuthorizedError{Op: call.op, Role: RoleFor(call.op), Err: err})
+	}
+}
+
+// subscribeViolation is how nats-server words a refused subscription.
+var subscribeViolation = regexp.MustCompile(`(?i)permissions violation for subscription to ("(?:[^"\\]|\\.)*")`)
+
+// denyInbox ends every call waiting on nc when err is the server refusing nc the
+// subscription its answers come to (under its inbox prefix): none of them can get one.
+// It happens when the user's permissions name another inbox than the client uses (a
+// person's permissions from before issue 24, or a connection given to New without
+// nats.CustomInboxPrefix(InboxPrefix(user))).
+func denyInbox(nc *nats.Conn, err error) {
+	m := subscribeViolation.FindStringSubmatch(err.Error())
+	if m == nil {
+		return
+	}
+	subject, uerr := strconv.Unquote(m[1])
+	prefix := cmp.Or(nc.Opts.InboxPrefix, "_INBOX")
+	if uerr != nil || !strings.HasPrefix(subject, prefix+".") {
+		return
+	}
+	why := fmt.Errorf("%w: the server does not let this user read its answers (%s): the user's permissions must allow subscribing to %s.> (flowctl auth permissions ROLE --user NAME prints them)", err, subject, prefix)
+	pending.Lock()
+	defer pending.Unlock()
+	for key, calls := range pending.calls {
+		if key.nc != nc {
+			continue
+		}
+		for call := range calls {
+			call.cancel(&NotAuthorizedError{Op: call.op, Err: why})
+		}
 	}
 }
 

@@ -1,10 +1,12 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // The roles of flow's users (CONTRACT.md, "Security"), each allowed everything the one
@@ -14,7 +16,7 @@ const (
 	RoleViewer   = "viewer"   // every read
 	RoleOperator = "operator" // workflow apply, run start/retry/cancel, dlq retry, cluster snapshot
 	RoleAdmin    = "admin"    // dlq purge, drill zombie
-	RoleNode     = "node"     // a flowd process: the log, the buckets, the streams, everything
+	RoleNode     = "node"     // a flowd process: the log, the buckets, flow's streams; not the API
 )
 
 // Roles are the roles, the least first.
@@ -58,6 +60,10 @@ func roleRank(role string) int { return slices.Index(Roles, role) }
 type Permissions struct {
 	Publish   SubjectPermission `json:"publish"`
 	Subscribe SubjectPermission `json:"subscribe"`
+	// Responses, when set, lets the user answer the requests it receives (once each,
+	// within Expires) whatever Publish says: the node's answers to people, whose reply
+	// subjects it cannot know in advance.
+	Responses *ResponsePermission `json:"allow_responses,omitempty"`
 }
 
 // SubjectPermission lists the subjects allowed (and denied) to publish or subscribe to.
@@ -66,22 +72,112 @@ type SubjectPermission struct {
 	Deny  []string `json:"deny,omitempty"`
 }
 
-// PermissionsOf is the NATS permissions of role: for a user (viewer, operator, admin),
-// publishing to the subjects of the operations the role may call, and subscribing to
-// the inboxes that answers come to; nothing else (not the log, not a bucket, not the
-// JetStream API). A node may do everything.
-func PermissionsOf(role string) (Permissions, error) {
+// ResponsePermission is the server's allow_responses: Max answers to each request
+// received, within Expires (a Go duration) of receiving it.
+type ResponsePermission struct {
+	Max     int    `json:"max"`
+	Expires string `json:"expires"`
+}
+
+// NodeResponseExpiry is how long after a request reaches a node the node may still
+// answer it (the server's allow_responses): longer than any API request is handled (two
+// minutes) plus the time one waits for a free slot.
+const NodeResponseExpiry = 10 * time.Minute
+
+// InboxPrefix is the prefix of the subjects the answers to user's requests come to
+// (nats.CustomInboxPrefix), and the only ones a person's permissions let them read:
+// "_INBOX_" and the user name (for an nkey user, its public key), every character but
+// letters, digits and '-' written as '_' and two hex digits, so that the prefix is one
+// subject token and two users never share one ("ann" cannot read "ann.smith"'s). A
+// connection without a user (anonymous, a token) keeps NATS's "_INBOX".
+//
+// Dial uses it for the user its credentials name; PermissionsOf gives each person
+// subscribe rights on InboxPrefix(user)+".>" only. A connection made by the caller and
+// given to New needs nats.CustomInboxPrefix(client.InboxPrefix(user)).
+func InboxPrefix(user string) string {
+	if user == "" {
+		return "_INBOX"
+	}
+	var b strings.Builder
+	b.WriteString("_INBOX_")
+	for i := 0; i < len(user); i++ {
+		c := user[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "_%02X", c)
+	}
+	return b.String()
+}
+
+// ErrUserNeeded is PermissionsOf's error for a person's role without a user: a person's
+// block names their own inbox (InboxPrefix).
+var ErrUserNeeded = errors.New("client: a person's permissions name their inbox: give the user name (or an nkey user's public key)")
+
+// PermissionsOf is the NATS permissions of a user of role. A person (viewer, operator,
+// admin) may publish to the subjects of the operations the role may call and subscribe
+// to their own inbox (InboxPrefix(user)), nothing else: not the log, not a bucket, not
+// the JetStream API, not another person's answers. A node may do what flowd does
+// (nodePublish) and no more; it never calls the API (so it can never claim to be a
+// person in the audit: docs/security.md), and it reads whatever it likes (user does not
+// change a node's block).
+func PermissionsOf(role, user string) (Permissions, error) {
 	switch role {
 	case RoleNode:
-		return Permissions{Publish: SubjectPermission{Allow: []string{">"}}, Subscribe: SubjectPermission{Allow: []string{">"}}}, nil
+		return Permissions{
+			Publish:   SubjectPermission{Allow: nodePublish()},
+			Subscribe: SubjectPermission{Allow: []string{">"}},
+			Responses: &ResponsePermission{Max: 1, Expires: NodeResponseExpiry.String()},
+		}, nil
 	case RoleViewer, RoleOperator, RoleAdmin:
+		if user == "" {
+			return Permissions{}, ErrUserNeeded
+		}
 		var subjects []string
 		for _, op := range Operations() {
 			if RoleAllows(role, op) {
 				subjects = append(subjects, Subject+"."+op)
 			}
 		}
-		return Permissions{Publish: SubjectPermission{Allow: subjects}, Subscribe: SubjectPermission{Allow: []string{"_INBOX.>"}}}, nil
+		return Permissions{Publish: SubjectPermission{Allow: subjects}, Subscribe: SubjectPermission{Allow: []string{InboxPrefix(user) + ".>"}}}, nil
 	}
 	return Permissions{}, fmt.Errorf("client: unknown role %q: use one of %s", role, strings.Join(Roles, ", "))
+}
+
+// flowStreams are flow's JetStream streams (the buckets' and the object store's
+// included), named as the engine names them (engine's TestNodeRoleDoesAllAFlowdDoes
+// fails if a node needs another).
+var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "OBJ_FLOW_SNAPSHOTS"}
+
+// nodePublish is what flowd publishes to, read from what it does (a traced node that
+// starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's
+// streams, creating it, its info, reading messages, and consumers (create, info, next,
+// delete, acks, flow control); updating only the streams whose limits a start sets (the
+// tasks stream's cap, a bucket's TTL after --lease-ttl changed); purging only the log
+// (compaction), the leader bucket (a term raise) and the snapshots (an old one
+// removed); the log, the tasks, the DLQ, the buckets and the object store; the node
+// scatter of cluster status, the API's probe of itself, and the server's sync policy.
+// Not: deleting a stream or a message, updating the log's configuration, anything of
+// other streams, any API operation (flow.v1.<op>).
+func nodePublish() []string {
+	out := []string{"$JS.API.INFO"}
+	for _, s := range flowStreams {
+		out = append(out,
+			"$JS.API.STREAM.CREATE."+s, "$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.MSG.GET."+s,
+			"$JS.API.DIRECT.GET."+s, "$JS.API.DIRECT.GET."+s+".>",
+			"$JS.API.CONSUMER.CREATE."+s, "$JS.API.CONSUMER.CREATE."+s+".>", "$JS.API.CONSUMER.INFO."+s+".*",
+			"$JS.API.CONSUMER.MSG.NEXT."+s+".*", "$JS.API.CONSUMER.DELETE."+s+".*",
+			"$JS.ACK."+s+".>", "$JS.FC."+s+".>")
+	}
+	for _, s := range []string{"FLOW_TASKS", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES"} {
+		out = append(out, "$JS.API.STREAM.UPDATE."+s)
+	}
+	for _, s := range []string{"FLOW_LOG", "KV_FLOW_LEADER", "OBJ_FLOW_SNAPSHOTS"} {
+		out = append(out, "$JS.API.STREAM.PURGE."+s)
+	}
+	return append(out,
+		"flow.log", "flow.tasks", "flow.dlq.>",
+		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$O.FLOW_SNAPSHOTS.>",
+		Subject+".node", "$SRV.PING.flow.*", "$SYS.REQ.SERVER.*.VARZ")
 }

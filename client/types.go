@@ -18,6 +18,9 @@ const (
 	CodeNotFound   = "not_found"
 	CodeConflict   = "conflict"
 	CodeInternal   = "internal"
+	// CodeTooManyRequests: this user already holds as many requests of this kind on the
+	// node as one user may (the node's other users keep theirs); ask again when some end.
+	CodeTooManyRequests = "too_many_requests"
 )
 
 // Request is every request on the wire: the version and the fields its operation

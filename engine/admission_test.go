@@ -297,7 +297,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			// w1's step start note must be applied too, and the scheduler's pass over the
 			// last message finished: either, after the room appears, would let the
 			// scheduler assign the waiting runs first.
-			if err := waitFor(ctx, e.clog, func() bool {
+			if err := waitFor(ctx, e.clog.Applier, func() bool {
 				a, r := e.store.Held()
 				st, err := e.store.Steps("w1")
 				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.backlogged.Load() &&
@@ -318,7 +318,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := waitFor(ctx, e.clog, func() bool {
+			if err := waitFor(ctx, e.clog.Applier, func() bool {
 				r, err := e.store.Run(late)
 				return err == nil && r.Epoch > 0
 			}); err != nil {

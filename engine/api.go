@@ -55,8 +55,8 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err != nil {
 		return nil, err
 	}
-	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID,
-		Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}); err != nil {
+	if err := e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID,
+		Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}).Await(ctx); err != nil {
 		return nil, err
 	}
 	v, err := e.store.Workflow(w.Name, 0)
@@ -149,7 +149,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		defer e.admitted()
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
-	if _, err := e.clog.Write(ctx, submit); err != nil {
+	if err := e.clog.Writer.Write(ctx, submit).Await(ctx); err != nil {
 		return "", err
 	}
 	return id, nil
@@ -171,38 +171,34 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 	if own {
 		assign.Worker = e.cfg.NodeID
 	}
-	tickets, err := e.clog.WriteAll(ctx, submit, assign)
-	if len(tickets) == 0 { // nothing was appended
-		if own {
-			e.releaseOwnRun()
-		}
-		return err
-	}
+	f := e.clog.Writer.Write(ctx, submit, assign)
 	if own {
 		// The reserved slot (and its count in e.wg) follows the assign's outcome in the
 		// log, not the caller, whose ctx may end first; nor the engine's context: Stop
 		// cancels it while the log still applies what is in flight, and an accepted
-		// assign must then be handed back (runOwn does, its lease acquire failing).
+		// assign must then be handed back (runOwn does, its lease acquire failing). A
+		// write refused before publishing is resolved at once: the slot goes back.
 		go func() {
 			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*logstream.DefaultPublishTimeout)
-			err := tickets[1].Await(actx)
+			err := f.Results(actx)[1]
 			cancel()
 			if err != nil {
 				e.releaseOwnRun()
 				return
 			}
-			e.runOwn(submit.Run, int64(tickets[1].Seq()))
+			e.runOwn(submit.Run, int64(f.Seq()))
 		}()
 	}
-	if err := tickets[0].Await(ctx); err != nil {
-		return err
+	errs := f.Results(ctx)
+	if errs[0] != nil {
+		return errs[0]
 	}
-	if err := tickets[1].Await(ctx); err != nil {
-		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", err)
+	if errs[1] != nil {
+		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", errs[1])
 		return nil
 	}
 	if !own {
-		if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(tickets[1].Seq())}); err != nil {
+		if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
 			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
 		}
 	}
@@ -376,8 +372,8 @@ func (e *Engine) WaitRun(ctx context.Context, id string) (*checkpoint.Run, error
 		return e.store.Run(id)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("engine: wait for run %s: %w", id, ctx.Err())
-	case <-e.clog.Failed():
-		return nil, e.clog.Err()
+	case <-e.clog.Applier.Failed():
+		return nil, e.clog.Applier.Err()
 	}
 }
 
@@ -389,8 +385,7 @@ func (e *Engine) Cancel(ctx context.Context, id, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCancel, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Reason: reason})
-	return err
+	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCancel, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Reason: reason}).Await(ctx)
 }
 
 // Retry sends a failed, dead-lettered or cancelled run back to pending; it resumes from
@@ -399,8 +394,7 @@ func (e *Engine) Retry(ctx context.Context, id string) error {
 	if err := e.running(); err != nil {
 		return err
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID})
-	return err
+	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID}).Await(ctx)
 }
 
 // Purge takes a dead-lettered run out of the dead-letter queue for good (it ends
@@ -409,6 +403,5 @@ func (e *Engine) Purge(ctx context.Context, id string) error {
 	if err := e.running(); err != nil {
 		return err
 	}
-	_, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID})
-	return err
+	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID}).Await(ctx)
 }

@@ -192,7 +192,7 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 		return nil
 	})
 	res.submit = time.Since(start)
-	if err := waitFor(ctx, e.clog, func() bool {
+	if err := waitFor(ctx, e.clog.Applier, func() bool {
 		a, r := e.store.Held()
 		return e.store.QueuedRuns() == 0 && a+r == 0
 	}); err != nil {
@@ -254,7 +254,7 @@ func BenchmarkBacklogLimited(b *testing.B) {
 			return err
 		})
 		submit := time.Since(start)
-		if err := waitFor(ctx, e.clog, func() bool {
+		if err := waitFor(ctx, e.clog.Applier, func() bool {
 			_, running := e.store.Held()
 			return running == limit && e.store.QueuedRuns() == n-limit
 		}); err != nil {

@@ -92,7 +92,7 @@ func (e *Engine) liveApplied(ctx context.Context) (uint64, bool, error) {
 
 // Snapshot writes a snapshot of this node's state now (flowctl cluster snapshot).
 func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
-	return e.clog.Snapshot(ctx)
+	return e.clog.Snapshots.Take(ctx)
 }
 
 // LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
@@ -102,7 +102,7 @@ func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, e
 		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
 	}
 	info := s.CachedInfo()
-	snaps, err := logstream.Snapshots(ctx, e.js)
+	snaps, err := e.clog.Snapshots.List(ctx)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -165,13 +165,13 @@ func (e *Engine) killDuringPurge(s jetstream.Stream, keep uint64) {
 func (s *scheduler) runSnapshots(ctx context.Context) {
 	e := s.e
 	last := uint64(0)
-	if snaps, err := logstream.Snapshots(ctx, e.js); err == nil && len(snaps) > 0 {
+	if snaps, err := e.clog.Snapshots.List(ctx); err == nil && len(snaps) > 0 {
 		last = snaps[len(snaps)-1].Seq
 	}
 	tick := time.NewTicker(nodeReportEvery)
 	defer tick.Stop()
 	for {
-		changed := e.clog.Changed()
+		changed := e.clog.Applier.Changed()
 		if e.store.Applied() >= last+e.cfg.SnapshotEvery {
 			snap, err := e.Snapshot(ctx)
 			if err != nil {
@@ -261,7 +261,7 @@ func (s *scheduler) retireOnce(ctx context.Context) int {
 		for i := range batch {
 			batch[i].Term, batch[i].Owner = s.term.Term(), s.e.cfg.NodeID
 		}
-		if _, err := s.e.clog.WriteAll(ctx, batch...); err != nil && !errors.Is(err, checkpoint.ErrConflict) && !errors.Is(err, checkpoint.ErrNotFound) {
+		if err := s.e.clog.Writer.Write(ctx, batch...).Await(ctx); err != nil && !errors.Is(err, checkpoint.ErrConflict) && !errors.Is(err, checkpoint.ErrNotFound) {
 			s.e.log.Error("retention: retire runs", "err", err)
 			return 0
 		}

@@ -20,6 +20,11 @@ type NATSUser struct {
 	Name, Password, NKey, Role string
 }
 
+// TLSFiles are PEM files: a certificate, its key, and a CA.
+type TLSFiles struct {
+	CertFile, KeyFile, CAFile string
+}
+
 // Config of an Engine. Zero values take the documented defaults.
 type Config struct {
 	// NodeID names this node in leases, epochs and logs (default: the host name).
@@ -37,6 +42,11 @@ type Config struct {
 	// with its role's permissions) and this process's own (docs/security.md).
 	NATSAuth  bool
 	NATSUsers []NATSUser
+	// NATSServerTLS serves TLS on the embedded server's client port (NATSListen) when
+	// its certificate and key are given, and verifies clients' certificates against its
+	// CA when that is given too (docs/security.md). This node's own connection to its
+	// embedded server is in process either way.
+	NATSServerTLS TLSFiles
 	// Workers is how many runs this node executes at once (default 8).
 	Workers int
 	// StepParallelism bounds the steps of one run running at once (default 8).
@@ -157,5 +167,8 @@ func (c *Config) validate() error {
 		// without containment would leave what it started).
 		c.Lease.BeforeExit = func() { steps.KillProcessGroups() }
 	}
+	// Defaults once, here: the elector and the leases then share its Counters, and the
+	// engine reads TTL and Backoff from it.
+	c.Lease = c.Lease.WithDefaults()
 	return c.Lease.Validate()
 }

@@ -34,7 +34,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 		}
 		return tk
 	}
-	if err := waitFor(ctx, e.clog, func() bool { return len(ticks()) >= 1 }); err != nil {
+	if err := waitFor(ctx, e.clog.Applier, func() bool { return len(ticks()) >= 1 }); err != nil {
 		t.Fatalf("no tick: %v", err)
 	}
 	first := ticks()[0]
@@ -42,7 +42,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 		t.Fatalf("first tick %+v: want fired with a run", first)
 	}
 	// Two more ticks while the first run holds its step.
-	if err := waitFor(ctx, e.clog, func() bool { return len(ticks()) >= 3 }); err != nil {
+	if err := waitFor(ctx, e.clog.Applier, func() bool { return len(ticks()) >= 3 }); err != nil {
 		t.Fatalf("ticks while the run holds: %v (have %+v)", err, ticks())
 	}
 	if r, err := e.store.Run(first.RunID); err != nil || (r.Status != checkpoint.StatusRunning && r.Status != checkpoint.StatusPending) {
@@ -65,7 +65,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 	if r, err := e.WaitRun(ctx, first.RunID); err != nil || r.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("first run: %+v %v", r, err)
 	}
-	if err := waitFor(ctx, e.clog, func() bool {
+	if err := waitFor(ctx, e.clog.Applier, func() bool {
 		tk := ticks()
 		return len(tk) > 3 && tk[len(tk)-1].Outcome == checkpoint.TickFired
 	}); err != nil {
@@ -77,8 +77,9 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 // would: the schedule's next fire times are walked from it. The engine runs no scheduler.
 func recordLastTick(t *testing.T, e *Engine, wf string, at time.Time) {
 	t.Helper()
-	if _, err := e.clog.Write(ctxT(t, 10*time.Second), checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: 1 << 40, Owner: "test",
-		Tick: &checkpoint.CronTick{Workflow: wf, At: at, Outcome: checkpoint.TickMissed}}); err != nil {
+	ctx := ctxT(t, 10*time.Second)
+	if err := e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: 1 << 40, Owner: "test",
+		Tick: &checkpoint.CronTick{Workflow: wf, At: at, Outcome: checkpoint.TickMissed}}).Await(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -127,7 +127,7 @@ func TestStartsOnAStockNATSServer(t *testing.T) {
 		c.NATSURL = srv.ClientURL()
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
-	fit := e.clog.MaxOutputBytes()
+	fit := e.clog.Writer.MaxOutputBytes()
 	if fit >= 1<<20 || fit < 1<<19 {
 		t.Fatalf("output limit %d on a 1 MiB server, want it fitted under 1 MiB", fit)
 	}
@@ -240,7 +240,7 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("forged tasks still pending after 30s (pending %d, unacked %d, redelivered %d): they loop",
 				info.NumPending, info.NumAckPending, info.NumRedelivered)
-		case <-e.clog.Changed():
+		case <-e.clog.Applier.Changed():
 		case <-time.After(50 * time.Millisecond): // consumer state is not in the log: look again
 		}
 	}

@@ -66,7 +66,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, a.clog, func() bool {
+	if err := waitFor(ctx, a.clog.Applier, func() bool {
 		steps, _ := a.store.Steps(id)
 		return len(steps) == 2 && steps[1].Status == checkpoint.StepRunning
 	}); err != nil {
@@ -139,7 +139,7 @@ func TestStopUnderLoadLeavesNothingRunning(t *testing.T) {
 			}()
 		}
 		for started.Load() < 40 {
-			if err := waitFor(ctx, e.clog, func() bool { return started.Load() >= 40 }); err != nil {
+			if err := waitFor(ctx, e.clog.Applier, func() bool { return started.Load() >= 40 }); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -46,7 +46,7 @@ func (e *Engine) drillPause(ctx context.Context, in steps.Input) (json.RawMessag
 		// and the drill shows it doing so (stale-epoch).
 		wctx, cancel := context.WithTimeout(ctx, 3*e.leases.Config().TTL)
 		defer cancel()
-		_ = waitFor(wctx, e.clog, func() bool {
+		_ = waitFor(wctx, e.clog.Applier, func() bool {
 			r, err := e.store.Run(in.Run)
 			return err != nil || r.Fenced > 0
 		})
@@ -86,7 +86,7 @@ func (e *Engine) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
 		return nil, err
 	}
 	// The new owner may finish before the paused one wakes: wait for its fenced commit.
-	if err := waitFor(ctx, e.clog, func() bool {
+	if err := waitFor(ctx, e.clog.Applier, func() bool {
 		r, err := e.store.Run(id)
 		return err == nil && r.Fenced > 0
 	}); err != nil {

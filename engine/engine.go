@@ -121,7 +121,8 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 			listen = ""
 		}
 		e.srv, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(e.cfg.DataDir, "nats"), Listen: listen,
-			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced, Auth: e.cfg.NATSAuth, Users: natsUsers(e.cfg.NATSUsers)})
+			ServerName: e.cfg.NodeID, Logger: e.log, NoSync: e.cfg.unsynced, Auth: e.cfg.NATSAuth, Users: natsUsers(e.cfg.NATSUsers),
+			TLS: natsnode.TLSFiles(e.cfg.NATSServerTLS)})
 		if err != nil {
 			return err
 		}
@@ -162,7 +163,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		return err
 	}
 	// Catch up with the log before acting on the state.
-	if err := e.clog.CatchUp(ctx); err != nil {
+	if err := e.clog.Applier.CatchUp(ctx); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -205,11 +206,13 @@ func (e *Engine) natsURL() string {
 func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if e.clog, err = logstream.Open(sctx, logstream.Config{JS: e.js, Store: e.store, Node: e.cfg.NodeID,
-		Replicas: e.replicas, MaxOutputBytes: e.cfg.MaxOutputBytes, Logger: e.log, Supervisor: e.sup, Hooks: e.hooks}); err != nil {
+	logCfg := logstream.DefaultConfig()
+	logCfg.JS, logCfg.Store, logCfg.Node, logCfg.Replicas = e.js, e.store, e.cfg.NodeID, e.replicas
+	logCfg.MaxOutputBytes, logCfg.Logger, logCfg.Supervisor, logCfg.Hooks = e.cfg.MaxOutputBytes, e.log, e.sup, e.hooks
+	if e.clog, err = logstream.Open(sctx, logCfg); err != nil {
 		return err
 	}
-	e.cfg.MaxOutputBytes = e.clog.MaxOutputBytes() // fitted to the server's max_payload
+	e.cfg.MaxOutputBytes = e.clog.Writer.MaxOutputBytes() // fitted to the server's max_payload
 	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, e.cfg.Lease, e.replicas); err != nil {
 		return err
 	}
@@ -250,7 +253,7 @@ func isTimeout(err error) bool {
 
 // Changed is closed when this node has applied more of the log (a fresh channel each
 // call: take it before reading the state, then wait).
-func (e *Engine) Changed() <-chan struct{} { return e.clog.Changed() }
+func (e *Engine) Changed() <-chan struct{} { return e.clog.Applier.Changed() }
 
 // ClientURL is the NATS URL that clients (flowctl) reach this node's NATS at.
 func (e *Engine) ClientURL() string { return e.natsURL() }
@@ -368,7 +371,7 @@ const catchUpLimit = 5 * time.Second
 func (e *Engine) CatchUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, catchUpLimit)
 	defer cancel()
-	return e.clog.CatchUp(ctx)
+	return e.clog.Applier.CatchUp(ctx)
 }
 
 // LeadershipProblem says why this node's election cannot give it a term that
@@ -409,7 +412,7 @@ func (e *Engine) runLeadership(ctx context.Context, alive func()) error {
 		case <-e.failedApplier():
 			// A node whose state no longer follows the log must not schedule from it:
 			// it leaves the election (and says so in /readyz) until it is restarted.
-			e.log.Error("the applier stopped: this node no longer takes part in elections", "err", e.clog.Err())
+			e.log.Error("the applier stopped: this node no longer takes part in elections", "err", e.clog.Applier.Err())
 			return e.sitOut(ctx, alive)
 		default:
 		}
@@ -482,7 +485,7 @@ func (e *Engine) failedApplier() <-chan struct{} {
 	if e.hooks.NoSitOut.Load() {
 		return nil
 	}
-	return e.clog.Failed()
+	return e.clog.Applier.Failed()
 }
 
 // sitOut keeps the election part alive, doing nothing, until ctx ends.

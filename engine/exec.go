@@ -77,7 +77,7 @@ func (x *runExec) handBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if x.lease.Check() == nil {
-		_, err := x.e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: x.e.cfg.NodeID})
+		err := x.e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: x.e.cfg.NodeID}).Await(ctx)
 		if err != nil {
 			x.log.Warn("hand-back not recorded; the lease will lapse", "err", err)
 		}
@@ -113,8 +113,8 @@ func (x *runExec) write(entry checkpoint.Entry) error { return x.writeAll(entry)
 
 // writeAll appends entries of this epoch in one log message and returns each outcome.
 func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
-	errs := make([]error, len(es))
 	fail := func(err error) []error {
+		errs := make([]error, len(es))
 		for i := range errs {
 			errs[i] = err
 		}
@@ -138,17 +138,10 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 	// Writes outlive a cancelled step: use a context of their own, bounded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
 	defer cancel()
-	tickets, err := x.e.clog.WriteAll(ctx, es...)
-	if len(tickets) == 0 { // nothing was queued
-		if !isVerdict(err) {
-			err = x.steal(err)
-		}
-		return fail(err)
-	}
-	for i, t := range tickets {
-		errs[i] = t.Await(ctx)
-		if errs[i] != nil && !isVerdict(errs[i]) {
-			errs[i] = x.steal(errs[i])
+	errs := x.e.clog.Writer.Write(ctx, es...).Results(ctx)
+	for i, err := range errs {
+		if err != nil && !isVerdict(err) {
+			errs[i] = x.steal(err)
 		}
 	}
 	return errs
@@ -196,13 +189,15 @@ func (x *runExec) othersDone(step string) bool {
 	return true
 }
 
-// note appends an entry without waiting for its outcome (step starts, retry notes).
+// note appends an entry without waiting for its outcome (step starts, retry notes): the
+// log makes such a write a note, which rides with the next message (logstream's
+// Writer.Write).
 func (x *runExec) note(entry checkpoint.Entry) {
 	if x.isStolen() || x.ended.Load() || x.lease.Check() != nil {
 		return
 	}
 	entry.Run, entry.Epoch, entry.Owner = x.run.ID, x.epoch, x.e.cfg.NodeID
-	_, _ = x.e.clog.AppendNote(context.WithoutCancel(x.ctx), entry)
+	x.e.clog.Writer.Write(context.WithoutCancel(x.ctx), entry)
 }
 
 type stepResult struct {

@@ -123,7 +123,7 @@ func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engin
 	g.release("node-a/s2") // the zombie wakes and commits s2 with its old epoch
 	// Wait on what the log decided of the zombie's commit (fenced, or with a guard off
 	// accepted): the state is what the log's notifications tell about.
-	if err := waitFor(ctx, a.clog, func() bool {
+	if err := waitFor(ctx, a.clog.Applier, func() bool {
 		v, _ := a.store.View(id)
 		_, decided := zombieCommit(v)
 		return decided
@@ -289,7 +289,7 @@ func TestLockDelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, a.clog, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
+	if err := waitFor(ctx, a.clog.Applier, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := a.store.Run(id)

@@ -110,7 +110,7 @@ func TestKillSwitchStopsTheStepBeforeTheTakeover(t *testing.T) {
 				t.Fatal("the step never started")
 			}
 			var takeover time.Time
-			if err := waitFor(ctx, e.clog, func() bool {
+			if err := waitFor(ctx, e.clog.Applier, func() bool {
 				r, err := e.store.Run(id)
 				if err != nil || len(r.Epochs) < 2 {
 					return false

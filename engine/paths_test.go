@@ -121,7 +121,7 @@ func waitLeader(t *testing.T, e *Engine) {
 			t.Fatal("no term won within 30s")
 		}
 		ctx := ctxT(t, time.Second)
-		_ = waitFor(ctx, e.clog, func() bool { return e.Leading() != nil })
+		_ = waitFor(ctx, e.clog.Applier, func() bool { return e.Leading() != nil })
 	}
 }
 
@@ -268,17 +268,12 @@ func ghostClaim(t *testing.T, e *Engine, id string, at time.Time) int64 {
 	sub := checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "test", At: at, Submit: &checkpoint.Submit{
 		Workflow: "chain", Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: 5, Steps: []checkpoint.StepSpec{{Name: "s1"}}}}
 	// One message, as the leader's StartRun does: the scheduler never sees it unassigned.
-	ts, err := e.clog.AppendAll(ctx, sub, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: term.Term(), Owner: "test", At: at})
-	if err != nil {
+	f := e.clog.Writer.Write(ctx, sub, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: term.Term(), Owner: "test", At: at})
+	if err := f.Await(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, tk := range ts {
-		if err := tk.Await(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ep := ts[1].Seq()
-	if _, err := e.clog.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: id, Epoch: int64(ep), Owner: "ghost", At: at}); err != nil {
+	ep := f.Seq()
+	if err := e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: id, Epoch: int64(ep), Owner: "ghost", At: at}).Await(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return int64(ep)
@@ -288,7 +283,7 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 	t.Helper()
 	start := time.Now()
 	ctx := ctxT(t, 20*time.Second)
-	if err := waitFor(ctx, e.clog, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
+	if err := waitFor(ctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
 		t.Fatalf("run %s never reclaimed: %v", id, err)
 	}
 	return time.Since(start)
@@ -349,7 +344,7 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-		err = waitFor(wctx, e.clog, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
+		err = waitFor(wctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
 		cancel()
 		taken := err == nil
 		if guard && taken {
@@ -382,7 +377,7 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := waitFor(ctx, e.clog, func() bool {
+		if err := waitFor(ctx, e.clog.Applier, func() bool {
 			r, err := e.store.Run("holder")
 			return err == nil && r.Status == checkpoint.StatusRunning
 		}); err != nil {
@@ -445,7 +440,7 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 	}
 	// Running means claimed: through a task that takes a claim entry, on the own-run path
 	// none (the assign names the worker).
-	if err := waitFor(ctx, e.clog, func() bool {
+	if err := waitFor(ctx, e.clog.Applier, func() bool {
 		r, err := e.store.Run(sleeper)
 		return err == nil && r.Status == checkpoint.StatusRunning
 	}); err != nil {
@@ -473,7 +468,7 @@ func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 60*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-held")
-	if err := waitFor(ctx, e.clog, func() bool {
+	if err := waitFor(ctx, e.clog.Applier, func() bool {
 		r, err := e.store.Run("r-held")
 		return err == nil && len(r.Epochs) >= 2
 	}); err != nil {

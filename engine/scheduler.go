@@ -75,7 +75,7 @@ func (s *scheduler) run(parent context.Context) {
 			s.e.log.Error("a higher term than ours was applied: stepping down", "term", s.term.Term(), "highest_applied", high)
 			return
 		}
-		changed := s.e.clog.Changed()
+		changed := s.e.clog.Applier.Changed()
 		seen := s.e.store.Applied()
 		s.assignPending(ctx)
 		s.e.hooks.ScheduledUpTo.Store(seen)
@@ -102,7 +102,9 @@ func (s *scheduler) write(ctx context.Context, entry checkpoint.Entry) (uint64, 
 	}
 	entry.Term = s.term.Term()
 	entry.Owner = s.e.cfg.NodeID
-	return s.e.clog.Write(ctx, entry)
+	f := s.e.clog.Writer.Write(ctx, entry)
+	err := f.Await(ctx)
+	return f.Seq(), err
 }
 
 // assignPending assigns the oldest pending runs, as many as admission allows
@@ -131,7 +133,7 @@ func (s *scheduler) assignPending(ctx context.Context) {
 			active[r.Workflow]++
 		}
 		batch = append(batch, r)
-		if len(batch) == min(room, 256) {
+		if len(batch) == min(room, logstream.DefaultMaxBatchEntries) { // one log message (assignAll)
 			room -= len(batch)
 			s.assignAll(ctx, batch)
 			batch = nil
@@ -147,8 +149,9 @@ func (s *scheduler) assignPending(ctx context.Context) {
 	s.assignAll(ctx, batch)
 }
 
-// assignAll assigns runs together: the entries share log messages (group commit) and
-// the tasks are published without waiting for each ack in turn.
+// assignAll assigns runs together: the assigns share one log message (each judged on its
+// own; at most logstream.DefaultMaxBatchEntries) and the tasks are published without
+// waiting for each ack in turn.
 func (s *scheduler) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	if len(runs) == 0 || s.term.Check() != nil {
 		return
@@ -156,26 +159,18 @@ func (s *scheduler) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	// Counted as admitted until applied: the state counts them from then on.
 	s.e.admitting.Add(int64(len(runs)))
 	defer s.e.admitting.Add(-int64(len(runs)))
-	tickets := make([]*logstream.Ticket, len(runs))
+	assigns := make([]checkpoint.Entry, len(runs))
 	for i, r := range runs {
-		t, err := s.e.clog.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch,
-			Term: s.term.Term(), Owner: s.e.cfg.NodeID})
-		if err != nil {
-			s.e.log.Warn("assign failed", "run", r.ID, "err", err)
-			continue
-		}
-		tickets[i] = t
+		assigns[i] = checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch, Term: s.term.Term(), Owner: s.e.cfg.NodeID}
 	}
+	written := s.e.clog.Writer.Write(ctx, assigns...)
 	var acks []jetstream.PubAckFuture
-	for i, t := range tickets {
-		if t == nil {
-			continue
-		}
-		if err := t.Await(ctx); err != nil {
+	for i, err := range written.Results(ctx) {
+		if err != nil {
 			s.assignFailed(runs[i].ID, err)
 			continue
 		}
-		if f, err := publishTaskAsync(s.e.js, task{Run: runs[i].ID, Epoch: int64(t.Seq())}); err == nil {
+		if f, err := publishTaskAsync(s.e.js, task{Run: runs[i].ID, Epoch: int64(written.Seq())}); err == nil {
 			acks = append(acks, f)
 		} else {
 			s.e.log.Warn("task not queued; reconcile will retry", "run", runs[i].ID, "err", err)

@@ -24,7 +24,7 @@ func TestStoppedApplierLeavesTheElection(t *testing.T) {
 			waitLeading(t, a, 0, 20*time.Second)
 			b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = a.ClientURL() })
 			apply(t, b, oneStepWorkflow)
-			if err := a.clog.WaitApplied(ctxT(t, 10*time.Second), b.store.Applied()); err != nil {
+			if err := a.clog.Applier.WaitApplied(ctxT(t, 10*time.Second), b.store.Applied()); err != nil {
 				t.Fatal(err)
 			}
 			ha.FailApply.Store(true)
@@ -33,7 +33,7 @@ func TestStoppedApplierLeavesTheElection(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !errors.Is(waitErr(t, a), checkpoint.ErrStorage) {
-				t.Fatalf("node-a's applier: %v", a.clog.Err())
+				t.Fatalf("node-a's applier: %v", a.clog.Applier.Err())
 			}
 			if sitOut {
 				r, err := b.WaitRun(ctxT(t, 30*time.Second), id)
@@ -62,8 +62,8 @@ func TestStoppedApplierLeavesTheElection(t *testing.T) {
 func waitErr(t *testing.T, e *Engine) error {
 	t.Helper()
 	select {
-	case <-e.clog.Failed():
-		return e.clog.Err()
+	case <-e.clog.Applier.Failed():
+		return e.clog.Applier.Err()
 	case <-ctxT(t, 20*time.Second).Done():
 		t.Fatal("node-a's applier did not stop")
 		return nil

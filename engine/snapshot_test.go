@@ -36,7 +36,7 @@ func TestSnapshotCompactionAndJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snaps, _ := logstream.Snapshots(ctx, a.js)
+		snaps, _ := a.clog.Snapshots.List(ctx)
 		if first = s.CachedInfo().State.FirstSeq; first > 1 && len(snaps) > 0 {
 			if newest := snaps[len(snaps)-1].Seq; first > newest+1 {
 				t.Fatalf("the log was purged to %d, past the newest snapshot at %d", first, newest)
@@ -48,7 +48,7 @@ func TestSnapshotCompactionAndJoin(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling the stream, with a deadline
 	}
-	if snaps, _ := logstream.Snapshots(ctx, a.js); len(snaps) > logstream.KeepSnapshots {
+	if snaps, _ := a.clog.Snapshots.List(ctx); len(snaps) > logstream.KeepSnapshots {
 		t.Fatalf("%d snapshots kept, want at most %d", len(snaps), logstream.KeepSnapshots)
 	}
 	b := startEngine(t, func(c *Config) {
@@ -70,7 +70,7 @@ func TestSnapshotCompactionAndJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snaps, _ := logstream.Snapshots(ctx, a.js)
+	snaps, _ := a.clog.Snapshots.List(ctx)
 	for _, s := range snaps {
 		if err := obs.Delete(ctx, s.Name); err != nil {
 			t.Fatal(err)

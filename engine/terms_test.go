@@ -33,8 +33,9 @@ func waitLeading(t *testing.T, e *Engine, above int64, d time.Duration) *epoch.T
 func forgeTerm(t *testing.T, e *Engine, term int64) {
 	t.Helper()
 	at := time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC).Add(time.Duration(term % 1000))
-	if _, err := e.clog.Write(ctxT(t, 10*time.Second), checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: term, Owner: "forger",
-		Tick: &checkpoint.CronTick{Workflow: "one", At: at, Outcome: checkpoint.TickSkippedOverlap}}); err != nil {
+	ctx := ctxT(t, 10*time.Second)
+	if err := e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCronTick, Term: term, Owner: "forger",
+		Tick: &checkpoint.CronTick{Workflow: "one", At: at, Outcome: checkpoint.TickSkippedOverlap}}).Await(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if e.store.HighestTerm() != term {

@@ -140,7 +140,7 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	log := e.log.With("run", t.Run, "epoch", t.Epoch)
 	// The assign that made this task may not be applied here yet.
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err := waitFor(wctx, e.clog, func() bool {
+	err := waitFor(wctx, e.clog.Applier, func() bool {
 		r, err := e.store.Run(t.Run)
 		return err == nil && r.Epoch >= t.Epoch
 	})
@@ -183,7 +183,7 @@ func (e *Engine) handleTask(ctx context.Context, msg jetstream.Msg) {
 	if e.loseClaim() {
 		err = fmt.Errorf("%w: a test lost this claim", logstream.ErrAppendUncertain)
 	} else {
-		_, err = e.clog.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID})
+		err = e.clog.Writer.Write(cctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: e.cfg.NodeID}).Await(cctx)
 	}
 	cancel()
 	if err != nil {
@@ -289,7 +289,7 @@ func (e *Engine) runOwn(run string, ep int64) {
 		log.Warn("lease of an own run not taken; handing the epoch back", "err", err)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 10*time.Second)
 		defer cancel()
-		if _, err := e.clog.Write(wctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: run, Epoch: ep, Owner: e.cfg.NodeID}); err != nil {
+		if err := e.clog.Writer.Write(wctx, checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: run, Epoch: ep, Owner: e.cfg.NodeID}).Await(wctx); err != nil {
 			log.Warn("hand-back refused; the scheduler reclaims the epoch when its lease is missed", "err", err)
 		}
 		return
@@ -298,7 +298,7 @@ func (e *Engine) runOwn(run string, ep int64) {
 }
 
 // waitFor waits until cond holds, re-checking whenever the log applies a message.
-func waitFor(ctx context.Context, l *logstream.Log, cond func() bool) error {
+func waitFor(ctx context.Context, l *logstream.Applier, cond func() bool) error {
 	for {
 		changed := l.Changed()
 		if cond() {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/flowrun/flow/internal/backoff"
 	"github.com/flowrun/flow/internal/supervise"
 	"github.com/flowrun/flow/internal/testhooks"
@@ -15,9 +17,7 @@ import (
 const (
 	DefaultTTL        = 10 * time.Second
 	minProductionTTL  = time.Second
-	trustFraction     = 2.0 / 3.0 // the holder trusts itself this long after a renewal was sent
-	poisonFraction    = 0.7       // past this without a renewal, a fast-fail holder exits
-	DefaultExitCode   = 75        // exit status of a poison pill (EX_TEMPFAIL)
+	DefaultExitCode   = 75 // exit status of a poison pill (EX_TEMPFAIL)
 	LeaderBucket      = "FLOW_LEADER"
 	LeaseBucket       = "FLOW_LEASES"
 	leaderKey         = "leader"
@@ -25,7 +25,12 @@ const (
 	minRenewalTimeout = 50 * time.Millisecond
 )
 
-// Config of leases and elections. The zero value is valid: every field has a default.
+// defaultBackoff is Config.Backoff's default: 50ms doubling to 2s, full jitter.
+var defaultBackoff = backoff.Policy{Base: 50 * time.Millisecond, Cap: 2 * time.Second}
+
+// Config of leases and elections. A zero field takes its default: [Config.WithDefaults]
+// fills them in, and every constructor (NewLeases, NewElector) applies it to its own
+// copy and then validates, so the zero value is a valid configuration.
 type Config struct {
 	// TTL is how long a lease or term lives on the server without renewal (default 10s).
 	// It is the bucket's, so cluster-wide: every node should use the same.
@@ -49,9 +54,16 @@ type Config struct {
 	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
 	// full jitter).
 	Backoff backoff.Policy
-	// Counters, if set, count renewals, terms and lost leases.
+	// Clock is where holders, electors and the lease watcher read the time and set
+	// their timers (default the real clock, clockwork.NewRealClock). The real clock's
+	// readings carry Go's monotonic clock, which is what every lease duration is
+	// measured on; tests pass a clockwork.FakeClock and move it themselves. Network
+	// calls still take real time, and each keeps a real-time backstop timeout.
+	Clock clockwork.Clock
+	// Counters, if set, count renewals, terms and lost leases (default: a new one per
+	// constructor; set it to share one between an Elector and Leases).
 	Counters *Counters
-	// Logger, if set, receives ownership changes.
+	// Logger, if set, receives ownership changes (default: discard).
 	Logger *slog.Logger
 	// Supervisor keeps the lease watcher's KV watch alive (internal/supervise); default:
 	// one of the watcher's own.
@@ -61,34 +73,30 @@ type Config struct {
 	Hooks *testhooks.Hooks
 }
 
-func (c *Config) noRenew() bool      { return c.Hooks != nil && c.Hooks.NoRenew }
-func (c *Config) noKillSwitch() bool { return c.Hooks != nil && c.Hooks.NoKillSwitch }
+// DefaultConfig is the configuration every zero field of a Config stands for:
+// Config{}.WithDefaults().
+func DefaultConfig() Config { return Config{}.WithDefaults() }
 
-// Validate checks c and fills in defaults. The error names the field and the fix.
-func (c *Config) Validate() error {
-	if c.TTL < 0 || c.RenewInterval < 0 {
-		return fmt.Errorf("%w: lease TTL %s and renew interval %s must not be negative", ErrInvalidConfig, c.TTL, c.RenewInterval)
-	}
+// WithDefaults returns a copy of c with each zero field set to its default. It does not
+// validate: call Validate on the result, as the constructors do. A RenewInterval left
+// zero becomes a third of the TTL (of the default TTL if that is zero too). Counters is
+// a new value each time it is filled in, so call WithDefaults once and pass the result
+// to every constructor that should count into the same Counters.
+func (c Config) WithDefaults() Config {
 	if c.TTL == 0 {
 		c.TTL = DefaultTTL
 	}
-	if c.TTL < minProductionTTL && !c.AllowShortTTL {
-		return fmt.Errorf("%w: lease TTL %s is under 1s: a GC pause or a slow disk would expire leases of healthy workers; use 1s or more (10s is the default)", ErrInvalidConfig, c.TTL)
-	}
 	if c.RenewInterval == 0 {
 		c.RenewInterval = c.TTL / 3
-	}
-	if c.RenewInterval >= c.TTL {
-		return fmt.Errorf("%w: renew interval %s must be shorter than the lease TTL %s (TTL/3 is the default)", ErrInvalidConfig, c.RenewInterval, c.TTL)
-	}
-	if c.RenewInterval >= c.trust() {
-		return fmt.Errorf("%w: renew interval %s must be shorter than 2/3 of the lease TTL (%s), when a holder stops trusting its lease; TTL/3 is the default", ErrInvalidConfig, c.RenewInterval, c.trust())
 	}
 	if c.Exit == nil {
 		c.Exit = os.Exit
 	}
 	if c.Backoff == (backoff.Policy{}) {
-		c.Backoff = backoff.Policy{Base: 50 * time.Millisecond, Cap: 2 * time.Second}
+		c.Backoff = defaultBackoff
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
 	}
 	if c.Counters == nil {
 		c.Counters = &Counters{}
@@ -96,14 +104,45 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	return c
+}
+
+// Validate reports whether the constructors would accept c: it checks c with its
+// defaults (c.WithDefaults()) and changes nothing. Errors wrap ErrInvalidConfig and
+// name the field and the fix.
+func (c Config) Validate() error {
+	d := c.WithDefaults()
+	switch {
+	case c.TTL < 0:
+		return fmt.Errorf("%w: TTL %s is negative: set a positive lease TTL (10s is the default; 0 means the default)", ErrInvalidConfig, c.TTL)
+	case c.RenewInterval < 0:
+		return fmt.Errorf("%w: RenewInterval %s is negative: set a positive renew interval (TTL/3 is the default; 0 means the default)", ErrInvalidConfig, c.RenewInterval)
+	case d.TTL < minProductionTTL && !d.AllowShortTTL:
+		return fmt.Errorf("%w: lease TTL %s is under 1s: a GC pause or a slow disk would expire leases of healthy workers; use 1s or more (10s is the default)", ErrInvalidConfig, d.TTL)
+	case d.RenewInterval >= d.TTL:
+		return fmt.Errorf("%w: RenewInterval %s must be shorter than the lease TTL %s: use TTL/3, the default (leave it 0)", ErrInvalidConfig, d.RenewInterval, d.TTL)
+	case d.RenewInterval >= d.leaseClock().TrustWindow():
+		return fmt.Errorf("%w: RenewInterval %s must be shorter than 2/3 of the lease TTL (%s), when a holder stops trusting its lease: use TTL/3, the default (leave it 0)", ErrInvalidConfig, d.RenewInterval, d.leaseClock().TrustWindow())
+	}
 	return nil
 }
 
-func (c *Config) trust() time.Duration  { return time.Duration(float64(c.TTL) * trustFraction) }
-func (c *Config) poison() time.Duration { return time.Duration(float64(c.TTL) * poisonFraction) }
+// ready is what every constructor does with its config: its own copy, with defaults,
+// validated.
+func (c Config) ready() (Config, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
 
-// renewalTimeout bounds one renewal attempt: no answer within it makes a lease
-// degraded (the worker takes no new work) and the renewal is retried at once. Half the
-// renew interval (TTL/6 by default) leaves several retries before the trust window
-// ends at 2/3 TTL.
-func (c *Config) renewalTimeout() time.Duration { return max(c.RenewInterval/2, minRenewalTimeout) }
+// LeaseClock is the timing policy of c's holders (c with its defaults): see [LeaseClock].
+func (c Config) LeaseClock() LeaseClock { return c.WithDefaults().leaseClock() }
+
+func (c Config) leaseClock() LeaseClock {
+	return LeaseClock{ttl: c.TTL, renewInterval: c.RenewInterval}
+}
+
+func (c *Config) noRenew() bool      { return c.Hooks != nil && c.Hooks.NoRenew }
+func (c *Config) noKillSwitch() bool { return c.Hooks != nil && c.Hooks.NoKillSwitch }

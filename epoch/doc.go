@@ -11,6 +11,12 @@
 // the holder's context is cancelled at once (the kill switch), and Check, called before
 // every write that depends on the ownership, fails.
 //
+// The holder's timing decisions (when to renew, when the trust window closes, when the
+// poison pill fires, whether it is degraded) are a pure value, [Trust], under a policy,
+// [LeaseClock]: methods that take the time and do no I/O, which the keeper goroutine
+// carries out on Config.Clock (real by default, a clockwork.FakeClock in tests) and a
+// simulation can drive on its own clock. testdata/*.txt are its transcripts.
+//
 // None of this is the safety: a holder paused between Check and its write still writes.
 // Safety is the epoch (or term) the write carries, which the checkpoint log rejects when
 // stale. Leases make a dead holder's run move on quickly; fencing makes a live zombie

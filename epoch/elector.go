@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -28,12 +29,14 @@ type Elector struct {
 }
 
 // NewElector opens the leader bucket. replicas is the NATS cluster's size (at most 3).
+// It takes its own copy of cfg, with defaults (Config.WithDefaults), and validates it.
 func NewElector(ctx context.Context, js jetstream.JetStream, node string, cfg Config, replicas int) (*Elector, error) {
-	if err := cfg.Validate(); err != nil {
+	cfg, err := cfg.ready()
+	if err != nil {
 		return nil, err
 	}
 	if node == "" {
-		return nil, fmt.Errorf("%w: node ID is empty", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: node ID is empty: pass the node's ID to NewElector", ErrInvalidConfig)
 	}
 	// File storage: terms are the bucket's revisions and must keep growing across a
 	// restart of every NATS server, or a new leader's writes would look stale.
@@ -78,6 +81,10 @@ func (t *Term) Check() error {
 	return nil
 }
 
+// TrustDeadline is when this node stops believing it leads unless a renewal succeeds
+// first (see Lease.TrustDeadline).
+func (t *Term) TrustDeadline() time.Time { return t.k.trust().Deadline() }
+
 // Resign ends the term and deletes the leader key (if still ours), so that another
 // node wins at once instead of after the TTL.
 func (t *Term) Resign(ctx context.Context) error {
@@ -116,10 +123,10 @@ func (e *Elector) Campaign(ctx context.Context, opts ...CampaignOption) (*Term, 
 		return nil, fmt.Errorf("epoch: watch the leader key: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
-	lapse := time.NewTimer(e.cfg.TTL)
+	lapse := e.cfg.Clock.NewTimer(e.cfg.TTL)
 	defer lapse.Stop()
 	for attempt := 0; ; attempt++ {
-		sent := time.Now()
+		sent := e.cfg.Clock.Now()
 		val, _ := json.Marshal(leaderValue{Node: e.node})
 		rev, err := e.kv.Create(ctx, leaderKey, val)
 		if err == nil {
@@ -136,7 +143,7 @@ func (e *Elector) Campaign(ctx context.Context, opts ...CampaignOption) (*Term, 
 		} else {
 			e.cfg.Logger.Warn("campaign failed; retrying", "err", err)
 		}
-		if err := e.cfg.Backoff.Sleep(ctx, min(attempt, 8)); err != nil {
+		if err := sleep(ctx, e.cfg.Clock, e.cfg.Backoff.Delay(min(attempt, 8))); err != nil {
 			return nil, err
 		}
 	}
@@ -146,7 +153,7 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 	val, _ := json.Marshal(leaderValue{Node: e.node, Term: int64(rev)})
 	t := &Term{term: int64(rev), node: e.node}
 	// The term's life is not the campaign's ctx: it ends by Resign or lost trust.
-	t.k = newKeeper(context.WithoutCancel(ctx), e.js, e.kv, leaderKey, val, rev, sent, &e.cfg,
+	t.k = newKeeper(context.WithoutCancel(ctx), jsBucket{e.js, e.kv}, leaderKey, val, rev, sent, &e.cfg,
 		fmt.Sprintf("term %d of %s", rev, e.node), true, func() { e.cfg.Counters.TermsLost.Add(1) })
 	e.cfg.Counters.TermsWon.Add(1)
 	e.cfg.Logger.Info("won leadership", "node", e.node, "term", rev)
@@ -155,12 +162,12 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 
 // waitForVacancy returns when the leader key was deleted, lapsed (marker), or has not
 // been renewed for a TTL on this node's clock.
-func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse *time.Timer, heard func()) error {
+func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse clockwork.Timer, heard func()) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-lapse.C:
+		case <-lapse.Chan():
 			lapse.Reset(e.cfg.TTL)
 			return nil
 		case entry, ok := <-w.Updates():
@@ -176,7 +183,7 @@ func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, la
 			}
 			if !lapse.Stop() {
 				select {
-				case <-lapse.C:
+				case <-lapse.Chan():
 				default:
 				}
 			}

@@ -84,6 +84,11 @@ func readLatest(ctx context.Context, js jetstream.JetStream, bucket, key string)
 	return l, nil
 }
 
+// withDefaultTimeout bounds a network call whose caller set no deadline. It is the one
+// timer of this package on real time rather than Config.Clock: it decides nothing about
+// ownership, it only stops a call the network swallowed, and it must fire even in a test
+// whose fake clock stands still. (Contexts of withClockDeadline report no deadline, so
+// calls under them get it too, as JetStream's own calls get its default timeout.)
 func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return context.WithCancel(ctx)

@@ -30,8 +30,10 @@ type Leases struct {
 }
 
 // NewLeases opens the lease bucket. replicas is the NATS cluster's size (at most 3).
+// It takes its own copy of cfg, with defaults (Config.WithDefaults), and validates it.
 func NewLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) (*Leases, error) {
-	if err := cfg.Validate(); err != nil {
+	cfg, err := cfg.ready()
+	if err != nil {
 		return nil, err
 	}
 	// Memory storage: leases are soft state. Epochs come from the log, not from this
@@ -64,7 +66,7 @@ func (ls *Leases) restore(ctx context.Context, err error) bool {
 	return true
 }
 
-// Config is the validated configuration.
+// Config is the configuration in use: the constructor's, with its defaults.
 func (ls *Leases) Config() Config { return ls.cfg }
 
 // Lease is a worker's claim on a run at one epoch. Its context is cancelled with cause
@@ -90,8 +92,8 @@ func (l *Lease) Err() error { return context.Cause(l.k.ctx) }
 func (l *Lease) Check() error { return l.k.check() }
 
 // TrustUntil is when the holder stops trusting the lease unless a renewal succeeds
-// first: 2/3 of the TTL after the last successful renewal was sent, on the monotonic
-// clock, the moment Check starts failing and the kill switch fires. Each renewal moves
+// first: 2/3 of the TTL after the last successful renewal was sent (Trust.Deadline), on
+// the real clock, the moment Check starts failing and the kill switch fires. Each renewal moves
 // it on. The server lets another holder in no sooner than a TTL after that send, so
 // whatever stops at this moment is stopped before another epoch can begin, even when
 // the holder's process is frozen and cannot notice (steps.Input.TrustUntil). Zero when
@@ -102,9 +104,20 @@ func (l *Lease) TrustUntil() time.Time { return l.k.trustDeadline() }
 // take no new work until a renewal succeeds again.
 func (l *Lease) Degraded() bool { return l.k.degraded() }
 
-// Freeze stops the lease's renewals and watchdog for d, as if the process were paused
-// (a GC pause, SIGSTOP): for drills (flowctl drill zombie). Afterwards it notices at
-// once that its trust window has passed.
+// TrustDeadline is when this holder stops trusting its lease unless a renewal succeeds
+// first: 2/3 of the TTL after the last successful renewal was sent (Trust.Deadline).
+// Check fails from then on and the lease's context is cancelled. It is on Config.Clock;
+// with the real clock the time carries a monotonic reading, so time.Until(deadline) is
+// immune to wall-clock jumps. It moves later with each successful renewal and stays put
+// between them, so work that must not outlive the lease's trust even while this
+// process cannot act (a frozen flowd cannot cancel anything) can be given
+// time.Until(TrustDeadline()) as its own limit, extended as the deadline moves. Once the
+// lease has ended (lost or released) it is no later than the end.
+func (l *Lease) TrustDeadline() time.Time { return l.k.trust().Deadline() }
+
+// Freeze stops the lease's renewals and kill switch for d, as if the process were
+// paused (a GC pause, SIGSTOP): for drills (flowctl drill zombie). Afterwards it
+// notices at once if its trust window has passed.
 func (l *Lease) Freeze(d time.Duration) {
 	select {
 	case l.k.freeze <- d:
@@ -124,7 +137,7 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 	val := LeaseValue{Run: run, Epoch: epoch, Owner: owner}
 	raw, _ := json.Marshal(val)
 	for attempt := 0; ; attempt++ {
-		sent := time.Now()
+		sent := ls.cfg.Clock.Now()
 		rev, err := ls.kv.Create(ctx, run, raw)
 		if err == nil {
 			return ls.start(ctx, val, raw, rev, sent), nil
@@ -149,15 +162,22 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 				if json.Unmarshal(cur.value, &held) == nil {
 					switch {
 					case held == val:
-						// Ours already (a retried acquire): adopt it.
-						return ls.start(ctx, val, raw, cur.rev, time.Now()), nil
+						// Ours already (a retried acquire): adopt it by renewing it. The
+						// create that wrote it was sent at some unknown earlier time, and
+						// trust must begin no later than the send of the write the
+						// server's TTL runs from: this renewal's.
+						sent := ls.cfg.Clock.Now()
+						if rev, err := ls.kv.Update(ctx, run, raw, cur.rev); err == nil {
+							return ls.start(ctx, val, raw, rev, sent), nil
+						}
+						// It moved meanwhile: look again after the backoff.
 					case held.Epoch >= epoch:
 						return nil, fmt.Errorf("%w: run %s: %s holds epoch %d, this task is for epoch %d", ErrLeaseHeld, run, held.Owner, held.Epoch, epoch)
 					}
 				}
 			}
 		}
-		if err := ls.cfg.Backoff.Sleep(ctx, min(attempt, 8)); err != nil {
+		if err := sleep(ctx, ls.cfg.Clock, ls.cfg.Backoff.Delay(min(attempt, 8))); err != nil {
 			return nil, fmt.Errorf("%w: run %s: an older lease has not lapsed yet: %v", ErrLeaseHeld, run, err)
 		}
 	}
@@ -167,7 +187,7 @@ func (ls *Leases) start(ctx context.Context, val LeaseValue, raw []byte, rev uin
 	ls.cfg.Counters.LeasesAcquired.Add(1)
 	what := fmt.Sprintf("lease of run %s at epoch %d (%s)", val.Run, val.Epoch, val.Owner)
 	l := &Lease{value: val}
-	l.k = newKeeper(context.WithoutCancel(ctx), ls.js, ls.kv, val.Run, raw, rev, sent, &ls.cfg, what, false,
+	l.k = newKeeper(context.WithoutCancel(ctx), jsBucket{ls.js, ls.kv}, val.Run, raw, rev, sent, &ls.cfg, what, false,
 		func() { ls.cfg.Counters.LeasesLost.Add(1) })
 	return l
 }

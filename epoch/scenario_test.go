@@ -38,7 +38,7 @@ type scenarioWorker struct {
 // ("error: ..." for what should not happen: it runs on goroutines, where t.Fatal may
 // not be called).
 func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
-	steps, err := w.lg.Store().Steps("run-c")
+	steps, err := w.lg.Applier.Store().Steps("run-c")
 	if err != nil {
 		return "error: " + err.Error()
 	}
@@ -55,8 +55,8 @@ func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
 		if err := w.lease.Check(); err != nil {
 			return "lease-lost"
 		}
-		_, err := w.lg.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "run-c", Step: st.Name,
-			Item: checkpoint.ItemWhole, Epoch: w.epoch, Owner: w.name, Output: json.RawMessage(fmt.Sprintf(`{"by":%q}`, w.name))})
+		err := w.lg.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "run-c", Step: st.Name,
+			Item: checkpoint.ItemWhole, Epoch: w.epoch, Owner: w.name, Output: json.RawMessage(fmt.Sprintf(`{"by":%q}`, w.name))}).Await(ctx)
 		if errors.Is(err, checkpoint.ErrFenced) {
 			return stolenReason
 		}
@@ -93,7 +93,9 @@ func runScenarioC(t *testing.T, heartbeat bool, guardsOff *testhooks.Hooks) scen
 		t.Fatal(err)
 	}
 	defer store.Close()
-	lg, err := logstream.Open(ctx, logstream.Config{JS: js, Store: store, Node: "node"})
+	logCfg := logstream.DefaultConfig()
+	logCfg.JS, logCfg.Store, logCfg.Node = js, store, "node"
+	lg, err := logstream.Open(ctx, logCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +104,9 @@ func runScenarioC(t *testing.T, heartbeat bool, guardsOff *testhooks.Hooks) scen
 	}
 	defer lg.Stop()
 	write := func(e checkpoint.Entry) uint64 {
-		seq, err := lg.Write(ctx, e)
+		f := lg.Writer.Write(ctx, e)
+		err := f.Await(ctx)
+		seq := f.Seq()
 		if err != nil {
 			t.Fatalf("%s: %v", e.Kind, err)
 		}

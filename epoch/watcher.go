@@ -31,9 +31,10 @@ type LeaseEvent struct {
 }
 
 // LeaseWatcher is the leader's view of every run lease. Expiry is judged by the
-// server's TTL or by this watcher's own monotonic clock, never by comparing the
-// holder's wall clock with ours. Its KV watch is a supervised part ("lease-watcher"):
-// a watch that closes, or hears nothing while the bucket moves on, is replaced.
+// server's TTL or by this watcher's own monotonic clock (Config.Clock), never by
+// comparing the holder's wall clock with ours. Its KV watch is a supervised part
+// ("lease-watcher"): a watch that closes, or hears nothing while the bucket moves on,
+// is replaced.
 type LeaseWatcher struct {
 	ls     *Leases
 	events chan LeaseEvent
@@ -98,16 +99,17 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 		return fmt.Errorf("epoch: watch leases: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	clk := lw.ls.cfg.Clock
 	ttl := lw.ls.cfg.TTL
-	grace := ttl + lw.ls.cfg.RenewInterval
-	sweep := time.NewTicker(max(ttl/4, 10*time.Millisecond))
+	grace := lw.ls.cfg.leaseClock().LapseAfter()
+	sweep := clk.NewTicker(max(ttl/4, 10*time.Millisecond))
 	defer sweep.Stop()
 	var seenRev uint64 // the highest revision this watch delivered
 	var target uint64  // the bucket's last revision at the last probe
 	initial := true
 	markCurrent := func() {
 		lw.mu.Lock()
-		lw.current = time.Now()
+		lw.current = clk.Now()
 		lw.mu.Unlock()
 	}
 	for {
@@ -122,7 +124,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 			if entry == nil {
 				initial = false
 				lw.mu.Lock()
-				lw.current = time.Now()
+				lw.current = clk.Now()
 				if !lw.readyDone {
 					close(lw.ready)
 					lw.readyDone = true
@@ -139,7 +141,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 				var v LeaseValue
 				if json.Unmarshal(entry.Value(), &v) == nil {
 					lw.mu.Lock()
-					lw.live[run] = watched{value: v, seen: time.Now()}
+					lw.live[run] = watched{value: v, seen: clk.Now()}
 					lw.mu.Unlock()
 				}
 				continue
@@ -149,14 +151,14 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 				kind = LeaseLapsed // the server's TTL marker
 			}
 			lw.end(ctx, run, kind)
-		case <-sweep.C:
+		case <-sweep.Chan():
 			if initial {
 				continue
 			}
 			// Is this watch current? The bucket's last revision against what it
 			// delivered: a watch that is behind (or deaf) must not judge lapses by its
 			// own clock, or every lease would look lapsed while it hears nothing.
-			pctx, cancel := context.WithTimeout(ctx, max(ttl/4, 100*time.Millisecond))
+			pctx, cancel := withClockDeadline(ctx, clk, clk.Now().Add(max(ttl/4, 100*time.Millisecond)))
 			st, err := lw.ls.kv.Status(pctx)
 			cancel()
 			if bs, ok := st.(*jetstream.KeyValueBucketStatus); err == nil && ok {
@@ -166,21 +168,21 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 					markCurrent()
 				}
 			}
-			lw.sweep(ctx, grace)
+			lw.sweep(ctx, clk.Now(), grace)
 		}
 	}
 }
 
-// sweep reports leases not seen renewed for grace, while the watch is current.
-func (lw *LeaseWatcher) sweep(ctx context.Context, grace time.Duration) {
+// sweep reports leases not seen renewed for grace at now, while the watch is current.
+func (lw *LeaseWatcher) sweep(ctx context.Context, now time.Time, grace time.Duration) {
 	lw.mu.Lock()
-	if time.Since(lw.current) > lw.ls.cfg.RenewInterval {
+	if now.Sub(lw.current) > lw.ls.cfg.RenewInterval {
 		lw.mu.Unlock()
 		return
 	}
 	var lapsed []string
 	for run, w := range lw.live {
-		if time.Since(w.seen) > grace {
+		if now.Sub(w.seen) > grace {
 			lapsed = append(lapsed, run)
 		}
 	}

@@ -75,7 +75,7 @@ func benchCommit(b *testing.B, synced bool) {
 			env := startEnvSync(b, b.TempDir(), synced)
 			ctx := context.Background()
 			mustWrite := func(e checkpoint.Entry) uint64 {
-				seq, err := env.log.Write(ctx, e)
+				seq, err := write(ctx, env.log.Writer, e)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -86,8 +86,7 @@ func benchCommit(b *testing.B, synced bool) {
 			mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "bench", Epoch: epoch, Owner: "w"})
 			out := json.RawMessage(`{"driver":"d-000123","cents":123456}`)
 			parallel(b, w, func(i int) error {
-				_, err := env.log.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "bench", Step: "each", Item: i, Epoch: epoch, Owner: "w", Output: out})
-				return err
+				return env.log.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "bench", Step: "each", Item: i, Epoch: epoch, Owner: "w", Output: out}).Await(ctx)
 			})
 			b.ReportMetric(float64(b.N)/float64(max(env.store.Applied(), 1)), "entries/msg")
 		})

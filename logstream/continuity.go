@@ -9,6 +9,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// The Applier's checks that the log is one this node's state can continue from: the
+// same stream (its identity), and no message missing between the applied sequence and
+// the next one delivered.
+
 // identity names a stream by its name and creation time: a stream deleted and created
 // again under the same name has another (JetStream keeps one creation time for all of a
 // stream's replicas).
@@ -20,68 +24,68 @@ func identity(name string, created time.Time) string {
 // the one the state was built from (its identity is recorded in the state), or one that
 // no longer holds the messages after the applied sequence (purged past it). A state
 // without an identity (new, or from a flowd that did not record one) records this log's.
-func (l *Log) checkLog(ctx context.Context) error {
-	before := l.cfg.Store.Applied()
-	s, err := l.cfg.JS.Stream(ctx, l.cfg.Stream)
+func (a *Applier) checkLog(ctx context.Context) error {
+	before := a.store.Applied()
+	s, err := a.js.Stream(ctx, a.stream)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return l.wrongLog("the stream %s does not exist (it was deleted); this node's state was built from it", l.cfg.Stream)
+			return a.wrongLog("the stream %s does not exist (it was deleted); this node's state was built from it", a.stream)
 		}
 		return fmt.Errorf("logstream: stream info: %w", err)
 	}
-	return l.checkInfo(s.CachedInfo(), before)
+	return a.checkInfo(s.CachedInfo(), before)
 }
 
 // checkInfo is checkLog on stream info already fetched; appliedBefore is the applied
 // sequence read before it was (the node may apply more meanwhile: the log's end is
 // compared with what was applied before it was read, its start with what is applied
 // after).
-func (l *Log) checkInfo(info *jetstream.StreamInfo, appliedBefore uint64) error {
-	id := identity(l.cfg.Stream, info.Created)
-	have, err := l.cfg.Store.LogIdentity()
+func (a *Applier) checkInfo(info *jetstream.StreamInfo, appliedBefore uint64) error {
+	id := identity(a.stream, info.Created)
+	have, err := a.store.LogIdentity()
 	if err != nil {
 		return err
 	}
-	applied := l.cfg.Store.Applied()
+	applied := a.store.Applied()
 	switch {
 	case have == "":
-		if err := l.cfg.Store.SetLogIdentity(id); err != nil {
+		if err := a.store.SetLogIdentity(id); err != nil {
 			return err
 		}
 	case have != id:
-		return l.wrongLog("this node's state was built from the stream %s, and the stream now is %s: it was deleted and created again, so its sequences are not the ones applied", have, id)
+		return a.wrongLog("this node's state was built from the stream %s, and the stream now is %s: it was deleted and created again, so its sequences are not the ones applied", have, id)
 	}
 	if first := info.State.FirstSeq; first > applied+1 {
 		if applied == 0 { // an empty state (or one whose unsynced writes a crash lost)
-			return l.wrongLog("this node has no state and the log starts at sequence %d: messages 1 to %d were purged (compacted), and no snapshot bridges the gap", first, first-1)
+			return a.wrongLog("this node has no state and the log starts at sequence %d: messages 1 to %d were purged (compacted), and no snapshot bridges the gap", first, first-1)
 		}
-		return l.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them, and no snapshot bridges the gap",
+		return a.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them, and no snapshot bridges the gap",
 			applied, first, applied+1, first-1)
 	}
 	if appliedBefore > info.State.LastSeq {
-		return l.wrongLog("this node applied the log up to sequence %d, and the log ends at %d: it is not the log this state was built from", appliedBefore, info.State.LastSeq)
+		return a.wrongLog("this node applied the log up to sequence %d, and the log ends at %d: it is not the log this state was built from", appliedBefore, info.State.LastSeq)
 	}
 	return nil
 }
 
 // wrongLog is ErrWrongLog with what happened and how to recover.
-func (l *Log) wrongLog(format string, args ...any) error {
+func (a *Applier) wrongLog(format string, args ...any) error {
 	return fmt.Errorf("%w: %s. To recover, stop this node, move its state aside (the data dir's state folder) and start it again: it rebuilds its state from the log (docs/operations.md, \"Disaster recovery\")",
 		ErrWrongLog, fmt.Sprintf(format, args...))
 }
 
 // checkGap is called when the consumer delivers seq beyond the next one to apply: the
 // sequences between must have been deleted (they count as seen), not purged from below.
-func (l *Log) checkGap(ctx context.Context, seq uint64) error {
+func (a *Applier) checkGap(ctx context.Context, seq uint64) error {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := l.cfg.JS.Stream(ictx, l.cfg.Stream)
+	s, err := a.js.Stream(ictx, a.stream)
 	if err != nil {
 		return fmt.Errorf("logstream: stream info at a gap before %d: %w", seq, err)
 	}
-	applied := l.cfg.Store.Applied()
+	applied := a.store.Applied()
 	if first := s.CachedInfo().State.FirstSeq; first > applied+1 {
-		return l.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them",
+		return a.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them",
 			applied, first, applied+1, first-1)
 	}
 	return nil
@@ -90,23 +94,23 @@ func (l *Log) checkGap(ctx context.Context, seq uint64) error {
 // skipDeleted moves the applied sequence to end when the log holds no message after
 // the applied one up to end (they were deleted): otherwise a node waits for a message
 // that will never come (the stream's last one, deleted). It reports whether it did.
-func (l *Log) skipDeleted(ctx context.Context, end uint64) (bool, error) {
-	applied := l.cfg.Store.Applied()
+func (a *Applier) skipDeleted(ctx context.Context, end uint64) (bool, error) {
+	applied := a.store.Applied()
 	if end <= applied {
 		return false, nil
 	}
-	s, err := l.cfg.JS.Stream(ctx, l.cfg.Stream)
+	s, err := a.js.Stream(ctx, a.stream)
 	if err != nil {
 		return false, fmt.Errorf("logstream: stream: %w", err)
 	}
-	_, err = s.GetMsg(ctx, applied+1, jetstream.WithGetMsgSubject(l.cfg.Subject))
+	_, err = s.GetMsg(ctx, applied+1, jetstream.WithGetMsgSubject(a.subject))
 	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil // a message is there (the consumer brings it), or we cannot tell
 	}
-	if err := l.cfg.Store.Skip(end); err != nil {
+	if err := a.store.Skip(end); err != nil {
 		return false, err
 	}
-	l.log.Info("the log's last messages were deleted; counted as seen", "from", applied+1, "to", end)
-	l.notifyApplied()
+	a.log.Info("the log's last messages were deleted; counted as seen", "from", applied+1, "to", end)
+	a.notifyApplied()
 	return true, nil
 }

@@ -20,7 +20,7 @@ func writeSubmits(t *testing.T, env *testEnv, prefix string, n int) uint64 {
 	var seq uint64
 	for i := range n {
 		var err error
-		if seq, err = env.log.Write(ctxT(t), submitEntry(fmt.Sprintf("%s-%d", prefix, i), checkpoint.StepSpec{Name: "one"})); err != nil {
+		if seq, err = write(ctxT(t), env.log.Writer, submitEntry(fmt.Sprintf("%s-%d", prefix, i), checkpoint.StepSpec{Name: "one"})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -30,7 +30,7 @@ func writeSubmits(t *testing.T, env *testEnv, prefix string, n int) uint64 {
 // startOn opens and starts a Log of node over store; the error is Start's.
 func startOn(t *testing.T, env *testEnv, store *checkpoint.Store, node string) (*Log, error) {
 	t.Helper()
-	l, err := Open(ctxT(t), Config{JS: env.js, Store: store, Node: node, StallTimeout: 400 * time.Millisecond})
+	l, err := Open(ctxT(t), testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestDeletedTailCountsAsSeen(t *testing.T) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := l.CatchUp(cctx); err != nil {
+	if err := l.Applier.CatchUp(cctx); err != nil {
 		t.Fatalf("catch up over a deleted tail: %v (applied %d of %d)", err, fresh.Applied(), last)
 	}
 	if fresh.Applied() != last {
@@ -75,11 +75,11 @@ func TestDeletedTailCountsAsSeen(t *testing.T) {
 	if _, err := fresh.Run(fmt.Sprintf("r-%d", 4)); !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Fatalf("a deleted message's run exists: %v", err)
 	}
-	seq, err := env.log.Write(ctx, submitEntry("after", checkpoint.StepSpec{Name: "one"}))
+	seq, err := write(ctx, env.log.Writer, submitEntry("after", checkpoint.StepSpec{Name: "one"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.WaitApplied(ctx, seq); err != nil {
+	if err := l.Applier.WaitApplied(ctx, seq); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -101,7 +101,7 @@ func TestRecreatedStreamIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newer.Write(ctx, submitEntry("new-0", checkpoint.StepSpec{Name: "one"})); err != nil {
+	if _, err := write(ctx, newer.Writer, submitEntry("new-0", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
 	_, err = startOn(t, env, old, "node-a")
@@ -121,7 +121,7 @@ func TestPurgedPastAppliedIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l.CatchUp(ctx); err != nil {
+	if err := l.Applier.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l.Stop()
@@ -154,7 +154,7 @@ func TestRecreatedWhileConsumingStopsTheApplier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := watched.CatchUp(ctx); err != nil {
+	if err := watched.Applier.CatchUp(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.js.DeleteStream(ctx, DefaultStream); err != nil {
@@ -164,11 +164,11 @@ func TestRecreatedWhileConsumingStopsTheApplier(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-watched.Failed():
+	case <-watched.Applier.Failed():
 	case <-time.After(20 * time.Second):
-		t.Fatalf("the applier goes on after its stream was recreated (applied %d)", watched.Store().Applied())
+		t.Fatalf("the applier goes on after its stream was recreated (applied %d)", watched.Applier.Store().Applied())
 	}
-	if err := watched.Err(); !errors.Is(err, ErrWrongLog) {
+	if err := watched.Applier.Err(); !errors.Is(err, ErrWrongLog) {
 		t.Fatalf("applier stopped with %v; want ErrWrongLog", err)
 	}
 }
@@ -182,7 +182,7 @@ func TestGarbageInTheLogIsRejected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq, err := env.log.Write(ctx, submitEntry("after", checkpoint.StepSpec{Name: "one"}))
+	seq, err := write(ctx, env.log.Writer, submitEntry("after", checkpoint.StepSpec{Name: "one"}))
 	if err != nil {
 		t.Fatalf("a write after garbage: %v", err)
 	}

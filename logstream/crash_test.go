@@ -45,7 +45,9 @@ func crashHelperMain() {
 		fail(err)
 	}
 	ctx := context.Background()
-	l, err := Open(ctx, Config{JS: js, Store: store, Node: "helper"})
+	cfg := DefaultConfig()
+	cfg.JS, cfg.Store, cfg.Node = js, store, "helper"
+	l, err := Open(ctx, cfg)
 	if err != nil {
 		fail(err)
 	}
@@ -63,7 +65,7 @@ func crashHelperMain() {
 				break
 			}
 		}
-		if err := l.Err(); err != nil {
+		if err := l.Applier.Err(); err != nil {
 			fail(err)
 		}
 		time.Sleep(50 * time.Microsecond) // polling a counter to report progress, not to synchronise

@@ -9,7 +9,7 @@ var (
 	// ErrOutputTooLarge: a step output above the configured limit (default 1 MiB), or
 	// entries that together do not fit one log message.
 	ErrOutputTooLarge = errors.New("logstream: output too large")
-	// ErrStopped: the log or its applier has stopped.
+	// ErrStopped: the writer or the applier has stopped (or was stopped before Start).
 	ErrStopped = errors.New("logstream: stopped")
 	// ErrAppendUncertain: publishing failed and it is unknown whether the entry is in
 	// the log. The writer must treat its ownership as lost.
@@ -19,4 +19,7 @@ var (
 	// snapshot to bridge the gap). The node refuses to serve; the error says how to
 	// recover.
 	ErrWrongLog = errors.New("logstream: this node's state cannot continue from the log")
+	// ErrInvalidConfig: a Config the log cannot run with (Config.Validate); the error
+	// names the field and the fix.
+	ErrInvalidConfig = errors.New("logstream: invalid config")
 )

@@ -43,6 +43,24 @@ func submitEntry(run string, steps ...checkpoint.StepSpec) checkpoint.Entry {
 	}}
 }
 
+// testConfig is DefaultConfig for node over js and store, changed by set.
+func testConfig(js jetstream.JetStream, store *checkpoint.Store, node string, set ...func(*Config)) Config {
+	cfg := DefaultConfig()
+	cfg.JS, cfg.Store, cfg.Node = js, store, node
+	for _, f := range set {
+		f(&cfg)
+	}
+	return cfg
+}
+
+// write writes entries in one message and awaits them: the message's sequence and the
+// first rejection.
+func write(ctx context.Context, w *Writer, entries ...checkpoint.Entry) (uint64, error) {
+	f := w.Write(ctx, entries...)
+	err := f.Await(ctx)
+	return f.Seq(), err
+}
+
 // testEnv is an embedded JetStream (in process, synced) with a Log and Store.
 type testEnv struct {
 	dir   string
@@ -88,7 +106,7 @@ func (env *testEnv) openLog(t testing.TB) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := Open(ctx, Config{JS: env.js, Store: store, Node: "node-a"})
+	l, err := Open(ctx, testConfig(env.js, store, "node-a"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 		}
 	}
 	<-env.js.PublishAsyncComplete()
-	if err := env.log.CatchUp(ctx); err != nil {
+	if err := env.log.Applier.CatchUp(ctx); err != nil {
 		b.Fatal(err)
 	}
 	if env.store.Applied() != seq {
@@ -105,12 +105,12 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	if !compacted {
 		began := time.Now()
 		replayed := startLogOn(b, env, filepath.Join(dir, "replay"), "replay")
-		if err := replayed.CatchUp(ctx); err != nil {
+		if err := replayed.Applier.CatchUp(ctx); err != nil {
 			b.Fatal(err)
 		}
 		replay = time.Since(began)
 		replayed.Stop()
-		replayed.Store().Close()
+		replayed.Applier.Store().Close()
 	}
 
 	snap, _ := snapshotAndPurge(b, ctx, env)
@@ -118,20 +118,20 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	b.ResetTimer()
 	began := time.Now()
 	state := filepath.Join(dir, "joined")
-	if err := PrepareState(ctx, env.js, "", state, env.log.log); err != nil {
+	if err := PrepareState(ctx, env.js, "", state, env.log.Applier.log); err != nil {
 		b.Fatal(err)
 	}
 	joined := startLogOn(b, env, state, "joined")
-	if err := joined.CatchUp(ctx); err != nil {
+	if err := joined.Applier.CatchUp(ctx); err != nil {
 		b.Fatal(err)
 	}
 	join := time.Since(began)
 	b.StopTimer()
-	if _, err := joined.Store().Run(fmt.Sprintf("run-%07d", runs-1)); err != nil {
+	if _, err := joined.Applier.Store().Run(fmt.Sprintf("run-%07d", runs-1)); err != nil {
 		b.Fatalf("the joined node lacks the last run: %v", err)
 	}
 	joined.Stop()
-	joined.Store().Close()
+	joined.Applier.Store().Close()
 	b.ReportMetric(float64(join.Milliseconds()), "join-ms")
 	if replay > 0 {
 		b.ReportMetric(float64(replay.Milliseconds()), "replay-ms")
@@ -146,7 +146,7 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 // and returns the log's and the state's sizes on disk.
 func compactAndMeasure(b *testing.B, ctx context.Context, env *testEnv, dir string) (logBytes, stateBytes uint64) {
 	b.Helper()
-	if err := env.log.CatchUp(ctx); err != nil {
+	if err := env.log.Applier.CatchUp(ctx); err != nil {
 		b.Fatal(err)
 	}
 	_, stream := snapshotAndPurge(b, ctx, env)
@@ -171,7 +171,7 @@ func startLogOn(b *testing.B, env *testEnv, dir, node string) *Log {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	l, err := Open(ctx, Config{JS: env.js, Store: store, Node: node})
+	l, err := Open(ctx, testConfig(env.js, store, node))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func startLogOn(b *testing.B, env *testEnv, dir, node string) *Log {
 // it, as the leader's compaction does with one node.
 func snapshotAndPurge(b *testing.B, ctx context.Context, env *testEnv) (Snapshot, jetstream.Stream) {
 	b.Helper()
-	snap, err := env.log.Snapshot(ctx)
+	snap, err := env.log.Snapshots.Take(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}

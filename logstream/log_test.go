@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,33 +19,33 @@ import (
 func TestLogWriteAwaitAndFence(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	l := env.log
-	if _, err := l.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
+	l := env.log.Writer
+	if _, err := write(ctx, l, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
-	old, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Term: 1})
+	old, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Term: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(old), Owner: "a"}); err != nil {
+	if _, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(old), Owner: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Epoch: int64(old), Term: 1, Reason: checkpoint.ReasonLeaseExpired})
+	cur, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r1", Epoch: int64(old), Term: 1, Reason: checkpoint.ReasonLeaseExpired})
 	if err != nil || cur <= old {
 		t.Fatalf("reassign: seq %d err %v", cur, err)
 	}
-	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(cur), Owner: "b"}); err != nil {
+	if _, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r1", Epoch: int64(cur), Owner: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(old), Owner: "a", Output: json.RawMessage(`{}`)})
+	_, err = write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(old), Owner: "a", Output: json.RawMessage(`{}`)})
 	var fe *checkpoint.FencedError
 	if !errors.As(err, &fe) || !errors.Is(err, checkpoint.ErrFenced) || fe.Epoch != int64(old) || fe.CurrentEpoch != int64(cur) {
 		t.Fatalf("zombie commit through the log: %v; want ErrFenced with epochs %d and %d", err, old, cur)
 	}
-	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(cur), Owner: "b", Output: json.RawMessage(`{"ok":true}`)}); err != nil {
+	if _, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(cur), Owner: "b", Output: json.RawMessage(`{"ok":true}`)}); err != nil {
 		t.Fatal(err)
 	}
-	last, err := l.LastSeq(ctx)
+	last, err := env.log.Applier.LastSeq(ctx)
 	if err != nil || last != env.store.Applied() {
 		t.Fatalf("last seq %d applied %d err %v", last, env.store.Applied(), err)
 	}
@@ -53,15 +54,31 @@ func TestLogWriteAwaitAndFence(t *testing.T) {
 func TestLogRefusesBadEntriesBeforePublishing(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
+	w := env.log.Writer
 	big := json.RawMessage(`"` + strings.Repeat("x", DefaultMaxOutputBytes) + `"`)
-	_, err := env.log.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: 5, Owner: "a", Output: big})
-	if !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "limit is 1048576") {
-		t.Fatalf("oversized output: %v", err)
+	f := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Epoch: 5, Owner: "a", Output: big})
+	if err := f.Await(ctx); !errors.Is(err, ErrOutputTooLarge) || !strings.Contains(err.Error(), "limit is 1048576") || f.Seq() != 0 {
+		t.Fatalf("oversized output: %v (seq %d)", err, f.Seq())
 	}
-	if _, err := env.log.Append(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Owner: "a"}); !errors.Is(err, checkpoint.ErrInvalidEntry) {
+	if err := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r1", Step: "one", Item: checkpoint.ItemWhole, Owner: "a"}).Await(ctx); !errors.Is(err, checkpoint.ErrInvalidEntry) {
 		t.Fatalf("commit without epoch: %v", err)
 	}
-	last, err := env.log.LastSeq(ctx)
+	// One bad entry refuses the whole write: every entry's outcome is the refusal.
+	errs := w.Write(ctx, submitEntry("r2", checkpoint.StepSpec{Name: "one"}), checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r2"}).Results(ctx)
+	if len(errs) != 2 || !errors.Is(errs[0], checkpoint.ErrInvalidEntry) || !errors.Is(errs[1], checkpoint.ErrInvalidEntry) {
+		t.Fatalf("a write with an invalid entry: %v", errs)
+	}
+	if err := w.Write(ctx).Await(ctx); !errors.Is(err, checkpoint.ErrInvalidEntry) {
+		t.Fatalf("a write of no entries: %v", err)
+	}
+	many := make([]checkpoint.Entry, DefaultMaxBatchEntries+1)
+	for i := range many {
+		many[i] = submitEntry(fmt.Sprintf("m%d", i), checkpoint.StepSpec{Name: "one"})
+	}
+	if err := w.Write(ctx, many...).Await(ctx); !errors.Is(err, checkpoint.ErrInvalidEntry) || !strings.Contains(err.Error(), "at most 256") {
+		t.Fatalf("a write of more entries than a message holds: %v", err)
+	}
+	last, err := env.log.Applier.LastSeq(ctx)
 	if err != nil || last != 0 {
 		t.Fatalf("refused entries reached the log: last seq %d (%v)", last, err)
 	}
@@ -76,10 +93,10 @@ func TestLogReplayAfterRestart(t *testing.T) {
 	writeRuns := func(from, to int) {
 		for i := from; i < to; i++ {
 			id := fmt.Sprintf("r%d", i)
-			if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
+			if _, err := write(ctx, env.log.Writer, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := env.log.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1}); err != nil {
+			if _, err := write(ctx, env.log.Writer, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -97,7 +114,7 @@ func TestLogReplayAfterRestart(t *testing.T) {
 	}
 	// A fresh node: no state at all, the same log.
 	fresh := memStore(t)
-	l2, err := Open(ctx, Config{JS: env.js, Store: fresh, Node: "node-b"})
+	l2, err := Open(ctx, testConfig(env.js, fresh, "node-b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +122,7 @@ func TestLogReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Stop()
-	if err := l2.WaitApplied(ctx, 50); err != nil {
+	if err := l2.Applier.WaitApplied(ctx, 50); err != nil {
 		t.Fatal(err)
 	}
 	var after bytes.Buffer
@@ -131,12 +148,12 @@ func TestLogGroupCommit(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
 				id := fmt.Sprintf("w%d-%d", w, i)
-				if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
+				if _, err := write(ctx, env.log.Writer, submitEntry(id, checkpoint.StepSpec{Name: "one"})); err != nil {
 					errs <- err
 				}
 				// every second submit is repeated: that writer must get ErrRunExists
 				if i%2 == 0 {
-					if _, err := env.log.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"})); !errors.Is(err, checkpoint.ErrRunExists) {
+					if _, err := write(ctx, env.log.Writer, submitEntry(id, checkpoint.StepSpec{Name: "one"})); !errors.Is(err, checkpoint.ErrRunExists) {
 						errs <- fmt.Errorf("repeated submit %s: %v", id, err)
 					}
 				}
@@ -163,21 +180,67 @@ func TestLogGroupCommit(t *testing.T) {
 func TestLogStopIsSafe(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	unstarted, err := Open(ctx, Config{JS: env.js, Store: memStore(t), Node: "x"})
+	unstarted, err := Open(ctx, testConfig(env.js, memStore(t), "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	unstarted.Writer.Stop()
+	unstarted.Writer.Stop()
+	unstarted.Applier.Stop()
 	unstarted.Stop()
-	unstarted.Stop()
+	if err := unstarted.Start(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("start after a stop before start: %v", err)
+	}
 	env.log.Stop()
 	env.log.Stop()
-	if _, err := env.log.Append(ctx, submitEntry("late", checkpoint.StepSpec{Name: "one"})); !errors.Is(err, ErrStopped) {
-		t.Fatalf("append after stop: %v", err)
+	if err := env.log.Writer.Write(ctx, submitEntry("late", checkpoint.StepSpec{Name: "one"})).Await(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("write after stop: %v", err)
 	}
 	if err := env.log.Start(ctx); !errors.Is(err, ErrStopped) {
 		t.Fatalf("start after stop: %v", err)
 	}
-	_ = context.Background()
+	if err := env.log.Writer.Start(ctx); !errors.Is(err, ErrStopped) {
+		t.Fatalf("writer start after stop: %v", err)
+	}
+}
+
+// The writer and the applier started and stopped in every order, concurrently: Stop
+// returns only when the part's goroutines have ended (goleak checks at the end), a
+// Start that comes after Stop fails with ErrStopped, and a write queued before Start
+// gets an outcome either way.
+func TestStartStopStress(t *testing.T) {
+	env := startEnv(t, t.TempDir())
+	ctx := ctxT(t)
+	rng := rand.New(rand.NewPCG(3, 9))
+	for round := range 20 {
+		l, err := Open(ctx, testConfig(env.js, memStore(t), "stress"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		early := l.Writer.Write(ctx, submitEntry(fmt.Sprintf("early-%d", round), checkpoint.StepSpec{Name: "one"}))
+		ops := []func(){
+			func() { _ = l.Applier.Start(ctx) },
+			func() { _ = l.Writer.Start(ctx) },
+			func() { _ = l.Start(ctx) },
+			l.Writer.Stop,
+			l.Applier.Stop,
+			l.Stop,
+		}
+		var wg sync.WaitGroup
+		for _, i := range rng.Perm(len(ops)) {
+			wg.Add(1)
+			go func() { defer wg.Done(); ops[i]() }()
+		}
+		wg.Wait()
+		l.Stop()
+		if err := l.Start(ctx); !errors.Is(err, ErrStopped) {
+			t.Fatalf("round %d: start after stop: %v", round, err)
+		}
+		// Published and applied before the stop, or stopped: never left waiting.
+		if err := early.Await(ctx); err != nil && !errors.Is(err, ErrStopped) && !errors.Is(err, ErrAppendUncertain) {
+			t.Fatalf("round %d: a write queued before start: %v", round, err)
+		}
+	}
 }
 
 // A message of a newer format version in the stream stops the applier with an error
@@ -185,21 +248,21 @@ func TestLogStopIsSafe(t *testing.T) {
 func TestApplierStopsOnANewerFormat(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	if _, err := env.log.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
+	if _, err := write(ctx, env.log.Writer, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.js.Publish(ctx, DefaultSubject, []byte(`{"v":9,"entries":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-env.log.Failed():
+	case <-env.log.Applier.Failed():
 	case <-ctx.Done():
 		t.Fatal("applier did not stop on a message of a newer format")
 	}
-	if err := env.log.Err(); !errors.Is(err, checkpoint.ErrNewerFormat) || !strings.Contains(err.Error(), "sequence 2") || !strings.Contains(err.Error(), "version 9") {
+	if err := env.log.Applier.Err(); !errors.Is(err, checkpoint.ErrNewerFormat) || !strings.Contains(err.Error(), "sequence 2") || !strings.Contains(err.Error(), "version 9") {
 		t.Fatalf("applier error = %v; want ErrNewerFormat at sequence 2", err)
 	}
-	if _, err := env.log.Write(ctx, submitEntry("r2", checkpoint.StepSpec{Name: "one"})); err == nil {
+	if _, err := write(ctx, env.log.Writer, submitEntry("r2", checkpoint.StepSpec{Name: "one"})); err == nil {
 		t.Fatal("a write after the applier stopped succeeded")
 	}
 	if env.store.Applied() != 1 {
@@ -207,12 +270,12 @@ func TestApplierStopsOnANewerFormat(t *testing.T) {
 	}
 }
 
-// AppendAll: the entries share one message whatever other writers do meanwhile, each
-// gets its own outcome, and a group too big for one message is refused before publishing.
-func TestAppendAllSharesOneMessage(t *testing.T) {
+// One Write's entries share one message whatever other writers do meanwhile, each gets
+// its own outcome, and a write too big for one message is refused before publishing.
+func TestWriteSharesOneMessage(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	l := env.log
+	l := env.log.Writer
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	wg.Add(1)
@@ -224,23 +287,21 @@ func TestAppendAllSharesOneMessage(t *testing.T) {
 				return
 			default:
 			}
-			_, _ = l.Write(ctx, submitEntry(fmt.Sprintf("noise-%d", i), checkpoint.StepSpec{Name: "one"}))
+			_, _ = write(ctx, l, submitEntry(fmt.Sprintf("noise-%d", i), checkpoint.StepSpec{Name: "one"}))
 		}
 	}()
 	for i := 0; i < 30; i++ {
 		id := fmt.Sprintf("g%d", i)
-		ts, err := l.AppendAll(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"}), checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1})
+		f := l.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"}), checkpoint.Entry{Kind: checkpoint.KindAssign, Run: id, Term: 1})
+		if err := f.Await(ctx); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		v, err := env.store.View(id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, tk := range ts {
-			if err := tk.Await(ctx); err != nil {
-				t.Fatalf("%s: %v", id, err)
-			}
-		}
-		r, err := env.store.Run(id)
-		if err != nil || ts[0].Seq() != ts[1].Seq() || r.Epoch != int64(ts[1].Seq()) {
-			t.Fatalf("%s: submit in message %d, assign in %d, epoch %d (%v): want one message", id, ts[0].Seq(), ts[1].Seq(), r.Epoch, err)
+		if len(v.Events) == 0 || v.Events[0].Seq != f.Seq() || v.Run.Epoch != int64(f.Seq()) {
+			t.Fatalf("%s: written in message %d, epoch %d (%v): want the submit and the assign in one message", id, f.Seq(), v.Run.Epoch, err)
 		}
 	}
 	close(stop)
@@ -251,39 +312,40 @@ func TestAppendAllSharesOneMessage(t *testing.T) {
 	if r, err := env.store.Run("g0"); err == nil {
 		old = r.Epoch
 	}
-	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: old, Owner: "a"}); err != nil {
+	if _, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: old, Owner: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "g0", Epoch: old, Term: 1, Reason: checkpoint.ReasonLeaseExpired})
+	cur, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "g0", Epoch: old, Term: 1, Reason: checkpoint.ReasonLeaseExpired})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: int64(cur), Owner: "b"}); err != nil {
+	if _, err := write(ctx, l, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "g0", Epoch: int64(cur), Owner: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	ts, err := l.AppendAll(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "g0", Step: "one", Item: checkpoint.ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{}`)},
+	f := l.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "g0", Step: "one", Item: checkpoint.ItemWhole, Epoch: old, Owner: "a", Output: json.RawMessage(`{}`)},
 		checkpoint.Entry{Kind: checkpoint.KindComplete, Run: "g0", Epoch: int64(cur), Owner: "b", Status: checkpoint.StatusSucceeded})
-	if err != nil {
-		t.Fatal(err)
+	errs := f.Results(ctx)
+	if !errors.Is(errs[0], checkpoint.ErrFenced) {
+		t.Fatalf("stale commit in a write: %v, want ErrFenced", errs[0])
 	}
-	if err := ts[0].Await(ctx); !errors.Is(err, checkpoint.ErrFenced) {
-		t.Fatalf("stale commit in a group: %v, want ErrFenced", err)
+	if !errors.Is(errs[1], checkpoint.ErrConflict) {
+		t.Fatalf("completion after a fenced commit: %v, want a conflict (step one never succeeded)", errs[1])
 	}
-	if err := ts[1].Await(ctx); !errors.Is(err, checkpoint.ErrConflict) {
-		t.Fatalf("completion after a fenced commit: %v, want a conflict (step one never succeeded)", err)
+	if err := f.Await(ctx); !errors.Is(err, checkpoint.ErrFenced) || f.Seq() <= uint64(cur) {
+		t.Fatalf("the write's Await: %v at %d, want the first rejection (ErrFenced) after %d", err, f.Seq(), cur)
 	}
 
-	before, _ := l.LastSeq(ctx)
+	before, _ := env.log.Applier.LastSeq(ctx)
 	half := json.RawMessage(`"` + strings.Repeat("x", DefaultMaxOutputBytes-100) + `"`)
 	var group []checkpoint.Entry
 	for i := 0; i < 10; i++ {
 		group = append(group, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "g1", Step: "one", Item: i, Epoch: 5, Owner: "a", Output: half})
 	}
-	if _, err := l.AppendAll(ctx, group...); !errors.Is(err, ErrOutputTooLarge) {
-		t.Fatalf("10 MiB in one group: %v, want ErrOutputTooLarge", err)
+	if err := l.Write(ctx, group...).Await(ctx); !errors.Is(err, ErrOutputTooLarge) {
+		t.Fatalf("10 MiB in one write: %v, want ErrOutputTooLarge", err)
 	}
-	if after, _ := l.LastSeq(ctx); after != before {
-		t.Fatalf("a refused group reached the log")
+	if after, _ := env.log.Applier.LastSeq(ctx); after != before {
+		t.Fatalf("a refused write reached the log")
 	}
 }
 
@@ -296,7 +358,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	ctx := ctxT(t)
 	open := func(node string) (*Log, *checkpoint.Store) {
 		s := memStore(t)
-		l, err := Open(ctx, Config{JS: env.js, Store: s, Node: node})
+		l, err := Open(ctx, testConfig(env.js, s, node))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -316,7 +378,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 50; i++ {
 				id := fmt.Sprintf("r%d", i) // all four writers submit the same runs
-				_, err := l.Write(ctx, submitEntry(id, checkpoint.StepSpec{Name: "one"}))
+				_, err := write(ctx, l.Writer, submitEntry(id, checkpoint.StepSpec{Name: "one"}))
 				if err != nil && !errors.Is(err, checkpoint.ErrRunExists) {
 					errs <- fmt.Errorf("writer %d: %v", w, err)
 				}
@@ -338,13 +400,13 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	if firsts != 50 {
 		t.Fatalf("%d submits accepted for 50 runs: a run was created twice or never", firsts)
 	}
-	last, err := la.LastSeq(ctx)
+	last, err := la.Applier.LastSeq(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lc, sc := open("node-c")
 	for _, l := range []*Log{la, lb, lc} {
-		if err := l.WaitApplied(ctx, last); err != nil {
+		if err := l.Applier.WaitApplied(ctx, last); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -373,7 +435,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		recovers bool
 	}{{300 * time.Millisecond, true}, {time.Hour, false}} {
 		store := memStore(t)
-		watched, err := Open(ctx, Config{JS: env.js, Store: store, Node: "watched", StallTimeout: c.stall})
+		watched, err := Open(ctx, testConfig(env.js, store, "watched", func(cfg *Config) { cfg.StallTimeout = c.stall }))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,25 +444,25 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		}
 		// A message the watched node applies: its consumer is running (it clears the
 		// switch below when it starts) before the switch is set.
-		last, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("before-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
+		last, err := write(ctx, env.log.Writer, submitEntry(fmt.Sprintf("before-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := watched.WaitApplied(ctx, last); err != nil {
+		if err := watched.Applier.WaitApplied(ctx, last); err != nil {
 			t.Fatal(err)
 		}
 		// The consumer goes silent (as a consumer stuck on a lost server does, or one
 		// behind a silent partition: no error, nothing heard), and another node writes.
-		watched.hooks.Deaf.Store(true)
-		seq, err := env.log.Write(ctx, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
+		watched.Applier.hooks.Deaf.Store(true)
+		seq, err := write(ctx, env.log.Writer, submitEntry(fmt.Sprintf("after-stall-%v", c.recovers), checkpoint.StepSpec{Name: "one"}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err = watched.WaitApplied(wctx, seq)
+		err = watched.Applier.WaitApplied(wctx, seq)
 		cancel()
-		if c.recovers && (err != nil || watched.ConsumerRestarts() == 0) {
-			t.Fatalf("stalled applier not recovered: %v (restarts %d)", err, watched.ConsumerRestarts())
+		if c.recovers && (err != nil || watched.Applier.ConsumerRestarts() == 0) {
+			t.Fatalf("stalled applier not recovered: %v (restarts %d)", err, watched.Applier.ConsumerRestarts())
 		}
 		if !c.recovers && err == nil {
 			t.Fatal("the applier caught up without its supervisor: the test does not stall it")
@@ -410,16 +472,17 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 }
 
 // Each writer's entries reach the log in the order it wrote them, whichever way it
-// writes (Append and AppendNote without waiting, Write, AppendAll, WriteAll) and whether
-// its write was published inline (the log idle) or by the group commit: writers racing
-// for the idle log must never let a later entry pass an earlier one still queued. With
-// the inline path allowed past queued writes (control), the same workload sees it.
+// writes (one entry or several per Write, awaited or not, notes) and whether its write
+// was published inline (the log idle) or by the group commit: writers racing for the
+// idle log must never let a later entry pass an earlier one still queued. With the
+// inline path allowed past queued writes (control), the same workload sees it.
 func TestWritersKeepTheirOrder(t *testing.T) {
 	if v := writeInOrder(t, false); v != "" {
 		t.Fatal(v)
 	}
 	for round := 0; ; round++ {
 		if writeInOrder(t, true) != "" {
+			t.Logf("the control saw a reorder in round %d", round)
 			return
 		}
 		if round == 60 {
@@ -433,47 +496,58 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 	t.Helper()
 	env := startEnv(t, t.TempDir())
 	defer env.close()
-	env.log.hooks.PassQueue = passQueue
+	env.log.Writer.hooks.PassQueue = passQueue
 	ctx := ctxT(t)
 	const writers, calls = 6, 60
 	type pos struct{ seq, idx uint64 }
 	var wg sync.WaitGroup
+	// order[w] lists writer w's entries as written: a run ID for a submit, or
+	// "note:<n>" for its n-th note, a step start of its run "w<w>-notes" (fenced, as the
+	// run is not running, and recorded in its history with the item n).
 	order := make([][]string, writers)
+	for w := range writers {
+		if _, err := write(ctx, env.log.Writer, submitEntry(fmt.Sprintf("w%d-notes", w), checkpoint.StepSpec{Name: "one"})); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			var pending []*Ticket
+			var pending []*Future
+			notes := 0
 			for i := range calls {
-				ids := []string{fmt.Sprintf("w%d-%d-a", w, i)}
-				if rng.IntN(3) == 0 {
-					ids = append(ids, fmt.Sprintf("w%d-%d-b", w, i))
-				}
-				es := make([]checkpoint.Entry, len(ids))
-				for j, id := range ids {
-					es[j] = submitEntry(id, checkpoint.StepSpec{Name: "one"})
-				}
-				order[w] = append(order[w], ids...)
-				var err error
-				switch rng.IntN(5) {
-				case 4:
-					for _, e := range es {
-						var tk *Ticket
-						if tk, err = env.log.AppendNote(ctx, e); err != nil {
-							break
-						}
-						pending = append(pending, tk)
+				n := 1 + rng.IntN(3)/2 // one entry, or two a third of the time
+				es := make([]checkpoint.Entry, n)
+				mode := rng.IntN(5)
+				for j := range es {
+					if mode == 4 {
+						es[j] = checkpoint.Entry{Kind: checkpoint.KindStart, Run: fmt.Sprintf("w%d-notes", w), Step: "one", Item: notes, Epoch: 1, Owner: "w"}
+						order[w] = append(order[w], fmt.Sprintf("note:%d", notes))
+						notes++
+						continue
 					}
-				case 0:
-					var ts []*Ticket
-					ts, err = env.log.AppendAll(ctx, es...)
-					pending = append(pending, ts...)
-				case 1, 2:
-					_, err = env.log.WriteAll(ctx, es...)
-				default:
+					id := fmt.Sprintf("w%d-%d-%d", w, i, j)
+					es[j] = submitEntry(id, checkpoint.StepSpec{Name: "one"})
+					order[w] = append(order[w], id)
+				}
+				var err error
+				switch mode {
+				case 4: // notes, one Write each, not awaited
 					for _, e := range es {
-						if _, err = env.log.Write(ctx, e); err != nil {
+						pending = append(pending, env.log.Writer.Write(ctx, e))
+					}
+				case 0: // not awaited, and queued for the group commit: a deadline before
+					// PublishTimeout keeps a write off the inline path
+					qctx, cancel := context.WithTimeout(ctx, DefaultPublishTimeout/2)
+					pending = append(pending, env.log.Writer.Write(qctx, es...))
+					cancel()
+				case 1, 2: // one message, awaited
+					err = env.log.Writer.Write(ctx, es...).Await(ctx)
+				default: // one Write per entry, each awaited
+					for _, e := range es {
+						if err = env.log.Writer.Write(ctx, e).Await(ctx); err != nil {
 							break
 						}
 					}
@@ -483,24 +557,44 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 					return
 				}
 			}
-			for _, tk := range pending {
-				if err := tk.Await(ctx); err != nil {
+			for _, f := range pending {
+				if err := f.Await(ctx); err != nil && !errors.Is(err, checkpoint.ErrFenced) {
 					t.Error(err)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	for w, ids := range order {
-		var last pos
-		for i, id := range ids {
-			v, err := env.store.View(id)
-			if err != nil || len(v.Events) == 0 {
-				t.Fatalf("run %s: %v", id, err)
+	for w, keys := range order {
+		notes, err := env.store.View(fmt.Sprintf("w%d-notes", w))
+		if err != nil {
+			t.Fatal(err)
+		}
+		noteAt := map[int]pos{}
+		for _, ev := range notes.Events {
+			if ev.Kind == checkpoint.KindStart {
+				noteAt[ev.Item] = pos{ev.Seq, uint64(ev.Index)}
 			}
-			p := pos{v.Events[0].Seq, uint64(v.Events[0].Index)}
+		}
+		var last pos
+		for i, key := range keys {
+			var p pos
+			if n, ok := strings.CutPrefix(key, "note:"); ok {
+				k, _ := strconv.Atoi(n)
+				at, found := noteAt[k]
+				if !found {
+					t.Fatalf("writer %d: note %d is not in the log", w, k)
+				}
+				p = at
+			} else {
+				v, err := env.store.View(key)
+				if err != nil || len(v.Events) == 0 {
+					t.Fatalf("run %s: %v", key, err)
+				}
+				p = pos{v.Events[0].Seq, uint64(v.Events[0].Index)}
+			}
 			if i > 0 && (p.seq < last.seq || (p.seq == last.seq && p.idx <= last.idx)) {
-				return fmt.Sprintf("writer %d: %s at %d/%d came after %s at %d/%d in the log", w, id, p.seq, p.idx, ids[i-1], last.seq, last.idx)
+				return fmt.Sprintf("writer %d: %s at %d/%d came after %s at %d/%d in the log", w, key, p.seq, p.idx, keys[i-1], last.seq, last.idx)
 			}
 			last = p
 		}
@@ -508,15 +602,17 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 	return ""
 }
 
-// A note rides with the next write: a lone writer's note and write cost one message.
-// A note with no write after it is still published, within NoteDelay.
+// A note (a Write of step starts or non-final failures only) rides with the next write:
+// a lone writer's note and write cost one message. A note with no write after it is
+// still published, within NoteDelay. A write that holds a start among other entries is
+// no note: it goes out at once.
 func TestNotesRideWithTheNextWrite(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
 	// A note delay far longer than a write takes, so that the rounds do not depend on
 	// the machine's speed (under -race on a loaded machine a write came after 5ms).
 	store := memStore(t)
-	patient, err := Open(ctx, Config{JS: env.js, Store: store, Node: "patient", NoteDelay: time.Minute})
+	patient, err := Open(ctx, testConfig(env.js, store, "patient", func(c *Config) { c.NoteDelay = time.Minute }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,33 +620,45 @@ func TestNotesRideWithTheNextWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer patient.Stop()
-	seq := func(id string) uint64 {
-		v, err := store.View(id)
-		if err != nil || len(v.Events) == 0 {
-			t.Fatalf("run %s: %v", id, err)
-		}
-		return v.Events[0].Seq
+	w := patient.Writer
+	// A running run whose step the notes start (and fail, to be retried).
+	if _, err := write(ctx, w, submitEntry("noted", checkpoint.StepSpec{Name: "one"})); err != nil {
+		t.Fatal(err)
 	}
+	ep, err := write(ctx, w, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "noted", Term: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := write(ctx, w, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "noted", Epoch: int64(ep), Owner: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	start := checkpoint.Entry{Kind: checkpoint.KindStart, Run: "noted", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(ep), Owner: "a"}
+	retry := checkpoint.Entry{Kind: checkpoint.KindFail, Run: "noted", Step: "one", Item: checkpoint.ItemWhole, Epoch: int64(ep), Owner: "a", Error: "try again"}
 	for i := range 20 {
-		note, err := patient.AppendNote(ctx, submitEntry(fmt.Sprintf("n%d", i), checkpoint.StepSpec{Name: "one"}))
-		if err != nil {
-			t.Fatal(err)
+		noted := start
+		if i%2 == 1 {
+			noted = retry
 		}
-		if _, err := patient.Write(ctx, submitEntry(fmt.Sprintf("w%d", i), checkpoint.StepSpec{Name: "one"})); err != nil {
+		note := w.Write(ctx, noted)
+		f := w.Write(ctx, submitEntry(fmt.Sprintf("w%d", i), checkpoint.StepSpec{Name: "one"}))
+		if err := f.Await(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := note.Await(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if a, b := seq(fmt.Sprintf("n%d", i)), seq(fmt.Sprintf("w%d", i)); a != b {
-			t.Fatalf("round %d: the note went out in message %d, the write in %d: want one message", i, a, b)
+		if note.Seq() != f.Seq() {
+			t.Fatalf("round %d: the note went out in message %d, the write in %d: want one message", i, note.Seq(), f.Seq())
 		}
 	}
-	alone, err := env.log.AppendNote(ctx, submitEntry("alone", checkpoint.StepSpec{Name: "one"}))
-	if err != nil {
-		t.Fatal(err)
+	// A start with a write that waits is no note: it goes out now, not after a minute.
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := w.Write(sctx, start, submitEntry("with-a-start", checkpoint.StepSpec{Name: "one"})).Await(sctx); err != nil {
+		t.Fatalf("a start written with a submit: %v", err)
 	}
-	if err := alone.Await(ctx); err != nil { // ctxT's deadline bounds the wait
+	alone := env.log.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindStart, Run: "noted", Step: "one", Item: checkpoint.ItemWhole, Epoch: 1, Owner: "a"})
+	if err := alone.Await(ctx); alone.Seq() == 0 { // ctxT's deadline bounds the wait
 		t.Fatalf("a note with nothing after it: %v", err)
 	}
 }
@@ -565,7 +673,7 @@ func TestWriteKeepsItsCallersDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	began := time.Now()
-	_, err := env.log.Write(ctx, submitEntry("r1", checkpoint.StepSpec{Name: "a"}))
+	_, err := write(ctx, env.log.Writer, submitEntry("r1", checkpoint.StepSpec{Name: "a"}))
 	took := time.Since(began)
 	if err == nil {
 		t.Fatal("a write to an unreachable log succeeded")

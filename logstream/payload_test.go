@@ -35,7 +35,7 @@ func TestOutputLimitFitsTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		js, _ := jetstream.New(nc)
-		l, err := Open(ctxT(t), Config{JS: js, Store: memStore(t), Node: "node-a"})
+		l, err := Open(ctxT(t), testConfig(js, memStore(t), "node-a"))
 		switch {
 		case c.refused != "":
 			if !errors.Is(err, checkpoint.ErrInvalidEntry) || !strings.Contains(err.Error(), c.refused) {
@@ -46,8 +46,8 @@ func TestOutputLimitFitsTheServer(t *testing.T) {
 			}
 		case err != nil:
 			t.Errorf("max_payload %d: %v", c.payload, err)
-		case l.MaxOutputBytes() != c.fit:
-			t.Errorf("max_payload %d: output limit %d, want %d", c.payload, l.MaxOutputBytes(), c.fit)
+		case l.Writer.MaxOutputBytes() != c.fit:
+			t.Errorf("max_payload %d: output limit %d, want %d", c.payload, l.Writer.MaxOutputBytes(), c.fit)
 		}
 		nc.Close()
 		srv.Shutdown()

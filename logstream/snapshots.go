@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -36,6 +37,22 @@ type Snapshot struct {
 	At   time.Time
 }
 
+// Snapshots writes this node's state to the snapshot bucket (FLOW_SNAPSHOTS), and lists
+// and prunes what the bucket holds. It runs no goroutine: nothing to start or stop. A
+// node that must start from a snapshot restores one with PrepareState, before its store
+// is open.
+type Snapshots struct {
+	js       jetstream.JetStream
+	store    *checkpoint.Store
+	replicas int
+	nonce    string // names this node's snapshots being written
+	log      *slog.Logger
+}
+
+func newSnapshots(cfg Config, log *slog.Logger) *Snapshots {
+	return &Snapshots{js: cfg.JS, store: cfg.Store, replicas: cfg.Replicas, nonce: strconv.FormatUint(rand.Uint64(), 36), log: log}
+}
+
 // openSnapshots opens the snapshot bucket, creating it if needed.
 func openSnapshots(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
 	obs, err := js.ObjectStore(ctx, SnapshotBucket)
@@ -52,8 +69,11 @@ func openSnapshots(ctx context.Context, js jetstream.JetStream, replicas int) (j
 	return obs, nil
 }
 
-// Snapshots lists the stored snapshots, oldest first.
-func Snapshots(ctx context.Context, js jetstream.JetStream) ([]Snapshot, error) {
+// List lists the stored snapshots, oldest first (none when there is no bucket yet).
+func (s *Snapshots) List(ctx context.Context) ([]Snapshot, error) { return listBucket(ctx, s.js) }
+
+// listBucket lists the snapshots in js's bucket, oldest first.
+func listBucket(ctx context.Context, js jetstream.JetStream) ([]Snapshot, error) {
 	obs, err := js.ObjectStore(ctx, SnapshotBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
@@ -94,10 +114,10 @@ func cmpUint(a, b uint64) int {
 	return 0
 }
 
-// Snapshot writes a snapshot of this node's state to the snapshot bucket, streamed (the
+// Take writes a snapshot of this node's state to the snapshot bucket, streamed (the
 // state is read from a Pebble snapshot while applying goes on), checksummed by the
-// format and by the object store; then it deletes all but the newest KeepSnapshots.
-func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
+// format and by the object store; then it prunes the bucket (Prune).
+func (s *Snapshots) Take(ctx context.Context) (Snapshot, error) {
 	// The object store's Put publishes every chunk asynchronously through a JetStream
 	// context it makes itself, whose ack timeout is the default request timeout (5 s)
 	// unless ctx has a deadline; behind a busy node's synced log a chunk's ack can take
@@ -108,22 +128,21 @@ func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
 		ctx, cancel = context.WithTimeout(ctx, snapshotUploadTimeout)
 		defer cancel()
 	}
-	js := l.cfg.JS
-	obs, err := openSnapshots(ctx, js, l.cfg.Replicas)
+	obs, err := openSnapshots(ctx, s.js, s.replicas)
 	if err != nil {
 		return Snapshot{}, err
 	}
 	pr, pw := io.Pipe()
 	metas := make(chan checkpoint.SnapshotMeta, 1)
 	go func() {
-		meta, err := l.cfg.Store.WriteSnapshot(pw)
+		meta, err := s.store.WriteSnapshot(pw)
 		pw.CloseWithError(err)
 		metas <- meta
 	}()
 	// The object is named by its sequence, known once the snapshot is written: it is
 	// written under a name of its own, then renamed; a reader never sees half of one.
-	tmp := snapshotPrefix + "part-" + l.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, l.uploadReader(ctx, pr))
+	tmp := snapshotPrefix + "part-" + s.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, s.uploadReader(ctx, pr))
 	pr.CloseWithError(err) // a failed put unblocks the writer
 	meta := <-metas
 	if err != nil {
@@ -139,8 +158,10 @@ func (l *Log) Snapshot(ctx context.Context) (Snapshot, error) {
 		}
 		return Snapshot{}, fmt.Errorf("logstream: name snapshot %s: %w", name, err)
 	}
-	l.pruneSnapshots(ctx, obs)
-	l.log.Info("snapshot written", "seq", meta.Seq, "bytes", info.Size, "keys", meta.Keys)
+	if err := prune(ctx, obs); err != nil {
+		s.log.Warn("snapshot written; pruning the older ones failed (the next snapshot tries again)", "err", err)
+	}
+	s.log.Info("snapshot written", "seq", meta.Seq, "bytes", info.Size, "keys", meta.Keys)
 	return Snapshot{Name: name, Seq: meta.Seq, Size: info.Size, At: time.Now()}, nil
 }
 
@@ -170,13 +191,13 @@ var haltSnapshotAfter string
 
 // uploadReader is what the object store reads a snapshot from: r in full chunks, and
 // halted where a test build says.
-func (l *Log) uploadReader(ctx context.Context, r io.Reader) io.Reader {
+func (s *Snapshots) uploadReader(ctx context.Context, r io.Reader) io.Reader {
 	n, err := strconv.ParseInt(haltSnapshotAfter, 10, 64)
 	if haltSnapshotAfter == "" || err != nil {
 		return fullChunks{r}
 	}
 	halted := func(p []byte) (int, error) {
-		l.log.Warn("snapshot upload halted for a test (haltSnapshotAfter)", "after_bytes", n)
+		s.log.Warn("snapshot upload halted for a test (haltSnapshotAfter)", "after_bytes", n)
 		<-ctx.Done()
 		return 0, ctx.Err()
 	}
@@ -187,22 +208,46 @@ type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
-// pruneSnapshots deletes all but the newest KeepSnapshots, and parts left by writers
-// that died (older than a minute).
-func (l *Log) pruneSnapshots(ctx context.Context, obs jetstream.ObjectStore) {
+// Prune deletes all but the newest KeepSnapshots, and parts left by writers that died
+// (older than a minute). Take prunes after each snapshot it writes.
+func (s *Snapshots) Prune(ctx context.Context) error {
+	obs, err := s.js.ObjectStore(ctx, SnapshotBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("logstream: snapshot bucket: %w", err)
+	}
+	return prune(ctx, obs)
+}
+
+// prune is Prune on an open bucket; it goes on past a failed delete and returns the
+// first error.
+func prune(ctx context.Context, obs jetstream.ObjectStore) error {
 	snaps, err := listSnapshots(ctx, obs)
 	if err != nil {
-		return
+		return err
 	}
-	for i := 0; i < len(snaps)-KeepSnapshots; i++ {
-		_ = obs.Delete(ctx, snaps[i].Name)
-	}
-	infos, _ := obs.List(ctx)
-	for _, in := range infos {
-		if strings.HasPrefix(in.Name, snapshotPrefix+"part-") && time.Since(in.ModTime) > time.Minute {
-			_ = obs.Delete(ctx, in.Name)
+	var first error
+	keep := func(err error) {
+		if first == nil && err != nil {
+			first = fmt.Errorf("logstream: prune snapshots: %w", err)
 		}
 	}
+	for i := 0; i < len(snaps)-KeepSnapshots; i++ {
+		keep(obs.Delete(ctx, snaps[i].Name))
+	}
+	infos, err := obs.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		err = nil
+	}
+	keep(err)
+	for _, in := range infos {
+		if strings.HasPrefix(in.Name, snapshotPrefix+"part-") && time.Since(in.ModTime) > time.Minute {
+			keep(obs.Delete(ctx, in.Name))
+		}
+	}
+	return first
 }
 
 // PrepareState restores the newest snapshot into stateDir when this node cannot start
@@ -239,7 +284,7 @@ func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir 
 	if first <= applied+1 {
 		return nil // the log holds every message after the applied one
 	}
-	snaps, err := Snapshots(ctx, js)
+	snaps, err := listBucket(ctx, js)
 	if err != nil {
 		return err
 	}

@@ -26,11 +26,11 @@ func TestSnapshotIsUploadedInFullChunks(t *testing.T) {
 		entries = append(entries, entry)
 	}
 	for i := 0; i < len(entries); i += 10 {
-		if _, err := env.log.WriteAll(ctx, entries[i:i+10]...); err != nil {
+		if err := env.log.Writer.Write(ctx, entries[i:i+10]...).Await(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	snap, err := env.log.Snapshot(ctx)
+	snap, err := env.log.Snapshots.Take(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

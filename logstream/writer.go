@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -14,450 +18,554 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/testhooks"
 )
 
+// Writer appends entries to the log: Write encodes them on the caller's goroutine, and
+// they go out either inline (a lone writer on an idle log publishes its own message) or
+// with whatever else queued while the previous publish was in flight (group commit: one
+// publish in flight, so concurrent writers share an fsync). It hands each message's
+// Futures to the Applier, and applies its own message from memory when it is the next
+// (Applier.applyOwn). Start it, Stop it.
+type Writer struct {
+	a              *Applier
+	js             jetstream.JetStream
+	node           string
+	stream         string
+	subject        string
+	maxOutput      int // the step output limit in force (Config.MaxOutputBytes, fitted to the server)
+	maxBytes       int // the most one message's entries may take (the server's max_payload less the envelope)
+	maxEntries     int
+	noteDelay      time.Duration
+	publishTimeout time.Duration
+	noOwnApply     bool
+	hooks          *testhooks.Hooks // PassQueue (production's zero value unless a test's)
+	log            *slog.Logger
+	nonce          string
+	counter        atomic.Uint64
+
+	// The queue of the group commit. Exactly one publish is in flight at a time (busy),
+	// made by the writer goroutine, or inline by a Write that found the log idle.
+	wq struct {
+		sync.Mutex
+		reqs    []*request    // one per Write, in order
+		busy    bool          // a publish is in flight
+		closed  bool          // Stop began: no new requests, no new inline publishes
+		space   chan struct{} // closed (and replaced) when reqs drop below the bound
+		company int           // writes in the last message plus those queued at its ack
+		notes   int           // notes among reqs
+		noteDue bool          // the oldest queued note has waited NoteDelay
+		timer   *time.Timer   // makes notes due; nil when none is armed
+		ctx     context.Context
+		cancel  context.CancelFunc
+	}
+	wake chan struct{} // cap 1: the writer goroutine should look at the queue
+
+	// decodes hands a message being published to the decoder goroutine, which decodes
+	// it while the publish is in flight (unbuffered: a send succeeds only when the
+	// decoder is idle, and then it finishes the job).
+	decodes chan *decodeJob
+
+	stopOnce sync.Once
+	stopped  chan struct{}  // closed when Stop begins
+	wg       sync.WaitGroup // the writer and decoder goroutines, and inline publishes
+}
+
+func newWriter(cfg Config, a *Applier, maxOutput, maxBytes int, hooks *testhooks.Hooks, log *slog.Logger) *Writer {
+	w := &Writer{a: a, js: cfg.JS, node: cfg.Node, stream: cfg.Stream, subject: cfg.Subject,
+		maxOutput: maxOutput, maxBytes: maxBytes, maxEntries: cfg.MaxBatchEntries, noteDelay: cfg.NoteDelay,
+		publishTimeout: cfg.PublishTimeout, noOwnApply: cfg.NoOwnApply, hooks: hooks, log: log,
+		nonce: strconv.FormatUint(rand.Uint64(), 36), wake: make(chan struct{}, 1), decodes: make(chan *decodeJob),
+		stopped: make(chan struct{})}
+	w.wq.space = make(chan struct{})
+	return w
+}
+
+// Start starts the group commit's writer goroutine and the decoder. Writes made before
+// Start wait in the queue. A second Start does nothing; Start after Stop returns
+// ErrStopped.
+func (w *Writer) Start(ctx context.Context) error {
+	w.wq.Lock()
+	defer w.wq.Unlock()
+	switch {
+	case w.wq.closed:
+		return ErrStopped
+	case w.wq.ctx != nil:
+		return nil
+	}
+	w.wq.ctx, w.wq.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.wg.Add(2)
+	go w.runDecoder(w.wq.ctx)
+	go w.runWriter(w.wq.ctx)
+	return nil
+}
+
+// Stop stops taking writes, ends the publish in flight (its writers get
+// ErrAppendUncertain unless it was acknowledged) and waits for the writer's goroutines.
+// Queued writes get ErrStopped. Safe to call twice and before Start.
+func (w *Writer) Stop() {
+	w.stopOnce.Do(func() {
+		w.wq.Lock()
+		w.wq.closed = true // after this no inline publish starts (they wg.Add under this lock)
+		cancel := w.wq.cancel
+		w.wq.Unlock()
+		close(w.stopped)
+		if cancel != nil {
+			cancel()
+		}
+		w.wg.Wait()
+		w.drainQueue() // the writer goroutine did, unless it never ran
+	})
+}
+
+// MaxOutputBytes is the largest step output the writer accepts: the configured limit,
+// or less when the NATS server's max_payload does not leave room for it (Open warns).
+func (w *Writer) MaxOutputBytes() int { return w.maxOutput }
+
 type request struct {
-	data   []byte
-	note   bool // AppendNote: rides with the next message, or goes out within NoteDelay
-	kind   checkpoint.Kind
-	run    string
-	ticket *Ticket
-	then   *request // the next entry that must share this one's message (AppendAll)
+	data    [][]byte // the entries, encoded, in the order written
+	size    int      // bytes they take in a message
+	version int      // the log format they need
+	assigns []string // runs they assign: two assigns of a run in one message would share an epoch
+	note    bool     // rides with the next message, or goes out within NoteDelay
+	future  *Future
 }
 
-// chain calls fn for r and the entries that must share its message.
-func (r *request) chain(fn func(*request)) {
-	for ; r != nil; r = r.then {
-		fn(r)
-	}
-}
-
-// Append validates and queues an entry for the next log message. The returned ticket's
-// Await gives the outcome.
-func (l *Log) Append(ctx context.Context, entry checkpoint.Entry) (*Ticket, error) {
-	r, err := l.encode(entry)
+// Write appends entries to the log in one message, in this order, and returns their
+// Future; the caller awaits it or not. Each entry is judged on its own, on the state
+// the ones before it left (a run's last commit and its completion cost one synced write,
+// not two). A write that cannot be made is refused before publishing, through the
+// Future: an invalid entry (checkpoint.ErrInvalidEntry), more than MaxBatchEntries
+// entries, an output above MaxOutputBytes or entries that together do not fit one
+// message (ErrOutputTooLarge), a stopped writer (ErrStopped), a failed applier (its
+// error). ctx bounds only the wait for room in a full queue; Await takes its own.
+//
+// How it goes out:
+//   - A lone writer publishes the message and applies it on its own goroutine, so that
+//     Write returns with the Future resolved: when nothing is in flight, nothing but
+//     notes is queued (they go first, in the same message), and the last message had no
+//     company. That costs one publish and no hand-off to the writer goroutine and back
+//     (docs/perf.md, W2). A caller whose ctx deadline comes before PublishTimeout is
+//     queued instead, so that its Await can keep that deadline.
+//   - Otherwise the entries join the group commit.
+//   - A note, a write whose entries are all step starts or non-final failures (entries
+//     whose writer does not wait: a property of the entries, not an option), does not
+//     wake the writer: it rides in the next message another write makes, and goes out on
+//     its own only if none comes within NoteDelay. A lone writer's step start and its
+//     commit then cost one publish, not two. Awaiting a note may take NoteDelay.
+//
+// A writer's entries never pass each other, whichever way each went out.
+func (w *Writer) Write(ctx context.Context, entries ...checkpoint.Entry) *Future {
+	r, err := w.encode(entries)
 	if err != nil {
-		return nil, err
+		return failedFuture(w.a, len(entries), err)
 	}
-	return r.ticket, l.enqueue(ctx, r)
+	if !r.note {
+		if pctx, batch, ok := w.takeIdle(ctx, r); ok {
+			w.publish(pctx, batch)
+			w.releaseIdle()
+			return r.future
+		}
+	}
+	if err := w.enqueue(ctx, r); err != nil {
+		r.future.fail(err)
+	}
+	return r.future
 }
 
-// AppendNote queues an entry whose writer does not wait for it (a step's start, a
-// retry's failure): it rides in the next message another write makes, and goes out on
-// its own only if none comes within NoteDelay. A lone writer's note and its next write
-// then cost one publish, not two (docs/perf.md).
-func (l *Log) AppendNote(ctx context.Context, entry checkpoint.Entry) (*Ticket, error) {
-	r, err := l.encode(entry)
-	if err != nil {
-		return nil, err
-	}
-	r.note = true
-	return r.ticket, l.enqueue(ctx, r)
+// isNote reports whether an entry's writer goes on without its outcome: a step's start,
+// a failed attempt that will be retried.
+func isNote(e *checkpoint.Entry) bool {
+	return e.Kind == checkpoint.KindStart || (e.Kind == checkpoint.KindFail && !e.Final)
 }
 
-// AppendAll queues entries that go into one log message together, in this order (so a
-// run's last commit and its completion cost one synced write, not two). Each has its own
-// ticket and outcome: a message's entries are applied one after the other, each judged on
-// the state the ones before it left.
-func (l *Log) AppendAll(ctx context.Context, entries ...checkpoint.Entry) ([]*Ticket, error) {
+// encode validates and encodes entries into one request.
+func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 	if len(entries) == 0 {
-		return nil, nil
+		return nil, fmt.Errorf("%w: no entries to write", checkpoint.ErrInvalidEntry)
 	}
-	head, tickets, err := l.encodeAll(entries)
-	if err != nil {
-		return nil, err
+	if len(entries) > w.maxEntries {
+		return nil, fmt.Errorf("%w: %d entries for one message, at most %d", checkpoint.ErrInvalidEntry, len(entries), w.maxEntries)
 	}
-	return tickets, l.enqueue(ctx, head)
-}
-
-// encodeAll encodes entries into a chain of requests that must share one message.
-func (l *Log) encodeAll(entries []checkpoint.Entry) (*request, []*Ticket, error) {
-	if len(entries) == 0 {
-		return nil, nil, fmt.Errorf("%w: no entries to write", checkpoint.ErrInvalidEntry)
-	}
-	if len(entries) > l.cfg.MaxBatchEntries {
-		return nil, nil, fmt.Errorf("%w: %d entries for one message, at most %d", checkpoint.ErrInvalidEntry, len(entries), l.cfg.MaxBatchEntries)
-	}
-	var head, tail *request
-	tickets := make([]*Ticket, len(entries))
-	size := 0
-	for i, e := range entries {
-		r, err := l.encode(e)
+	r := &request{data: make([][]byte, 0, len(entries)), version: 1, note: true}
+	for i := range entries {
+		e := &entries[i]
+		data, err := w.encodeEntry(*e)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if size += len(r.data) + 1; size > l.maxBytes {
-			return nil, nil, fmt.Errorf("%w: %d entries of %d bytes together do not fit one log message (at most %d)", ErrOutputTooLarge, len(entries), size, l.maxBytes)
+		if r.size += len(data) + 1; r.size > w.maxBytes {
+			return nil, fmt.Errorf("%w: %d entries of %d bytes together do not fit one log message (at most %d)", ErrOutputTooLarge, len(entries), r.size, w.maxBytes)
 		}
-		if head == nil {
-			head = r
-		} else {
-			tail.then = r
+		r.data = append(r.data, data)
+		r.version = max(r.version, checkpoint.FormatFor(e.Kind))
+		r.note = r.note && isNote(e)
+		if e.Kind == checkpoint.KindAssign {
+			r.assigns = append(r.assigns, e.Run)
 		}
-		tail, tickets[i] = r, r.ticket
 	}
-	return head, tickets, nil
+	r.future = newFuture(w.a, len(entries))
+	return r, nil
 }
 
-func (l *Log) encode(entry checkpoint.Entry) (*request, error) {
+func (w *Writer) encodeEntry(entry checkpoint.Entry) ([]byte, error) {
 	if entry.At.IsZero() {
 		entry.At = time.Now().UTC()
 	}
 	if err := entry.Validate(); err != nil {
 		return nil, err
 	}
-	if len(entry.Output) > l.cfg.MaxOutputBytes {
+	if len(entry.Output) > w.maxOutput {
 		return nil, fmt.Errorf("%w: step %q item %d output is %d bytes, the limit is %d: write large results elsewhere and return a reference",
-			ErrOutputTooLarge, entry.Step, entry.Item, len(entry.Output), l.cfg.MaxOutputBytes)
+			ErrOutputTooLarge, entry.Step, entry.Item, len(entry.Output), w.maxOutput)
 	}
 	data, err := json.Marshal(&entry)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %v", checkpoint.ErrInvalidEntry, err)
 	}
-	if len(data) > l.maxBytes {
-		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), l.maxBytes)
+	if len(data) > w.maxBytes {
+		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), w.maxBytes)
 	}
-	return &request{data: data, kind: entry.Kind, run: entry.Run, ticket: &Ticket{log: l, done: make(chan struct{})}}, nil
+	return data, nil
 }
 
-func (l *Log) enqueue(ctx context.Context, r *request) error {
+func (w *Writer) enqueue(ctx context.Context, r *request) error {
 	for {
 		select {
-		case <-l.failed:
-			return l.Err()
+		case <-w.a.failed:
+			return w.a.Err()
 		default:
 		}
-		l.wq.Lock()
-		if l.wq.closed {
-			l.wq.Unlock()
+		w.wq.Lock()
+		if w.wq.closed {
+			w.wq.Unlock()
 			return ErrStopped
 		}
-		if len(l.wq.reqs) < l.queueBound() {
-			l.wq.reqs = append(l.wq.reqs, r)
+		if len(w.wq.reqs) < w.queueBound() {
+			w.wq.reqs = append(w.wq.reqs, r)
 			if r.note {
-				l.wq.notes++
-				if l.wq.timer == nil {
-					l.wq.timer = time.AfterFunc(l.cfg.NoteDelay, l.notesDue)
+				w.wq.notes++
+				if w.wq.timer == nil {
+					w.wq.timer = time.AfterFunc(w.noteDelay, w.notesDue)
 				}
-				l.wq.Unlock()
+				w.wq.Unlock()
 				return nil // no kick: it waits for company or its delay
 			}
-			busy := l.wq.busy
-			l.wq.Unlock()
+			busy := w.wq.busy
+			w.wq.Unlock()
 			if !busy { // else the publisher in flight takes it next
-				l.kick()
+				w.kick()
 			}
 			return nil
 		}
-		space := l.wq.space
-		l.wq.Unlock()
+		space := w.wq.space
+		w.wq.Unlock()
 		select {
 		case <-space:
-		case <-l.stopped:
+		case <-w.stopped:
 			return ErrStopped
-		case <-l.failed:
-			return l.Err()
+		case <-w.a.failed:
+			return w.a.Err()
 		case <-ctx.Done():
-			return fmt.Errorf("logstream: append: %w", ctx.Err())
+			return fmt.Errorf("logstream: write: %w", ctx.Err())
 		}
 	}
 }
 
 // notesDue makes the queued notes publishable on their own (timer goroutine).
-func (l *Log) notesDue() {
-	l.wq.Lock()
-	l.wq.timer = nil
-	l.wq.noteDue = l.wq.notes > 0
-	l.wq.Unlock()
-	l.kick()
+func (w *Writer) notesDue() {
+	w.wq.Lock()
+	w.wq.timer = nil
+	w.wq.noteDue = w.wq.notes > 0
+	w.wq.Unlock()
+	w.kick()
 }
 
 // readyLocked reports whether the queue holds something to publish now.
-func (l *Log) readyLocked() bool {
-	return len(l.wq.reqs) > l.wq.notes || (l.wq.notes > 0 && l.wq.noteDue)
+func (w *Writer) readyLocked() bool {
+	return len(w.wq.reqs) > w.wq.notes || (w.wq.notes > 0 && w.wq.noteDue)
 }
 
-// queueBound is how many requests may wait for the writer before Append blocks.
-func (l *Log) queueBound() int { return 4 * l.cfg.MaxBatchEntries }
+// queueBound is how many writes may wait for the writer before Write blocks.
+func (w *Writer) queueBound() int { return 4 * w.maxEntries }
 
-func (l *Log) kick() {
+func (w *Writer) kick() {
 	select {
-	case l.wake <- struct{}{}:
+	case w.wake <- struct{}{}:
 	default:
 	}
 }
 
-// WriteAll appends entries that go into one message together, like AppendAll, and
-// waits for their outcomes: each ticket is resolved when it returns without error.
-//
-// A lone writer publishes the message and applies it on its own goroutine: when nothing
-// is in flight, nothing but notes is queued (they go first, in the same message), and
-// the last message had no company. That costs one publish and no hand-off to the writer
-// goroutine and back (docs/perf.md, W2). Otherwise the entries join the group commit.
-func (l *Log) WriteAll(ctx context.Context, entries ...checkpoint.Entry) ([]*Ticket, error) {
-	head, tickets, err := l.encodeAll(entries)
-	if err != nil {
-		return nil, err
-	}
-	if pctx, batch, ok := l.takeIdle(ctx, head); ok {
-		l.publish(pctx, batch)
-		l.releaseIdle()
-	} else if err := l.enqueue(ctx, head); err != nil {
-		return nil, err
-	}
-	for _, t := range tickets {
-		if err := t.Await(ctx); err != nil {
-			return tickets, err
-		}
-	}
-	return tickets, nil
-}
-
-// takeIdle makes the caller the publisher if the log is started and idle and nothing
-// but notes is queued: the batch is those notes (queued first) and head. A caller whose
+// takeIdle makes the caller the publisher if the writer is started and idle and nothing
+// but notes is queued: the batch is those notes (queued first) and r. A caller whose
 // deadline comes before PublishTimeout is not made the publisher: a publish runs to its
-// end (the log must learn whether the message landed), and the caller would wait it out
-// past its own deadline; queued, it awaits its ticket with its deadline.
-func (l *Log) takeIdle(ctx context.Context, head *request) (context.Context, []*request, bool) {
+// end (the writer must learn whether the message landed), and the caller would wait it
+// out past its own deadline; queued, it awaits its Future with its deadline.
+func (w *Writer) takeIdle(ctx context.Context, r *request) (context.Context, []*request, bool) {
 	select {
-	case <-l.failed:
+	case <-w.a.failed:
 		return nil, nil, false
 	default:
 	}
-	if d, ok := ctx.Deadline(); ok && time.Until(d) < l.cfg.PublishTimeout {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < w.publishTimeout {
 		return nil, nil, false
 	}
-	l.wq.Lock()
-	defer l.wq.Unlock()
+	w.wq.Lock()
+	defer w.wq.Unlock()
 	// Only a lone writer publishes inline: when the last message had company, the next
 	// writers are about to queue, and a message of one entry would make them all wait a
 	// whole publish (measured: 64 writers then alternate messages of 1 and 63 entries).
-	if l.wq.busy || l.wq.closed || l.wq.ctx == nil || l.wq.company > 1 {
+	if w.wq.busy || w.wq.closed || w.wq.ctx == nil || w.wq.company > 1 {
 		return nil, nil, false
 	}
-	if l.hooks.PassQueue {
-		l.wq.busy = true
-		l.wg.Add(1)
-		return l.wq.ctx, []*request{head}, true
+	if w.hooks.PassQueue {
+		w.wq.busy = true
+		w.wg.Add(1)
+		return w.wq.ctx, []*request{r}, true
 	}
-	if len(l.wq.reqs) > l.wq.notes {
+	if len(w.wq.reqs) > w.wq.notes {
 		return nil, nil, false // a write is queued: going first would pass it
 	}
-	fits := batcher{l: l}
-	for _, r := range l.wq.reqs {
-		fits.add(r)
+	fits := batcher{w: w}
+	for _, q := range w.wq.reqs {
+		fits.add(q)
 	}
-	if len(fits.batch) < len(l.wq.reqs) || !fits.add(head) {
+	if len(fits.batch) < len(w.wq.reqs) || !fits.add(r) {
 		return nil, nil, false // more than one message: the writer's job
 	}
-	b := batcher{l: l, batch: make([]*request, 0, len(l.wq.reqs)+1)}
-	l.takeLocked(&b)
-	b.add(head)
-	l.wq.busy = true
-	l.wg.Add(1) // Stop waits for this publish like for the writer's
-	return l.wq.ctx, b.batch, true
+	b := batcher{w: w, batch: make([]*request, 0, len(w.wq.reqs)+1)}
+	w.takeLocked(&b)
+	b.add(r)
+	w.wq.busy = true
+	w.wg.Add(1) // Stop waits for this publish like for the writer's
+	return w.wq.ctx, b.batch, true
 }
 
 // releaseIdle ends an inline publish; what queued meanwhile goes to the writer.
-func (l *Log) releaseIdle() {
-	l.wq.Lock()
-	l.wq.busy = false
-	l.wq.company = 1 + len(l.wq.reqs) - l.wq.notes
-	queued := l.readyLocked()
-	l.wq.Unlock()
-	l.wg.Done()
+func (w *Writer) releaseIdle() {
+	w.wq.Lock()
+	w.wq.busy = false
+	w.wq.company = 1 + len(w.wq.reqs) - w.wq.notes
+	queued := w.readyLocked()
+	w.wq.Unlock()
+	w.wg.Done()
 	if queued {
-		l.kick()
+		w.kick()
 	}
-}
-
-// Write appends an entry and waits for its outcome (see WriteAll).
-func (l *Log) Write(ctx context.Context, entry checkpoint.Entry) (uint64, error) {
-	tickets, err := l.WriteAll(ctx, entry)
-	if len(tickets) == 0 {
-		return 0, err
-	}
-	return tickets[0].Seq(), err
 }
 
 // runWriter is the group commit: it packs whatever queued while the previous publish
 // was in flight into one message, with exactly one publish in flight and no timer, so
 // a lone writer pays one publish and many writers share one fsync. (A linger timer was
 // measured and gained nothing here: docs/perf.md.)
-func (l *Log) runWriter(ctx context.Context) {
-	defer l.wg.Done()
+func (w *Writer) runWriter(ctx context.Context) {
+	defer w.wg.Done()
 	for {
 		select {
-		case <-l.wake:
-		case <-l.stopped:
-			l.drainQueue()
+		case <-w.wake:
+		case <-w.stopped:
+			w.drainQueue()
 			return
 		}
-		l.wq.Lock()
-		if l.wq.busy || !l.readyLocked() {
-			l.wq.Unlock()
+		w.wq.Lock()
+		if w.wq.busy || !w.readyLocked() {
+			w.wq.Unlock()
 			continue // an inline publish is in flight (it kicks when it ends), or only notes wait
 		}
-		l.wq.busy = true
-		l.wq.Unlock()
-		for l.publishNext(ctx) {
+		w.wq.busy = true
+		w.wq.Unlock()
+		for w.publishNext(ctx) {
 		}
 	}
 }
 
 // publishNext publishes one batch from the queue, or ends the caller's turn as the
 // publisher (busy) when the queue is empty.
-func (l *Log) publishNext(ctx context.Context) bool {
-	b := batcher{l: l, batch: make([]*request, 0, 16)}
-	l.wq.Lock()
-	if !l.readyLocked() {
-		l.wq.busy = false
-		l.wq.Unlock()
+func (w *Writer) publishNext(ctx context.Context) bool {
+	b := batcher{w: w, batch: make([]*request, 0, 16)}
+	w.wq.Lock()
+	if !w.readyLocked() {
+		w.wq.busy = false
+		w.wq.Unlock()
 		return false
 	}
-	l.takeLocked(&b)
-	l.wq.Unlock()
-	l.publish(ctx, b.batch)
+	w.takeLocked(&b)
+	w.wq.Unlock()
+	w.publish(ctx, b.batch)
 	writes := 0
 	for _, r := range b.batch {
 		if !r.note {
 			writes++
 		}
 	}
-	l.wq.Lock()
-	l.wq.company = min(writes+len(l.wq.reqs)-l.wq.notes, l.cfg.MaxBatchEntries)
-	l.wq.Unlock()
+	w.wq.Lock()
+	w.wq.company = min(writes+len(w.wq.reqs)-w.wq.notes, w.maxEntries)
+	w.wq.Unlock()
 	return true
 }
 
 // takeLocked moves queued requests into b while they fit.
-func (l *Log) takeLocked(b *batcher) {
+func (w *Writer) takeLocked(b *batcher) {
 	n := 0
-	for n < len(l.wq.reqs) && b.add(l.wq.reqs[n]) {
-		if l.wq.reqs[n].note {
-			l.wq.notes--
+	for n < len(w.wq.reqs) && b.add(w.wq.reqs[n]) {
+		if w.wq.reqs[n].note {
+			w.wq.notes--
 		}
 		n++
 	}
-	if l.wq.notes == 0 {
-		l.wq.noteDue = false
+	if w.wq.notes == 0 {
+		w.wq.noteDue = false
 	}
 	if n == 0 {
 		return
 	}
-	bound := l.queueBound()
-	wasFull := len(l.wq.reqs) >= bound
-	rest := copy(l.wq.reqs, l.wq.reqs[n:])
-	clear(l.wq.reqs[rest:])
-	l.wq.reqs = l.wq.reqs[:rest]
+	bound := w.queueBound()
+	wasFull := len(w.wq.reqs) >= bound
+	rest := copy(w.wq.reqs, w.wq.reqs[n:])
+	clear(w.wq.reqs[rest:])
+	w.wq.reqs = w.wq.reqs[:rest]
 	if wasFull && rest < bound {
-		close(l.wq.space)
-		l.wq.space = make(chan struct{})
+		close(w.wq.space)
+		w.wq.space = make(chan struct{})
 	}
 }
 
 type batcher struct {
-	l        *Log
-	batch    []*request // heads of chains
+	w        *Writer
+	batch    []*request
 	size     int
 	entries  int
 	assigned map[string]bool
 }
 
-// add takes r (and the entries chained to it) into the batch, or reports that it must
-// open the next one.
+// add takes r into the batch, or reports that it must open the next one. A write is
+// never split: its entries share one message.
 func (b *batcher) add(r *request) bool {
-	size, n := 0, 0
-	var runs []string
-	r.chain(func(x *request) {
-		size += len(x.data) + 1
-		n++
-		if x.kind == checkpoint.KindAssign {
-			runs = append(runs, x.run)
-		}
-	})
-	if len(b.batch) > 0 && (b.size+size > b.l.maxBytes || b.entries+n > b.l.cfg.MaxBatchEntries) {
+	if len(b.batch) > 0 && (b.size+r.size > b.w.maxBytes || b.entries+len(r.data) > b.w.maxEntries) {
 		return false
 	}
 	// Two assigns of one run in one message would share an epoch.
-	for _, run := range runs {
+	for _, run := range r.assigns {
 		if b.assigned[run] {
 			return false
 		}
 	}
-	for _, run := range runs {
+	for _, run := range r.assigns {
 		if b.assigned == nil {
 			b.assigned = map[string]bool{}
 		}
 		b.assigned[run] = true
 	}
-	b.size += size
-	b.entries += n
+	b.size += r.size
+	b.entries += len(r.data)
 	b.batch = append(b.batch, r)
 	return true
 }
 
-func (l *Log) drainQueue() {
-	l.wq.Lock()
-	reqs := l.wq.reqs
-	l.wq.reqs, l.wq.closed, l.wq.notes = nil, true, 0
-	if l.wq.timer != nil {
-		l.wq.timer.Stop()
-		l.wq.timer = nil
+func (w *Writer) drainQueue() {
+	w.wq.Lock()
+	reqs := w.wq.reqs
+	w.wq.reqs, w.wq.closed, w.wq.notes = nil, true, 0
+	if w.wq.timer != nil {
+		w.wq.timer.Stop()
+		w.wq.timer = nil
 	}
-	l.wq.Unlock()
+	w.wq.Unlock()
 	for _, r := range reqs {
-		r.chain(func(x *request) { x.ticket.resolve(0, ErrStopped) })
+		r.future.fail(ErrStopped)
 	}
 }
 
-func (l *Log) publish(ctx context.Context, batch []*request) {
-	id := l.cfg.Node + "." + l.nonce + "." + strconv.FormatUint(l.counter.Add(1), 36)
-	tickets := make([]*Ticket, 0, len(batch))
-	datas := make([][]byte, 0, len(batch))
-	version := 1
+func (w *Writer) publish(ctx context.Context, batch []*request) {
+	id := w.node + "." + w.nonce + "." + strconv.FormatUint(w.counter.Add(1), 36)
+	futures := make([]*Future, len(batch))
+	n := 0
 	for _, r := range batch {
-		r.chain(func(x *request) {
-			tickets, datas = append(tickets, x.ticket), append(datas, x.data)
-			version = max(version, checkpoint.FormatFor(x.kind))
-		})
+		n += len(r.data)
 	}
-	l.mu.Lock()
-	l.mu.pending[id] = tickets
-	l.mu.Unlock()
+	datas := make([][]byte, 0, n)
+	version := 1
+	for i, r := range batch {
+		futures[i] = r.future
+		datas = append(datas, r.data...)
+		version = max(version, r.version)
+	}
+	w.a.expect(id, futures)
 
-	msg := &nats.Msg{Subject: l.cfg.Subject, Data: checkpoint.EncodeEnvelopeVersion(l.cfg.Node, version, datas), Header: nats.Header{}}
-	job := l.predecode(msg.Data)
-	pctx, cancel := context.WithTimeout(ctx, l.cfg.PublishTimeout)
+	msg := &nats.Msg{Subject: w.subject, Data: checkpoint.EncodeEnvelopeVersion(w.node, version, datas), Header: nats.Header{}}
+	job := w.predecode(msg.Data)
+	pctx, cancel := context.WithTimeout(ctx, w.publishTimeout)
 	defer cancel()
 	retry := backoff.Policy{Base: 20 * time.Millisecond, Cap: time.Second}
 	for attempt := 0; ; attempt++ {
 		// The message ID makes a retried publish a duplicate, not a second entry.
-		ack, err := l.cfg.JS.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(l.cfg.Stream))
+		ack, err := w.js.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(w.stream))
 		if err == nil {
-			l.applyOwn(id, ack.Sequence, msg.Data, job)
-			return // else the applier resolves the tickets
+			w.applyOwn(id, ack.Sequence, msg.Data, job)
+			return // else the applier resolves the futures
 		}
 		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrMaxPayload) {
-			l.abandon(id, fmt.Errorf("%w: %v", ErrAppendUncertain, err))
+			w.a.abandon(id, fmt.Errorf("%w: %v", ErrAppendUncertain, err))
 			return
 		}
-		l.log.Warn("log publish failed; retrying", "err", err, "attempt", attempt, "entries", len(tickets))
+		w.log.Warn("log publish failed; retrying", "err", err, "attempt", attempt, "entries", n)
 		if retry.Sleep(pctx, attempt) != nil {
-			l.abandon(id, fmt.Errorf("%w: publish of %d entries failed for %s: %v", ErrAppendUncertain, len(tickets), l.cfg.PublishTimeout, err))
+			w.a.abandon(id, fmt.Errorf("%w: publish of %d entries failed for %s: %v", ErrAppendUncertain, n, w.publishTimeout, err))
 			return
 		}
 	}
 }
 
-// abandon gives up on a message whose publish failed. If it did reach the log after
-// all, the applier applies it like any other; only its writers are not told.
-func (l *Log) abandon(id string, err error) {
-	l.mu.Lock()
-	tickets := l.mu.pending[id]
-	delete(l.mu.pending, id)
-	l.mu.Unlock()
-	for _, t := range tickets {
-		t.resolve(0, err)
+// applyOwn hands the message just acknowledged at seq to the applier to apply from
+// memory (Applier.applyOwn), with its entries if the decoder decoded them meanwhile.
+func (w *Writer) applyOwn(id string, seq uint64, data []byte, job *decodeJob) {
+	if w.noOwnApply {
+		return
+	}
+	var entries []checkpoint.Entry // nil: the apply decodes (the decoder was busy, or failed: the apply's error names seq)
+	if job != nil && job.wait() == nil {
+		entries = job.entries
+	}
+	w.a.applyOwn(id, seq, data, entries)
+}
+
+// decodeJob is a message decoded on the decoder goroutine.
+type decodeJob struct {
+	data    []byte
+	entries []checkpoint.Entry
+	err     error
+	done    chan struct{}
+}
+
+func (j *decodeJob) wait() error {
+	<-j.done
+	return j.err
+}
+
+// predecode hands data to the decoder goroutine if it is idle, and returns the job; nil
+// if it is busy (the apply then decodes). Decoding a W2 step's message took ~18 µs of
+// the ~80 µs a step costs besides the fsync; overlapped with the publish's round trip,
+// it is off the step's path (docs/perf.md).
+func (w *Writer) predecode(data []byte) *decodeJob {
+	job := &decodeJob{data: data, done: make(chan struct{})}
+	select {
+	case w.decodes <- job:
+		return job
+	default:
+		return nil
+	}
+}
+
+// runDecoder decodes the messages this node publishes while their publish is in flight.
+func (w *Writer) runDecoder(ctx context.Context) {
+	defer w.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case job := <-w.decodes:
+			job.entries, job.err = checkpoint.DecodeEnvelope(0, job.data)
+			close(job.done)
+		}
 	}
 }

@@ -274,7 +274,7 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer late.Stop()
-	h := s.async(s.wrap(func(context.Context, *client.Request) (any, error) { ran.Store(true); return "ran", nil }), s.slots)
+	h := s.async(s.wrap(func(context.Context, *client.Request) (any, error) { ran.Store(true); return "ran", nil }), s.slots, false)
 	if err := late.AddEndpoint("late", h, micro.WithEndpointSubject(client.Subject+".cluster.status")); err != nil {
 		t.Fatal(err)
 	}

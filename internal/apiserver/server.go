@@ -44,16 +44,39 @@ type Server struct {
 	// waiting bounds the run.wait requests on their own, so that waits (up to a minute
 	// each) never take the slots of the other requests.
 	waiting chan struct{}
+	// perUser bounds what one user (the server's word: Nats-Request-Info) holds of the
+	// slots and of the waiting slots, so that one user cannot take them all and starve
+	// the others: a request beyond it is refused at once (too_many_requests) rather than
+	// queued behind the node's. Requests that name no user (flow's own account, a server
+	// without accounts) have only the node's bounds.
+	perUser perUserLimits
 	mu      sync.Mutex
 	stopped bool // under mu: no request starts after Stop began waiting
+	// held counts each user's requests in the slots (under mu), by kind and user.
+	held map[heldKey]int
 }
 
 // maxConcurrent bounds the requests one node handles at once, maxWaits the run.wait
-// requests; more wait in NATS.
+// requests; more wait in NATS. maxPerUser and maxWaitsPerUser are one user's share of
+// them (perUserLimits).
 const (
-	maxConcurrent = 256
-	maxWaits      = 1024
+	maxConcurrent   = 256
+	maxWaits        = 1024
+	maxPerUser      = maxConcurrent / 2
+	maxWaitsPerUser = 64
 )
+
+// perUserLimits are one user's shares: of the request slots and of the waiting slots
+// (0: no limit of one's own, the negative control of the tests).
+type perUserLimits struct {
+	requests, waits int
+}
+
+// heldKey is a kind of slot (a request, a wait) and a user.
+type heldKey struct {
+	wait bool
+	user string
+}
 
 type handler func(ctx context.Context, r *client.Request) (any, error)
 
@@ -86,11 +109,12 @@ const defaultSilence = 4 * time.Second
 // part ("api"): it is alive while a ping through the server to its own endpoint is
 // answered, and registered again when it is not.
 func Serve(cfg Config) (*Server, error) {
-	return serveWith(cfg, make(chan struct{}, maxConcurrent), make(chan struct{}, maxWaits))
+	return serveWith(cfg, make(chan struct{}, maxConcurrent), make(chan struct{}, maxWaits), perUserLimits{maxPerUser, maxWaitsPerUser})
 }
 
-// serveWith is Serve with the request and run.wait slots given (tests size them).
-func serveWith(cfg Config, slots, waiting chan struct{}) (*Server, error) {
+// serveWith is Serve with the request and run.wait slots and one user's shares of them
+// given (tests size them).
+func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) (*Server, error) {
 	if cfg.Engine == nil || cfg.Conn == nil {
 		return nil, errors.New("apiserver: Config needs an Engine and a Conn")
 	}
@@ -101,7 +125,7 @@ func serveWith(cfg Config, slots, waiting chan struct{}) (*Server, error) {
 	if sup == nil {
 		sup = supervise.New()
 	}
-	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, sup: sup, slots: slots, waiting: waiting}
+	s := &Server{e: cfg.Engine, nc: cfg.Conn, silence: cfg.Silence, sup: sup, slots: slots, waiting: waiting, perUser: perUser, held: map[heldKey]int{}}
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
 	// The first registration is made here, so that a node that cannot serve fails to start.
 	if err := s.register(); err != nil {
@@ -279,11 +303,11 @@ func (s *Server) register() error {
 	}
 	for op, h := range s.handlers() {
 		name := strings.ReplaceAll(op, ".", "-")
-		slots := s.slots
-		if op == "run.wait" {
+		slots, wait := s.slots, op == "run.wait"
+		if wait {
 			slots = s.waiting
 		}
-		if err := svc.AddEndpoint(name, s.async(s.wrap(h), slots), micro.WithEndpointSubject(client.Subject+"."+op),
+		if err := svc.AddEndpoint(name, s.async(s.wrap(h), slots, wait), micro.WithEndpointSubject(client.Subject+"."+op),
 			micro.WithEndpointQueueGroup("flow-api")); err != nil {
 			stopService(nc, svc, nil)
 			return fmt.Errorf("api: endpoint %s: %w", op, err)
@@ -392,23 +416,64 @@ func (s *Server) Stop() {
 	s.waits.Wait()
 }
 
-// async runs h on a goroutine of its own, owned by the server, once one of slots is free.
-func (s *Server) async(h micro.HandlerFunc, slots chan struct{}) micro.HandlerFunc {
+// async runs h on a goroutine of its own, owned by the server, once one of slots is free
+// and if the user who asked holds fewer than their share (perUser) of this kind (wait:
+// run.wait); a user at their share is refused at once, without queueing behind others.
+func (s *Server) async(h micro.HandlerFunc, slots chan struct{}, wait bool) micro.HandlerFunc {
+	limit := s.perUser.requests
+	if wait {
+		limit = s.perUser.waits
+	}
 	return func(req micro.Request) {
+		key := heldKey{wait: wait, user: audit.Requester(req.Headers().Get(audit.RequestInfoHeader))}
+		if key.user != "" && limit > 0 && !s.hold(key, limit) {
+			kind := "requests"
+			if wait {
+				kind = "run.wait requests"
+			}
+			s.fail(req, client.CodeTooManyRequests, fmt.Sprintf("too many requests: %s already has %d %s at once on this node, the most one user may (so that no user starves the others): let some end, or ask for fewer at once",
+				audit.ActorFromRequestInfo(req.Headers().Get(audit.RequestInfoHeader)), limit, kind))
+			return
+		}
+		release := func() {
+			if key.user != "" && limit > 0 {
+				s.release(key)
+			}
+		}
 		slots <- struct{}{}
 		s.mu.Lock()
 		if s.stopped { // a message delivered while the subscription was going away
 			s.mu.Unlock()
 			<-slots
+			release()
 			s.fail(req, client.CodeInternal, "this node is stopping: try again (another node answers)")
 			return
 		}
 		s.waits.Add(1)
 		s.mu.Unlock()
 		go func() {
-			defer func() { <-slots; s.waits.Done() }()
+			defer func() { <-slots; release(); s.waits.Done() }()
 			h(req)
 		}()
+	}
+}
+
+// hold counts one more request of key, unless its user already holds limit of them.
+func (s *Server) hold(key heldKey, limit int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[key] >= limit {
+		return false
+	}
+	s.held[key]++
+	return true
+}
+
+func (s *Server) release(key heldKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[key]--; s.held[key] <= 0 {
+		delete(s.held, key)
 	}
 }
 

@@ -24,7 +24,7 @@ func TestWaitsDoNotTakeTheSlotsOfOtherRequests(t *testing.T) {
 			if shared {
 				waiting = slots
 			}
-			s, err := serveWith(configFor(e), slots, waiting)
+			s, err := serveWith(configFor(e), slots, waiting, perUserLimits{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func TestRequestsFailWhenTheNodeCannotCatchUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-e.Log().Failed():
+	case <-e.Log().Applier.Failed():
 	case <-ctx.Done():
 		t.Fatal("the applier did not stop on a message of a newer format")
 	}

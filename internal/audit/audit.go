@@ -49,3 +49,21 @@ func ActorFromRequestInfo(header string) string {
 	}
 	return info.User
 }
+
+// Requester is who sent a request whose Nats-Request-Info header is header, as one
+// key: the account and the user ("FLOW_USERS/otto"); "" when the header names no user
+// (no header: a request from flow's own account, or a server without accounts). The
+// API's per-user limits count by it.
+func Requester(header string) string {
+	if header == "" {
+		return ""
+	}
+	var info struct {
+		User    string `json:"user"`
+		Account string `json:"acc"`
+	}
+	if json.Unmarshal([]byte(header), &info) != nil || info.User == "" {
+		return ""
+	}
+	return info.Account + "/" + info.User
+}

@@ -193,13 +193,17 @@ func connectError(err error, conn connection) error {
 
 func (a *app) authCommand() *cobra.Command {
 	auth := group("auth", "Users, roles and their NATS permissions")
-	auth.AddCommand(&cobra.Command{
-		Use:   "permissions ROLE",
+	var user string
+	perms := &cobra.Command{
+		Use:   "permissions ROLE [--user NAME]",
 		Short: "Print a role's NATS permissions, for an external server's configuration",
 		Long: "Print the NATS permissions of a role (" + strings.Join(client.Roles, ", ") + ") as a block\n" +
 			"of the nats-server configuration, to paste into a user of an external server:\n" +
-			"  authorization { users: [{user: U, password: P, permissions: {...}}] }\n" +
-			"-o json prints them as JSON.",
+			"  accounts { FLOW_USERS { users: [{user: U, password: P, permissions: {...}}] } }\n" +
+			"A person's block (viewer, operator, admin) is that user's own: it lets them read\n" +
+			"only the answers under their inbox prefix, so give --user (the user name, or an\n" +
+			"nkey user's public key) and print one block per person. A node's block is the\n" +
+			"same for every node. -o json prints them as JSON.",
 		ValidArgs: client.Roles,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -207,24 +211,33 @@ func (a *app) authCommand() *cobra.Command {
 			}
 			return nil
 		},
-		RunE: func(_ *cobra.Command, args []string) error { return a.permissions(args[0]) },
-	})
+		RunE: func(_ *cobra.Command, args []string) error { return a.permissions(args[0], user) },
+	}
+	perms.Flags().StringVar(&user, "user", "", "the user the block is for (a person's: their inbox prefix is in it); an nkey user's public key")
+	auth.AddCommand(perms)
 	return auth
 }
 
-func (a *app) permissions(role string) error {
-	p, err := client.PermissionsOf(role)
-	if err != nil {
+func (a *app) permissions(role, user string) error {
+	p, err := client.PermissionsOf(role, user)
+	switch {
+	case errors.Is(err, client.ErrUserNeeded):
+		return usage("auth permissions %s needs --user NAME: a person's block lets them read only their own answers (inbox %s.>), so each person has their own", role, client.InboxPrefix("NAME"))
+	case err != nil:
 		return usage("auth permissions: unknown role %q: use one of %s", role, strings.Join(client.Roles, ", "))
 	}
-	return a.print(p, func(w io.Writer) { permissionsBlock(w, role, p) })
+	return a.print(p, func(w io.Writer) { permissionsBlock(w, role, user, p) })
 }
 
 // permissionsBlock writes p in the nats-server configuration's syntax, one subject a
 // line when there are several (a role has a score of them: the block stays within 80
 // columns).
-func permissionsBlock(w io.Writer, role string, p client.Permissions) {
-	fmt.Fprintf(w, "# flow's %s role (flowctl auth permissions %s)\n", role, role)
+func permissionsBlock(w io.Writer, role, user string, p client.Permissions) {
+	if user != "" && role != client.RoleNode {
+		fmt.Fprintf(w, "# flow's %s role for %s (flowctl auth permissions %s --user %s)\n", role, user, role, user)
+	} else {
+		fmt.Fprintf(w, "# flow's %s role (flowctl auth permissions %s)\n", role, role)
+	}
 	fmt.Fprintln(w, "permissions: {")
 	for _, d := range []struct {
 		name string
@@ -252,6 +265,9 @@ func permissionsBlock(w io.Writer, role string, p client.Permissions) {
 		list("allow", d.sp.Allow)
 		list("deny", d.sp.Deny)
 		fmt.Fprintln(w, "  }")
+	}
+	if r := p.Responses; r != nil {
+		fmt.Fprintf(w, "  allow_responses: {max: %d, expires: %s}\n", r.Max, strconv.Quote(r.Expires))
 	}
 	fmt.Fprintln(w, "}")
 }

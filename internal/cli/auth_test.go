@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/natsnode"
 	"github.com/flowrun/flow/internal/testnats"
 )
 
@@ -31,16 +32,17 @@ var authPasswords = map[string]string{client.RoleViewer: "viewer-pw-3141", clien
 // public key as an operator.
 const testSeed = "SUAKYRHVIOREXV7EUZTBHUHL7NUMHPMAS7QMDU3GTIUWEI5LDNOXD43IZY"
 
-func rolePermissions(t *testing.T, role string) *server.Permissions {
+func rolePermissions(t *testing.T, role, user string) *server.Permissions {
 	t.Helper()
-	p, err := client.PermissionsOf(role)
+	p, err := client.PermissionsOf(role, user)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
-		Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+	sp, err := natsnode.ServerPermissions(p)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return sp
 }
 
 // natsServer starts an embedded nats-server on 127.0.0.1 as opts says (plus what every
@@ -86,9 +88,9 @@ func authServer(t *testing.T) (url, seedFile string) {
 	if err := opt(&o); err != nil {
 		t.Fatal(err)
 	}
-	opts := &server.Options{Nkeys: []*server.NkeyUser{{Nkey: o.Nkey, Permissions: rolePermissions(t, client.RoleOperator)}}}
+	opts := &server.Options{Nkeys: []*server.NkeyUser{{Nkey: o.Nkey, Permissions: rolePermissions(t, client.RoleOperator, o.Nkey)}}}
 	for role, pw := range authPasswords {
-		opts.Users = append(opts.Users, &server.User{Username: role, Password: pw, Permissions: rolePermissions(t, role)})
+		opts.Users = append(opts.Users, &server.User{Username: role, Password: pw, Permissions: rolePermissions(t, role, role)})
 	}
 	return natsServer(t, opts), seedFile
 }
@@ -254,17 +256,21 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-// auth permissions prints a role's permissions as a block of the nats-server
+// auth permissions prints a user's permissions of a role as a block of the nats-server
 // configuration (against golden files: go test -update), which nats-server reads back
 // into exactly client.PermissionsOf; -o json is client.Permissions; an unknown role is
-// bad usage, naming the roles.
+// bad usage, naming the roles, and a person's role without --user is bad usage too.
 func TestAuthPermissions(t *testing.T) {
 	for _, role := range client.Roles {
-		want, err := client.PermissionsOf(role)
+		want, err := client.PermissionsOf(role, "otto")
 		if err != nil {
 			t.Fatal(err)
 		}
-		code, out, errOut := ctl(nil, "auth", "permissions", role)
+		args := []string{"auth", "permissions", role, "--user", "otto"}
+		if role == client.RoleNode {
+			args = args[:3] // the same block for every node
+		}
+		code, out, errOut := ctl(nil, args...)
 		if code != 0 || errOut != "" {
 			t.Fatalf("auth permissions %s: %d %q", role, code, errOut)
 		}
@@ -286,6 +292,10 @@ func TestAuthPermissions(t *testing.T) {
 				t.Errorf("auth permissions %s: over 80 columns: %q", role, l)
 			}
 		}
+		wantServer, err := natsnode.ServerPermissions(want)
+		if err != nil {
+			t.Fatal(err)
+		}
 
 		// Pasted into a user of a server's configuration, the block is the role's.
 		conf := filepath.Join(t.TempDir(), "server.conf")
@@ -299,12 +309,11 @@ func TestAuthPermissions(t *testing.T) {
 		if len(opts.Users) != 1 || opts.Users[0].Permissions == nil || opts.Users[0].Permissions.Publish == nil || opts.Users[0].Permissions.Subscribe == nil {
 			t.Fatalf("%s: the server read %+v", role, opts.Users)
 		}
-		got := opts.Users[0].Permissions
-		if !reflect.DeepEqual(got.Publish.Allow, want.Publish.Allow) || !reflect.DeepEqual(got.Subscribe.Allow, want.Subscribe.Allow) || got.Publish.Deny != nil || got.Subscribe.Deny != nil {
-			t.Errorf("%s: the server read publish %+v, subscribe %+v; want %+v", role, got.Publish, got.Subscribe, want)
+		if got := opts.Users[0].Permissions; !reflect.DeepEqual(got, wantServer) {
+			t.Errorf("%s: the server read publish %+v, subscribe %+v, responses %+v; want %+v", role, got.Publish, got.Subscribe, got.Response, want)
 		}
 
-		code, out, _ = ctl(nil, "auth", "permissions", role, "-o", "json")
+		code, out, _ = ctl(nil, append(args, "-o", "json")...)
 		var asJSON client.Permissions
 		if code != 0 || json.Unmarshal([]byte(out), &asJSON) != nil || !reflect.DeepEqual(asJSON, want) {
 			t.Errorf("auth permissions %s -o json: %d %q; want %+v", role, code, out, want)
@@ -315,8 +324,7 @@ func TestAuthPermissions(t *testing.T) {
 		if err := os.WriteFile(conf, []byte("authorization {\n  users: [\n    {user: u, password: p, permissions: "+out+"}\n  ]\n}\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if opts, err = server.ProcessConfigFile(conf); err != nil || len(opts.Users) != 1 || opts.Users[0].Permissions == nil ||
-			!reflect.DeepEqual(opts.Users[0].Permissions.Subscribe.Allow, want.Subscribe.Allow) {
+		if opts, err = server.ProcessConfigFile(conf); err != nil || len(opts.Users) != 1 || !reflect.DeepEqual(opts.Users[0].Permissions, wantServer) {
 			t.Errorf("nats-server does not read the JSON of %s: %v\n%s", role, err, out)
 		}
 	}
@@ -325,5 +333,14 @@ func TestAuthPermissions(t *testing.T) {
 		if code != 2 || out != "" || !strings.Contains(errOut, "viewer, operator, admin, node") || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d %q %q; want 2 and the roles", args, code, out, errOut)
 		}
+	}
+	code, out, errOut := ctl(nil, "auth", "permissions", "viewer")
+	if code != 2 || out != "" || !strings.Contains(errOut, "needs --user NAME") || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("a person's role without --user: exit %d %q %q; want 2 asking for --user", code, out, errOut)
+	}
+	// A user name that is not one subject token gets an inbox that is, its own.
+	code, out, _ = ctl(nil, "auth", "permissions", "viewer", "--user", "ann.smith", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"_INBOX_ann_2Esmith.>"`) {
+		t.Errorf("ann.smith's block: exit %d %s", code, out)
 	}
 }

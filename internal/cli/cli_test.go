@@ -270,11 +270,11 @@ func TestDeadLetterQueue(t *testing.T) {
 	// Its owner is lost once (a reclaim), and the next owner claims and vanishes: the
 	// reconciler's reclaim is the second counted change, more than max_epochs 1.
 	term := eng.Leading().Term()
-	e2, err := eng.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "dl-1", Epoch: r.Epoch, Term: term, Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
-	if err != nil {
+	assign := eng.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "dl-1", Epoch: r.Epoch, Term: term, Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
+	if err := assign.Await(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eng.Log().Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "dl-1", Epoch: int64(e2), Owner: "ghost"}); err != nil {
+	if err := eng.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "dl-1", Epoch: int64(assign.Seq()), Owner: "ghost"}).Await(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for {

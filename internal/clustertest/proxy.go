@@ -23,6 +23,7 @@ type Proxy struct {
 	closed   bool
 	conns    map[net.Conn]struct{}
 	accepted int
+	recorded []byte // every byte moved, both ways (what a sniffer on the path sees)
 	wg       sync.WaitGroup
 }
 
@@ -72,6 +73,14 @@ func (p *Proxy) Accepted() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.accepted
+}
+
+// Recorded is every byte the proxy has moved so far, in both directions: what anyone on
+// the network path between the two ends reads.
+func (p *Proxy) Recorded() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]byte(nil), p.recorded...)
 }
 
 // Close closes the listener and every connection, and waits for the pumps.
@@ -138,6 +147,9 @@ func (p *Proxy) pump(dst, src net.Conn, dir int) {
 			if !p.open(dir) { // bytes read just before a cut wait for the heal
 				break
 			}
+			p.mu.Lock()
+			p.recorded = append(p.recorded, buf[:n]...)
+			p.mu.Unlock()
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}

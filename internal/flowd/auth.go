@@ -90,6 +90,9 @@ func redactYAMLError(err error) string {
 
 // natsOptions are the connection options for --nats-url: credentials and TLS.
 func (c *Config) natsOptions() []nats.Option {
+	if c.NATSURL == "" {
+		return nil // the TLS files are the embedded server's (daemon.go)
+	}
 	var opts []nats.Option
 	switch {
 	case c.NATSCreds != "":

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sort"
@@ -18,6 +19,7 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/ident"
 	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/webui"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -47,13 +49,24 @@ type Config struct {
 	// Auth is the --auth file; AuthUsers its users (the embedded server refuses others).
 	Auth      string
 	AuthUsers []engine.NATSUser
-	// Credentials and TLS for --nats-url.
+	// Credentials for --nats-url.
 	NATSCreds, NATSNKey, NATSUser, NATSPassword string
-	NATSTLSCA, NATSTLSCert, NATSTLSKey          string
+	// TLS: this node's certificate and trust anchor. With --nats-url, the client
+	// certificate and the CA the servers are checked against; embedded, the server's
+	// certificate on --nats-listen and the CA client certificates must chain to.
+	NATSTLSCA, NATSTLSCert, NATSTLSKey string
+	// NATSInsecurePlaintext lets --auth serve a non-loopback --nats-listen without TLS.
+	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
 	// ExecUser, if set (--exec-user), is the user exec steps run as.
 	ExecUser *steps.User
+	// UIHosts are more names the web UI answers to (--ui-host); UIProxies the reverse
+	// proxies in front of it (--ui-proxy). docs/ui.md.
+	UIHosts   []string
+	UIProxies []netip.Prefix
+	// httpLimits replaces the HTTP server's timeouts (tests; nil: defaultHTTPLimits).
+	httpLimits *httpLimits
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
@@ -70,7 +83,7 @@ var options = []option{
 	{"node-id", "", "this node's name in leases and epochs (default: the host name)"},
 	{"nats-url", "", "join this NATS (JetStream) server or cluster instead of embedding one"},
 	{"nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server"},
-	{"http", "127.0.0.1:8080", "address of /healthz, /readyz and /metrics"},
+	{"http", "127.0.0.1:8080", "address of /healthz, /readyz, /metrics and the web UI (/ui/)"},
 	{"workers", "8", "runs this node executes at once"},
 	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
 	{"workflows", "", "directory of workflow YAML files to apply at start"},
@@ -86,11 +99,14 @@ var options = []option{
 	{"nats-nkey", "", "nkey seed file for --nats-url"},
 	{"nats-user", "", "user name for --nats-url (with --nats-password)"},
 	{"nats-password", "", "password for --nats-user (prefer FLOWD_NATS_PASSWORD or the config file: a flag shows in ps)"},
-	{"nats-tls-ca", "", "CA certificate file to check --nats-url's servers against"},
-	{"nats-tls-cert", "", "client certificate file for mutual TLS with --nats-url (with --nats-tls-key)"},
+	{"nats-tls-ca", "", "CA certificate file: with --nats-url, to check the servers against; embedded, clients must show a certificate it signed (mutual TLS)"},
+	{"nats-tls-cert", "", "certificate file (with --nats-tls-key): with --nats-url, this node's client certificate; embedded, the server's, for TLS on --nats-listen"},
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
+	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID (docs/security.md)"},
+	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
+	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
 }
 
 // Flags returns flowd's flag set (with --config).
@@ -100,6 +116,8 @@ func Flags() *pflag.FlagSet {
 	for _, o := range options {
 		fs.String(o.name, o.def, o.usage)
 	}
+	// A switch: given alone it is on (--nats-insecure-plaintext=false turns it off).
+	fs.Lookup("nats-insecure-plaintext").NoOptDefVal = "true"
 	fs.SortFlags = false
 	return fs
 }
@@ -170,6 +188,13 @@ func Load(args []string, env []string) (*Config, error) {
 			return e
 		}
 		if fvv, ok := fileVals[name]; ok {
+			if list, ok := fvv.([]any); ok { // a YAML list, for the comma-separated options
+				var items []string
+				for _, it := range list {
+					items = append(items, fmt.Sprint(it))
+				}
+				return strings.Join(items, ",")
+			}
 			return fmt.Sprint(fvv)
 		}
 		return v.GetString(name)
@@ -254,6 +279,13 @@ func Load(args []string, env []string) (*Config, error) {
 		c.DrainTime = d
 	}
 	c.loadSecurity(get, bad)
+	var err error
+	if c.UIHosts, err = webui.ParseHosts(get("ui-host")); err != nil {
+		bad("ui-host", "%v", err)
+	}
+	if c.UIProxies, err = webui.ParseProxies(get("ui-proxy")); err != nil {
+		bad("ui-proxy", "%v", err)
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %s", ErrConfig, strings.Join(errs, "; "))
 	}
@@ -278,6 +310,7 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	c.NATSCreds, c.NATSNKey = get("nats-creds"), get("nats-nkey")
 	c.NATSUser, c.NATSPassword = get("nats-user"), get("nats-password")
 	c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey = get("nats-tls-ca"), get("nats-tls-cert"), get("nats-tls-key")
+	c.loadPlaintext(get, bad)
 	kinds := 0
 	for _, set := range []bool{c.NATSCreds != "", c.NATSNKey != "", c.NATSUser != "" || c.NATSPassword != ""} {
 		if set {
@@ -293,16 +326,22 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
 		bad("nats-tls-cert", "--nats-tls-cert and --nats-tls-key go together")
 	}
-	for _, f := range []struct{ name, path string }{{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey},
-		{"nats-tls-ca", c.NATSTLSCA}, {"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey}} {
+	for _, f := range []struct {
+		name, path string
+		embedded   bool // also means something to the embedded server
+	}{{"nats-creds", c.NATSCreds, false}, {"nats-nkey", c.NATSNKey, false},
+		{"nats-tls-ca", c.NATSTLSCA, true}, {"nats-tls-cert", c.NATSTLSCert, true}, {"nats-tls-key", c.NATSTLSKey, true}} {
 		if f.path == "" {
 			continue
 		}
-		if c.NATSURL == "" {
+		if c.NATSURL == "" && !f.embedded {
 			bad(f.name, "is for joining a NATS server with --nats-url; the embedded server needs none for flowd itself")
 		} else if st, err := os.Stat(f.path); err != nil || st.IsDir() {
 			bad(f.name, "%q is not a readable file", f.path)
 		}
+	}
+	if c.NATSURL == "" && c.NATSTLSCA != "" && c.NATSTLSCert == "" {
+		bad("nats-tls-ca", "makes the embedded server ask clients for certificates signed by this CA, which needs TLS: give --nats-tls-cert and --nats-tls-key (the server's certificate) too")
 	}
 	if c.NATSUser != "" && c.NATSURL == "" {
 		bad("nats-user", "is for joining a NATS server with --nats-url")
@@ -324,6 +363,39 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	}
 	c.loadExecUser(get("exec-user"), bad)
 	c.checkSecretFiles(bad)
+}
+
+// loadPlaintext refuses --auth on a non-loopback --nats-listen without TLS, unless
+// --nats-insecure-plaintext accepts it: passwords (a node's is full control of the log)
+// and every answer would cross the network in the clear.
+func (c *Config) loadPlaintext(get func(string) string, bad func(string, string, ...any)) {
+	switch get("nats-insecure-plaintext") {
+	case "true", "1", "yes":
+		c.NATSInsecurePlaintext = true
+	case "false", "0", "no", "":
+	default:
+		bad("nats-insecure-plaintext", "%q: use true or false", get("nats-insecure-plaintext"))
+	}
+	switch {
+	case c.NATSInsecurePlaintext && c.NATSURL != "":
+		bad("nats-insecure-plaintext", "is for the embedded server's --nats-listen; with --nats-url, the servers' configuration decides TLS")
+	case c.NATSInsecurePlaintext && c.NATSTLSCert != "":
+		bad("nats-insecure-plaintext", "contradicts --nats-tls-cert: the embedded server serves TLS; drop one of them")
+	case c.NATSURL == "" && c.Auth != "" && c.NATSTLSCert == "" && !c.NATSInsecurePlaintext && !natsnode.IsLoopback(c.NATSListen):
+		bad("nats-listen", "%q is reachable from other hosts, and without TLS every password (a node's is full control of the log) and every answer crosses the network in the clear: "+
+			"give --nats-tls-cert and --nats-tls-key (and --nats-tls-ca to require client certificates), or --nats-insecure-plaintext to accept that (docs/security.md)", c.NATSListen)
+	}
+}
+
+// PlaintextWarning is what flowd logs at every start with --nats-insecure-plaintext
+// ("" without): what the embedded server then exposes.
+func (c *Config) PlaintextWarning() string {
+	if !c.NATSInsecurePlaintext {
+		return ""
+	}
+	return "--nats-insecure-plaintext: the embedded NATS server on " + c.NATSListen + " takes plaintext connections: " +
+		"anyone on the network path reads every password (a node's is full control of the log) and every answer, and can change them; " +
+		"give --nats-tls-cert and --nats-tls-key instead (docs/security.md)"
 }
 
 func checkAddr(bad func(string, string, ...any), name, addr string) {

@@ -61,6 +61,9 @@ func isTerminal(w io.Writer) bool {
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
 	stepsAtStart(logger, cfg)
+	if w := cfg.PlaintextWarning(); w != "" {
+		logger.Warn(w, "nats_listen", cfg.NATSListen)
+	}
 	metrics := newMetrics()
 	ecfg := engine.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, NATSURL: cfg.NATSURL, NATSListen: cfg.NATSListen,
@@ -68,6 +71,9 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
 		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser,
+	}
+	if cfg.NATSURL == "" {
+		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}
 	}
 	e, err := engine.New(ecfg)
 	if err != nil {
@@ -101,14 +107,19 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", d.readyz)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger}); err != nil {
+		if d.ui, err = webui.New(webui.Config{Backend: d.api, SignIn: cfg.Auth != "", Users: uiUsers(cfg.AuthUsers), Logger: logger,
+			HTTPAddr: cfg.HTTP, Hosts: cfg.UIHosts, Proxies: cfg.UIProxies}); err != nil {
 			_ = ln.Close()
 			d.stopEngine()
 			return nil, err
 		}
 		mux.Handle("/ui/", d.ui)
 		mux.Handle("/ui", d.ui)
-		d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		limits := defaultHTTPLimits
+		if cfg.httpLimits != nil {
+			limits = *cfg.httpLimits
+		}
+		d.http = newHTTPServer(mux, limits)
 		go func() { _ = d.http.Serve(ln) }()
 	}
 	logger.Info("flowd ready", "node", e.NodeID(), "nats", natsnode.Redact(e.ClientURL()), "http", d.HTTPAddr())
@@ -161,10 +172,10 @@ func (d *Daemon) readyz(w http.ResponseWriter, r *http.Request) {
 	if p := d.engine.LeadershipProblem(); p != "" {
 		problems = append(problems, "leadership: "+p)
 	}
-	if err := d.engine.Log().Err(); err != nil {
+	if err := d.engine.Log().Applier.Err(); err != nil {
 		problems = append(problems, "the applier stopped: "+err.Error())
 	}
-	if last, err := d.engine.Log().LastSeq(ctx); err != nil {
+	if last, err := d.engine.Log().Applier.LastSeq(ctx); err != nil {
 		problems = append(problems, "cannot read the log: "+err.Error())
 	} else if applied := d.engine.Store().Applied(); last > applied+readyLag {
 		problems = append(problems, fmt.Sprintf("applier behind: %d of %d", applied, last))

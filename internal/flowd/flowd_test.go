@@ -124,8 +124,12 @@ func TestDaemonHealthAndMetrics(t *testing.T) {
 		t.Fatalf("--workflows did not apply hello: %v", err)
 	}
 	// A zombie's commit: fenced, and counted.
-	lg := d.Engine().Log()
-	write := func(e checkpoint.Entry) (uint64, error) { return lg.Write(ctx, e) }
+	lg := d.Engine().Log().Writer
+	write := func(e checkpoint.Entry) (uint64, error) {
+		f := lg.Write(ctx, e)
+		err := f.Await(ctx)
+		return f.Seq(), err
+	}
 	// The set-up: a run claimed in one epoch, then taken over in a second. Each entry
 	// must be accepted, or the fenced commit below proves nothing.
 	mustWrite := func(e checkpoint.Entry) uint64 {

@@ -64,8 +64,8 @@ func Main(args []string, reg *steps.Registry) int {
 	}
 	select {
 	case <-ctx.Done():
-	case <-d.Engine().Log().Failed():
-		if err := d.Engine().Log().Err(); errors.Is(err, logstream.ErrWrongLog) {
+	case <-d.Engine().Log().Applier.Failed():
+		if err := d.Engine().Log().Applier.Err(); errors.Is(err, logstream.ErrWrongLog) {
 			// Serving the state of another log would be serving fiction: stop, and say
 			// why and how to recover (the error does).
 			logger.Error("flowd cannot continue from the log; stopping", "err", err)

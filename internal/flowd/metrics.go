@@ -130,7 +130,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	gauge("flow_runs_assigned", float64(assigned))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if last, err := e.Log().LastSeq(ctx); err == nil {
+	if last, err := e.Log().Applier.LastSeq(ctx); err == nil {
 		gauge("flow_apply_lag_messages", float64(last-min(last, e.Store().Applied())))
 	}
 	counter("flow_stolen_total", float64(e.Stats().Stolen.Load()))

@@ -63,7 +63,7 @@ func TestReadyzFailsWhenTheApplierStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-d.Engine().Log().Failed():
+	case <-d.Engine().Log().Applier.Failed():
 	case <-ctx.Done():
 		t.Fatal("the applier did not stop on a message of a newer format")
 	}

@@ -47,7 +47,14 @@ func TestSecurityConfigErrors(t *testing.T) {
 		{[]string{"--nats-url", "nats://h:4222", "--nats-creds", filepath.Join(dir, "none.creds")}, nil, "nats-creds: \"" + filepath.Join(dir, "none.creds") + "\" is not a readable file"},
 		{[]string{"--nats-url", "nats://h:4222", "--nats-nkey", good}, nil, "holds no nkey seed"},
 		{[]string{"--nats-url", "nats://h:4222", "--nats-tls-cert", seedFile}, nil, "--nats-tls-cert and --nats-tls-key go together"},
-		{[]string{"--nats-tls-ca", seedFile}, nil, "is for joining a NATS server with --nats-url"},
+		{[]string{"--nats-creds", seedFile}, nil, "is for joining a NATS server with --nats-url"},
+		{[]string{"--nats-tls-ca", seedFile}, nil, "nats-tls-ca: makes the embedded server ask clients for certificates signed by this CA, which needs TLS: give --nats-tls-cert and --nats-tls-key"},
+		{[]string{"--auth", good, "--nats-listen", "0.0.0.0:4222"}, nil, "nats-listen: \"0.0.0.0:4222\" is reachable from other hosts, and without TLS every password"},
+		{[]string{"--auth", good, "--nats-listen", "10.1.2.3:4222"}, nil, "give --nats-tls-cert and --nats-tls-key (and --nats-tls-ca to require client certificates), or --nats-insecure-plaintext"},
+		{[]string{"--nats-url", "nats://h:4222", "--nats-insecure-plaintext"}, nil, "nats-insecure-plaintext: is for the embedded server's --nats-listen"},
+		{[]string{"--auth", good, "--nats-insecure-plaintext", "--nats-tls-cert", seedFile, "--nats-tls-key", seedFile}, nil, "contradicts --nats-tls-cert"},
+		{[]string{"--nats-insecure-plaintext=maybe"}, nil, "nats-insecure-plaintext: \"maybe\": use true or false"},
+		{[]string{"--nats-tls-cert", filepath.Join(dir, "none.pem"), "--nats-tls-key", seedFile}, nil, "is not a readable file"},
 		{[]string{"--exec-env", "PGHOST,A=B"}, nil, "exec-env: \"A=B\" is not a variable name"},
 		{nil, []string{"FLOWD_NATS_PASSWORD=pw-secret-1"}, "--nats-user and --nats-password go together"},
 	} {
@@ -59,10 +66,18 @@ func TestSecurityConfigErrors(t *testing.T) {
 			t.Errorf("Load(%v) quotes a password: %v", c.args, err)
 		}
 	}
-	// What works: auth with a non-loopback listener, credentials for --nats-url, --exec-env.
-	c, err := Load([]string{"--auth", good, "--nats-listen", "0.0.0.0:4222", "--exec-env", "PGHOST, PGUSER"}, nil)
-	if err != nil || len(c.AuthUsers) != 2 || c.AuthUsers[1].NKey != pub || strings.Join(c.ExecEnv, ",") != "PGHOST,PGUSER" {
+	// What works: auth with a non-loopback listener and TLS, or plaintext said out loud
+	// (and warned of); credentials for --nats-url, --exec-env.
+	c, err := Load([]string{"--auth", good, "--nats-listen", "0.0.0.0:4222", "--nats-tls-cert", seedFile, "--nats-tls-key", seedFile, "--exec-env", "PGHOST, PGUSER"}, nil)
+	if err != nil || len(c.AuthUsers) != 2 || c.AuthUsers[1].NKey != pub || strings.Join(c.ExecEnv, ",") != "PGHOST,PGUSER" || c.PlaintextWarning() != "" || c.natsOptions() != nil {
 		t.Fatalf("config %+v %v", c, err)
+	}
+	c, err = Load([]string{"--auth", good, "--nats-listen", "0.0.0.0:4222", "--nats-insecure-plaintext"}, nil)
+	if err != nil || !strings.Contains(c.PlaintextWarning(), "0.0.0.0:4222 takes plaintext connections") {
+		t.Fatalf("config %+v %v", c, err)
+	}
+	if _, err := Load([]string{"--auth", good, "--nats-listen", "127.0.0.1:4222"}, nil); err != nil {
+		t.Fatalf("--auth on loopback without TLS: %v", err)
 	}
 	c, err = Load([]string{"--nats-url", "nats://h:4222", "--nats-nkey", seedFile, "--nats-tls-ca", seedFile}, nil)
 	if err != nil || len(c.natsOptions()) != 2 {

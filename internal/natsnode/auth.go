@@ -45,14 +45,26 @@ func (cfg Config) authOptions(opts *server.Options) (internalUser, internalPassw
 	users := server.NewAccount(UsersAccount)
 	opts.Accounts = []*server.Account{users}
 	seen := map[string]bool{}
+	inboxes := map[string]int{} // a person's inbox prefix: the user's number
 	for i, u := range cfg.Users {
-		perms, err := client.PermissionsOf(u.Role)
+		name := u.Name
+		if name == "" {
+			name = u.NKey // the server names an nkey user by its public key
+		}
+		perms, err := permissionsOf(u.Role, name)
 		if err != nil {
 			return "", "", fmt.Errorf("%w: user %d (%s): %v", ErrInvalidConfig, i+1, u.label(), err)
 		}
-		p := &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: perms.Publish.Allow, Deny: perms.Publish.Deny},
-			Subscribe: &server.SubjectPermission{Allow: perms.Subscribe.Allow, Deny: perms.Subscribe.Deny},
+		if u.Role != client.RoleNode {
+			prefix := client.InboxPrefix(name)
+			if j, ok := inboxes[prefix]; ok {
+				return "", "", fmt.Errorf("%w: user %d (%s) would read the answers of user %d: both have the inbox %s; rename one", ErrInvalidConfig, i+1, u.label(), j, prefix)
+			}
+			inboxes[prefix] = i + 1
+		}
+		p, err := ServerPermissions(perms)
+		if err != nil {
+			return "", "", fmt.Errorf("%w: user %d (%s): %v", ErrInvalidConfig, i+1, u.label(), err)
 		}
 		var acc *server.Account // a node's user is in flow's account
 		if u.Role != client.RoleNode {
@@ -86,6 +98,51 @@ func (cfg Config) authOptions(opts *server.Options) (internalUser, internalPassw
 	internalPassword = hex.EncodeToString(secret[4:])
 	opts.Users = append(opts.Users, &server.User{Username: internalUser, Password: internalPassword})
 	return internalUser, internalPassword, nil
+}
+
+// ServerPermissions is p as the server's options take it.
+func ServerPermissions(p client.Permissions) (*server.Permissions, error) {
+	sp := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
+		Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+	}
+	if p.Responses != nil {
+		expires, err := time.ParseDuration(p.Responses.Expires)
+		if err != nil {
+			return nil, fmt.Errorf("allow_responses: expires %q: %v", p.Responses.Expires, err)
+		}
+		sp.Response = &server.ResponsePermission{MaxMsgs: p.Responses.Max, Expires: expires}
+	}
+	return sp, nil
+}
+
+// oldPermissions, set at link time (-ldflags "-X .../natsnode.oldPermissions=1") and
+// empty in every build of flowd, gives the users the permissions from before issue 24:
+// people subscribe to every "_INBOX.>" and a node may publish anything (">"), the API
+// included. Only the negative controls of docs/testing.md set it (a viewer reads an
+// operator's answers; a node's forged request names a person in the history).
+var oldPermissions string
+
+// permissionsOf is client.PermissionsOf, or the old permissions of oldPermissions.
+func permissionsOf(role, user string) (client.Permissions, error) {
+	if oldPermissions == "" {
+		return client.PermissionsOf(role, user)
+	}
+	return oldPermissionsOf(role)
+}
+
+// oldPermissionsOf are role's permissions before issue 24, for the negative controls
+// only: a person could read everyone's answers (_INBOX.>), a node publish anything.
+func oldPermissionsOf(role string) (client.Permissions, error) {
+	p, err := client.PermissionsOf(role, "old")
+	if err != nil {
+		return p, err
+	}
+	if role == client.RoleNode {
+		return client.Permissions{Publish: client.SubjectPermission{Allow: []string{">"}}, Subscribe: client.SubjectPermission{Allow: []string{">"}}}, nil
+	}
+	p.Subscribe.Allow = []string{"_INBOX.>"}
+	return p, nil
 }
 
 // label names a user in errors, never with its password.

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/flowrun/flow/client"
 )
 
 // startAuth starts an embedded server with auth, listening on loopback, and these users.
@@ -42,6 +44,9 @@ func connectAs(t *testing.T, s *Server, opts ...nats.Option) (*nats.Conn, <-chan
 	t.Cleanup(nc.Close)
 	return nc, errs
 }
+
+// inboxOf is the inbox option of user's connections (client.Dial sets it by itself).
+func inboxOf(user string) nats.Option { return nats.CustomInboxPrefix(client.InboxPrefix(user)) }
 
 func violation(t *testing.T, errs <-chan error, subject string) {
 	t.Helper()
@@ -121,7 +126,7 @@ func TestAuthRolesAndIdentity(t *testing.T) {
 	}
 
 	// An operator: its operations answer, with its name as the server says it.
-	op, opErrs := connectAs(t, s, nats.UserInfo("otto", "o-secret"))
+	op, opErrs := connectAs(t, s, nats.UserInfo("otto", "o-secret"), inboxOf("otto"))
 	m, err := op.Request("flow.v1.run.start", []byte("{}"), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +154,7 @@ func TestAuthRolesAndIdentity(t *testing.T) {
 	// A bcrypt password works as the plain one.
 	connectAs(t, s, nats.UserInfo("bea", "b-secret"))
 	// A viewer may not start a run; an nkey operator may.
-	viewer, viewerErrs := connectAs(t, s, nats.UserInfo("vera", "v-secret"))
+	viewer, viewerErrs := connectAs(t, s, nats.UserInfo("vera", "v-secret"), inboxOf("vera"))
 	if err := viewer.Publish("flow.v1.run.start", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +170,7 @@ func TestAuthRolesAndIdentity(t *testing.T) {
 		}
 		return k.Sign(nonce)
 	})
-	nk, _ := connectAs(t, s, nkeyOpt)
+	nk, _ := connectAs(t, s, nkeyOpt, inboxOf(pub))
 	if m, err := nk.Request("flow.v1.run.retry", nil, 10*time.Second); err != nil || !strings.HasSuffix(string(m.Data), "@"+UsersAccount) {
 		t.Fatalf("an nkey operator's request: %q %v", m.Data, err)
 	}

@@ -53,6 +53,15 @@ type Config struct {
 	// process's own (Connect), each with its role's permissions (auth.go).
 	Auth  bool
 	Users []User
+	// TLS, when its CertFile is set, serves TLS on the client port (Listen) and refuses
+	// plaintext; its CAFile makes the server verify client certificates against that CA
+	// (mutual TLS). This process's own connection is in process and needs neither.
+	TLS TLSFiles
+}
+
+// TLSFiles are PEM files: a certificate and its key, and a CA.
+type TLSFiles struct {
+	CertFile, KeyFile, CAFile string
 }
 
 // ClusterConfig joins an embedded server to others.
@@ -150,6 +159,11 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 			opts.ServerName = "flow-" + strconv.Itoa(port)
 		}
 	}
+	if cfg.TLS != (TLSFiles{}) {
+		if err := cfg.tlsOptions(opts); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Cluster.Listen != "" {
 		if cfg.Listen == "" {
 			return nil, fmt.Errorf("%w: a cluster needs a client listener: set Listen (a cluster never forms without one)", ErrInvalidConfig)
@@ -175,6 +189,25 @@ func (cfg Config) serverOptions() (*server.Options, error) {
 		}
 	}
 	return opts, nil
+}
+
+// tlsOptions serves TLS on the client port, verifying clients' certificates when a CA
+// is given. The files are read here: a bad one stops the start with its name.
+func (cfg Config) tlsOptions(opts *server.Options) error {
+	t := cfg.TLS
+	switch {
+	case cfg.Listen == "":
+		return fmt.Errorf("%w: TLS needs a client listener (Listen): in process there is nothing to encrypt", ErrInvalidConfig)
+	case t.CertFile == "" || t.KeyFile == "":
+		return fmt.Errorf("%w: TLS needs a certificate and its key (a CA alone verifies clients of a server that has its own certificate)", ErrInvalidConfig)
+	}
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile, Verify: t.CAFile != ""})
+	if err != nil {
+		return fmt.Errorf("%w: TLS: %v", ErrInvalidConfig, err)
+	}
+	opts.TLSConfig = tc
+	opts.TLSVerify = t.CAFile != ""
+	return nil
 }
 
 func splitHostPort(s string) (string, int, error) {

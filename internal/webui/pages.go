@@ -364,6 +364,11 @@ func (s *Server) clusterPage(r *http.Request) (string, string, any, error) {
 	return "cluster", "Cluster", v, nil
 }
 
+// streamWriteTimeout bounds each write of a live stream (a browser that stops reading
+// ends its stream), in place of the server's write timeout, which would end a stream
+// that lasts longer.
+const streamWriteTimeout = 30 * time.Second
+
 // runEvents is a run page's live stream: an event each time the log moved the run,
 // fed by one wait on the node's applied sequence (no polling), until the run ends, the
 // browser leaves or the server closes.
@@ -372,6 +377,16 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
 	if !ok {
 		http.Error(w, "streaming is not supported here", http.StatusInternalServerError)
 		return
+	}
+	// The server's write timeout is for answers that end (flowd's: docs/ui.md): counted
+	// from the request, it would cut the stream. Each write of the stream gets a deadline
+	// of its own instead. (The read timeout does not reach a stream: net/http lifts the
+	// read deadline once the request is read, to notice the browser leaving.)
+	rc := http.NewResponseController(w)
+	writeDeadline := func() {}
+	if !s.hooks.noStreamDeadline {
+		// http.ErrNotSupported where there is no connection (a recorder): nothing to extend.
+		writeDeadline = func() { _ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)) }
 	}
 	id := r.PathValue("id")
 	s.wg.Add(1)
@@ -387,6 +402,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
 	}()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
+	writeDeadline()
 	w.WriteHeader(http.StatusOK)
 	fl.Flush()
 	last := r.URL.Query().Get("seen") // the state the page showed
@@ -395,6 +411,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
 	for {
 		changed := s.cfg.Backend.Changed()
 		run, err := do[client.Run](ctx, s.cfg.Backend, "run.get", client.Request{ID: id})
+		writeDeadline()
 		if err != nil {
 			fmt.Fprintf(w, "event: end\ndata: %s\n\n", strconv.Quote(err.Error()))
 			fl.Flush()
@@ -415,6 +432,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
 			return
 		case <-changed:
 		case <-keepAlive.C:
+			writeDeadline()
 			fmt.Fprint(w, ": still here\n\n")
 			fl.Flush()
 		}

@@ -6,30 +6,24 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"html/template"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/apiserver"
 	"github.com/flowrun/flow/internal/audit"
 )
-
-//go:embed assets
-var assets embed.FS
 
 // Backend is what the UI reads and asks of the node: the API's operations in process
 // (the same answers flowctl gets) and a few reads of its own.
@@ -65,14 +59,48 @@ type Config struct {
 	Logger *slog.Logger
 	// SessionTTL is how long a sign-in lasts (default 12h).
 	SessionTTL time.Duration
+	// HTTPAddr is the address the UI is served on (flowd --http): its host, unless a
+	// wildcard such as 0.0.0.0, is one of the names the UI answers to.
+	HTTPAddr string
+	// Hosts are more names it answers to (flowd --ui-host; ParseHosts checks them): host
+	// names or IP addresses, without a port. It always answers to localhost and the
+	// loopback addresses; any other Host gets 421 before a page is looked at.
+	Hosts []string
+	// Proxies are the reverse proxies the operator runs in front of the UI (flowd
+	// --ui-proxy; ParseProxies): from these peers X-Forwarded-Proto: https counts as TLS
+	// (Secure cookies) and X-Forwarded-For's last address is the client's (the sign-in
+	// limits). From anyone else both headers are ignored.
+	Proxies []netip.Prefix
 }
+
+// hooks switch the UI's guards off for the negative controls of docs/testing.md, or
+// replace its clock. The zero value is production; only this package's tests set them,
+// and a flowd linked with unsafeAnyHost set (clustertest) turns the host guards off.
+type hooks struct {
+	anyHost          bool // the Host allow-list is not checked
+	originIsHost     bool // a POST's Origin is compared with its own Host (as before issue 24), not with the names
+	noDummyHash      bool // an unknown user is answered without a bcrypt comparison
+	noSignInLimit    bool // failed sign-ins are not counted
+	noStreamDeadline bool // the live stream keeps the server's write deadline
+	now              func() time.Time
+	compare          func(hash, password []byte) error
+}
+
+// unsafeAnyHost, set at link time (-ldflags "-X
+// github.com/flowrun/flow/internal/webui.unsafeAnyHost=1"), switches the host guards off
+// as on main before issue 24: any Host is answered and a POST's Origin is compared with
+// the request's own Host. Only clustertest's negative control builds such a flowd.
+var unsafeAnyHost string
 
 // Server serves the UI under /ui/.
 type Server struct {
 	cfg    Config
+	hosts  hostPolicy
 	pages  map[string]*template.Template
-	static http.Handler
+	static map[string]staticFile
 	mux    *http.ServeMux
+	signIn *signIn
+	hooks  hooks
 
 	ctx    context.Context // ends the live streams at Close
 	cancel context.CancelFunc
@@ -105,13 +133,30 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("webui: user %d: a name, a password and a role (%s) are required", i+1, strings.Join(peopleRoles, ", "))
 		}
 	}
+	hosts, err := newHostPolicy(cfg.HTTPAddr, cfg.Hosts)
+	if err != nil {
+		return nil, fmt.Errorf("webui: --ui-host %w", err)
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
 	}
-	static, _ := fs.Sub(assets, "assets")
-	s := &Server{cfg: cfg, pages: pages, static: http.StripPrefix("/ui/static/", http.FileServer(http.FS(static))),
-		sessions: map[string]*session{}}
+	static, err := loadStatic()
+	if err != nil {
+		return nil, err
+	}
+	si, costs, err := newSignIn(cfg.Users, cfg.SignIn || len(cfg.Users) > 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(costs) > 1 {
+		cfg.Logger.Warn("ui: the users' bcrypt hashes have different costs: a cheaper one answers a sign-in sooner, which tells its user's name apart; give every hash the same cost",
+			"costs", costs)
+	}
+	s := &Server{cfg: cfg, hosts: hosts, pages: pages, static: static, signIn: si, sessions: map[string]*session{}}
+	if unsafeAnyHost != "" {
+		s.hooks.anyHost, s.hooks.originIsHost = true, true
+	}
 	_, _ = rand.Read(s.key[:])
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.routes()
@@ -126,7 +171,7 @@ func (s *Server) Close() {
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.Handle("GET /ui/static/", s.static)
+	m.HandleFunc("GET /ui/static/", s.serveStatic)
 	m.HandleFunc("GET /ui/login", s.loginPage)
 	m.HandleFunc("POST /ui/login", s.login)
 	m.HandleFunc("POST /ui/logout", s.action(s.logout))
@@ -148,8 +193,13 @@ func (s *Server) routes() {
 }
 
 // ServeHTTP serves the UI with headers that keep its pages to themselves: no framing,
-// no scripts or styles but its own, no sniffing, no referrer to other sites.
+// no scripts or styles but its own, no sniffing, no referrer to other sites. A request
+// to a name the UI does not answer to (a DNS rebinding) gets 421 before anything else.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.hooks.anyHost && !s.hosts.allows(r.Host) {
+		misdirected(w, r)
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -162,16 +212,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
-}
-
-// fromLoopback says whether the request came from this host.
-func fromLoopback(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // authEnabled says whether people sign in.
@@ -201,7 +241,7 @@ func (s *Server) sessionOf(w http.ResponseWriter, r *http.Request) *session {
 			return nil
 		}
 		id := token()
-		http.SetCookie(w, &http.Cookie{Name: name, Value: id, Path: "/ui/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		http.SetCookie(w, s.cookie(r, name, id, time.Time{}))
 		return &session{role: client.RoleAdmin, csrf: s.anonymousCSRF(id)}
 	}
 	if err != nil {
@@ -210,7 +250,7 @@ func (s *Server) sessionOf(w http.ResponseWriter, r *http.Request) *session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	se := s.sessions[c.Value]
-	if se != nil && time.Now().After(se.expires) {
+	if se != nil && s.now().After(se.expires) {
 		delete(s.sessions, c.Value)
 		se = nil
 	}
@@ -226,19 +266,35 @@ func (s *Server) anonymousCSRF(id string) string {
 }
 
 func (s *Server) newSession(w http.ResponseWriter, r *http.Request, user, role string) *session {
-	se := &session{user: user, role: role, csrf: token(), expires: time.Now().Add(s.cfg.SessionTTL)}
+	now := s.now()
+	se := &session{user: user, role: role, csrf: token(), expires: now.Add(s.cfg.SessionTTL)}
 	id := token()
 	s.mu.Lock()
 	for k, old := range s.sessions { // drop the expired while here: the map stays small
-		if time.Now().After(old.expires) {
+		if now.After(old.expires) {
 			delete(s.sessions, k)
 		}
 	}
 	s.sessions[id] = se
 	s.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: sessionCookieName(r), Value: id, Path: "/ui/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Expires: se.expires})
+	http.SetCookie(w, s.cookie(r, sessionCookieName(r), id, se.expires))
 	return se
+}
+
+// cookie is a session cookie: for the UI's paths only, out of scripts' reach, sent only
+// with the UI's own requests, and Secure when the browser reached the UI over TLS (its
+// own, or a named proxy's), so that it never travels in the clear afterwards.
+func (s *Server) cookie(r *http.Request, name, value string, expires time.Time) *http.Cookie {
+	return &http.Cookie{Name: name, Value: value, Path: "/ui/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: s.overTLS(r), Expires: expires}
+}
+
+// now is the UI's clock (a test's, or the time).
+func (s *Server) now() time.Time {
+	if s.hooks.now != nil {
+		return s.hooks.now()
+	}
+	return time.Now()
 }
 
 func token() string {
@@ -272,21 +328,12 @@ func (s *Server) action(h func(http.ResponseWriter, *http.Request, *session)) ht
 			http.Error(w, "a form of at most 64 KiB is expected", http.StatusBadRequest)
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(se.csrf)) != 1 || !sameOrigin(r) {
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(se.csrf)) != 1 || !s.fromOurPages(r) {
 			http.Error(w, "this form is stale or not from this page: reload the page and try again", http.StatusForbidden)
 			return
 		}
 		h(w, r, se)
 	}
-}
-
-// sameOrigin checks the Origin header when the browser sends one.
-func sameOrigin(r *http.Request) bool {
-	o := r.Header.Get("Origin")
-	if o == "" || o == "null" {
-		return o == ""
-	}
-	return strings.TrimPrefix(strings.TrimPrefix(o, "http://"), "https://") == r.Host
 }
 
 // runAction is a POST of retry, cancel, DLQ retry or purge of the run in the path: it
@@ -327,41 +374,15 @@ type loginView struct {
 	Next, Error string
 }
 
-func (s *Server) login(w http.ResponseWriter, r *http.Request) {
-	if !s.authEnabled() {
-		http.Redirect(w, r, "/ui/", http.StatusSeeOther)
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
-	if err := r.ParseForm(); err != nil || !sameOrigin(r) {
-		http.Error(w, "a sign-in form is expected", http.StatusBadRequest)
-		return
-	}
-	name, pw, next := r.PostFormValue("user"), r.PostFormValue("password"), safeNext(r.PostFormValue("next"))
-	for _, u := range s.cfg.Users {
-		if u.Name == name && passwordMatches(u.Password, pw) {
-			s.newSession(w, r, u.Name, u.Role)
-			http.Redirect(w, r, next, http.StatusSeeOther)
-			return
-		}
-	}
-	s.render(w, r, nil, "login", http.StatusUnauthorized, viewOf(nil, true, "Sign in", loginView{Next: next, Error: "wrong user or password"}))
-}
-
-func passwordMatches(stored, given string) bool {
-	if strings.HasPrefix(stored, "$2") {
-		return bcrypt.CompareHashAndPassword([]byte(stored), []byte(given)) == nil
-	}
-	return subtle.ConstantTimeCompare([]byte(stored), []byte(given)) == 1
-}
-
 func (s *Server) logout(w http.ResponseWriter, r *http.Request, _ *session) {
 	if c, err := r.Cookie(sessionCookieName(r)); err == nil {
 		s.mu.Lock()
 		delete(s.sessions, c.Value)
 		s.mu.Unlock()
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookieName(r), Value: "", Path: "/ui/", MaxAge: -1})
+	gone := s.cookie(r, sessionCookieName(r), "", time.Time{})
+	gone.MaxAge = -1
+	http.SetCookie(w, gone)
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
 }
 
@@ -379,7 +400,7 @@ var pageNames = []string{"runs", "run", "workflows", "workflow", "cron", "dlq", 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
 	for _, name := range pageNames {
-		t, err := template.New(name).Funcs(funcs).ParseFS(assets, "assets/templates/layout.html", "assets/templates/"+name+".html")
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "assets/templates/layout.html", "assets/templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("webui: template %s: %w", name, err)
 		}

@@ -342,11 +342,12 @@ func TestRunEventsFollowTheLog(t *testing.T) {
 }
 
 // Without sign-in the UI answers only this host: its actions would be anyone's. With
-// sign-in, another host gets the sign-in page.
+// sign-in, another host gets the sign-in page. (Both by a name the UI answers to.)
 func TestWithoutSignInOnlyThisHost(t *testing.T) {
 	for _, signIn := range []bool{false, true} {
-		n := startNode(t, Config{SignIn: signIn})
+		n := startNode(t, Config{SignIn: signIn, Hosts: []string{"flow.example"}})
 		req := httptest.NewRequest(http.MethodGet, "/ui/", nil)
+		req.Host = "flow.example:8080"
 		req.RemoteAddr = "10.1.2.3:5555"
 		w := httptest.NewRecorder()
 		n.ui.ServeHTTP(w, req)

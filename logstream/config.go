@@ -1,0 +1,129 @@
+package logstream
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/testhooks"
+)
+
+// Defaults of Config (DefaultConfig).
+const (
+	DefaultStream          = "FLOW_LOG"
+	DefaultSubject         = "flow.log"
+	DefaultReplicas        = 1
+	DefaultMaxOutputBytes  = 1 << 20 // 1 MiB per step output
+	DefaultMaxBatchEntries = 256
+	DefaultPublishTimeout  = 10 * time.Second
+	DefaultStallTimeout    = 10 * time.Second
+	DefaultNoteDelay       = 5 * time.Millisecond
+	duplicateWindow        = 2 * time.Minute
+	envelopeHeadroom       = 4 << 10
+	// minOutputBytes is the smallest output limit worth running with: below it a
+	// server's max_payload is refused at start rather than fitted.
+	minOutputBytes = 4 << 10
+)
+
+// Config configures a node's log (Open). Start from DefaultConfig and set JS, Store and
+// Node: Validate refuses a zero limit or timeout instead of filling one in, so that the
+// value a caller passes is the value the log runs with.
+type Config struct {
+	JS    jetstream.JetStream // required
+	Store *checkpoint.Store   // required: this node's state, fed by the applier
+	Node  string              // required: this node's ID (message IDs, envelope)
+
+	Stream   string // default FLOW_LOG
+	Subject  string // default flow.log
+	Replicas int    // stream (and snapshot bucket) replicas; default 1 (streams.Replicas gives the cluster's)
+
+	// MaxOutputBytes bounds one step output (default 1 MiB). Above it, Write refuses
+	// the entry with ErrOutputTooLarge. Open lowers it (and warns) when the server's
+	// max_payload cannot hold it; Writer.MaxOutputBytes is the limit in force.
+	MaxOutputBytes int
+	// MaxBatchEntries bounds the entries packed into one message, and so the entries
+	// one Write may carry (default 256).
+	MaxBatchEntries int
+	// StallTimeout is how long the applier may go without applying a message or seeing
+	// that it has applied the stream's last one before its consumer is presumed silent
+	// and recreated (default 10s).
+	StallTimeout time.Duration
+	// Supervisor keeps the applier's consumer alive (internal/supervise); nil: a
+	// supervisor of the Applier's own.
+	Supervisor *supervise.Supervisor
+	// NoOwnApply leaves every message to the applier, including this node's own (for
+	// benchmarks comparing the two). Default false.
+	NoOwnApply bool
+	// NoteDelay is how long a note (a Write of step starts and non-final failures only:
+	// Writer.Write) waits for a write to ride with before it is published on its own
+	// (default 5ms).
+	NoteDelay time.Duration
+	// PublishTimeout bounds the retries of one publish (default 10s).
+	PublishTimeout time.Duration
+	// Hooks are tests' switches (internal/testhooks: PassQueue, Deaf, FailApply); nil in
+	// production.
+	Hooks *testhooks.Hooks
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a Config with every default set. JS, Store and Node are the
+// caller's to set.
+func DefaultConfig() Config {
+	return Config{
+		Stream:          DefaultStream,
+		Subject:         DefaultSubject,
+		Replicas:        DefaultReplicas,
+		MaxOutputBytes:  DefaultMaxOutputBytes,
+		MaxBatchEntries: DefaultMaxBatchEntries,
+		StallTimeout:    DefaultStallTimeout,
+		NoteDelay:       DefaultNoteDelay,
+		PublishTimeout:  DefaultPublishTimeout,
+	}
+}
+
+// Validate reports the first field of c that the log cannot run with, naming the field
+// and the fix (errors.Is(err, ErrInvalidConfig)). It changes nothing: c is a copy.
+func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: Config.%s %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.JS == nil:
+		return bad("JS", "is nil: set it to the node's JetStream context (jetstream.New)")
+	case c.Store == nil:
+		return bad("Store", "is nil: set it to the node's state (checkpoint.OpenStore)")
+	case !ident.ValidID(c.Node):
+		return bad("Node", "is %q, not a valid node ID: %s", c.Node, ident.IDRule)
+	case c.Stream == "":
+		return bad("Stream", "is empty: set it, or start from DefaultConfig (%s)", DefaultStream)
+	case c.Subject == "":
+		return bad("Subject", "is empty: set it, or start from DefaultConfig (%s)", DefaultSubject)
+	case c.Replicas < 1:
+		return bad("Replicas", "is %d: set it to 1 or more (streams.Replicas gives the cluster's; DefaultConfig sets %d)", c.Replicas, DefaultReplicas)
+	case c.MaxOutputBytes < 1:
+		return bad("MaxOutputBytes", "is %d: set it above 0, or start from DefaultConfig (%d)", c.MaxOutputBytes, DefaultMaxOutputBytes)
+	case c.MaxBatchEntries < 1:
+		return bad("MaxBatchEntries", "is %d: set it above 0, or start from DefaultConfig (%d)", c.MaxBatchEntries, DefaultMaxBatchEntries)
+	case c.StallTimeout <= 0:
+		return bad("StallTimeout", "is %s: set it above 0, or start from DefaultConfig (%s)", c.StallTimeout, DefaultStallTimeout)
+	case c.NoteDelay <= 0:
+		return bad("NoteDelay", "is %s: set it above 0, or start from DefaultConfig (%s)", c.NoteDelay, DefaultNoteDelay)
+	case c.PublishTimeout <= 0:
+		return bad("PublishTimeout", "is %s: set it above 0, or start from DefaultConfig (%s)", c.PublishTimeout, DefaultPublishTimeout)
+	}
+	return nil
+}
+
+// logger is c.Logger, or one that discards.
+func (c Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
