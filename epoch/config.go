@@ -48,8 +48,8 @@ type Config struct {
 	Exit func(code int)
 	// BeforeExit, if set, is called by the poison pill just before Exit: what must not
 	// outlive the process goes here. The engine kills its exec steps, with every process
-	// they started (steps.KillProcessGroups): their inits would do it once the process
-	// is gone, but the lease may move as soon as the process exits.
+	// they started (steps.KillProcessGroups): their inits would do it as they see the
+	// process gone; this makes them dead before the exit, whatever the inits' state.
 	BeforeExit func()
 	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
 	// full jitter).
