@@ -218,6 +218,10 @@ func probe() (Mode, string) {
 		}
 		failed = append(failed, fmt.Sprintf("%s: %v", m, err))
 	}
+	if err := probeMode(ModeSubreaper); err != nil {
+		// No init at all (no /proc to find this program through): the command itself.
+		return ModeProcessGroup, fmt.Sprintf("no step init could be started (%s; subreaper: %v): each step's command runs in a process group of its own", strings.Join(failed, "; "), err)
+	}
 	return ModeSubreaper, "no PID namespace could be made (" + strings.Join(failed, "; ") + "): each step's init is a child subreaper that kills every descendant"
 }
 
