@@ -239,10 +239,12 @@ func probeMode(m Mode) error {
 	select {
 	case r := <-c.started:
 		<-c.done
+		<-c.reportDone
 		return r.err
 	case <-t.C:
 		_ = c.cmd.Process.Kill()
 		<-c.done
+		<-c.reportDone
 		return errors.New("the init did not answer")
 	}
 }
@@ -373,6 +375,7 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 	if r := <-c.started; r.err != nil {
 		c.closeControl()
 		<-waited
+		<-c.reportDone
 		return outcome{start: r.err}
 	}
 	stopTrust := make(chan struct{})
@@ -401,6 +404,7 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 			}
 		}
 		t.Stop()
+		<-c.reportDone // at hand: the init has exited, and with it the report's only writer
 		return outcome{stopped: true}
 	}
 	<-c.reportDone
