@@ -53,11 +53,15 @@ type Config struct {
 	StepParallelism int
 	// Lease configures run leases and the election (TTL default 10s).
 	Lease epoch.Config
-	// Registry holds the step kinds (default: the built-ins, with ExecEnv).
+	// Registry holds the step kinds (default: the built-ins, with ExecEnv and ExecUser).
 	Registry *steps.Registry
 	// ExecEnv names this process's environment variables that exec steps also get
-	// (steps.WithExecEnv); ignored when Registry is given.
+	// (steps.WithExecEnv), also on a Registry given here.
 	ExecEnv []string
+	// ExecUser, if set, is the user exec steps run as (flowd --exec-user;
+	// steps.WithExecUser), also on a Registry given here: a security setting must not
+	// be lost because an embedding program brought its own registry.
+	ExecUser *steps.User
 	// MaxOutputBytes bounds one step output (default 1 MiB).
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
@@ -139,8 +143,11 @@ func (c *Config) validate() error {
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = 2 * time.Second
 	}
+	execOpts := []steps.RegistryOption{steps.WithExecEnv(c.ExecEnv...), steps.WithExecUser(c.ExecUser)}
 	if c.Registry == nil {
-		c.Registry = steps.NewRegistry(c.MaxOutputBytes, steps.WithExecEnv(c.ExecEnv...))
+		c.Registry = steps.NewRegistry(c.MaxOutputBytes, execOpts...)
+	} else if c.ExecUser != nil || len(c.ExecEnv) > 0 {
+		c.Registry.ConfigureExec(execOpts...)
 	}
 	if c.Registry.Has(DrillStepKind) {
 		return fmt.Errorf("engine: step kind %s is reserved for flowctl drill zombie", DrillStepKind)
@@ -155,8 +162,9 @@ func (c *Config) validate() error {
 		c.Lease.Logger = c.Logger
 	}
 	if c.Lease.BeforeExit == nil {
-		// The poison pill kills the steps' process groups before the process exits:
-		// Pdeathsig kills only a step's own process, not what it started.
+		// The poison pill kills every exec step's processes before the process exits
+		// (their inits would see it die and kill them, but only after the exit; a step
+		// without containment would leave what it started).
 		c.Lease.BeforeExit = func() { steps.KillProcessGroups() }
 	}
 	// Defaults once, here: the elector and the leases then share its Counters, and the

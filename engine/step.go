@@ -114,7 +114,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		began := time.Now()
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
-			StopGrace: x.e.stopGrace()})
+			StopGrace: x.e.stopGrace(), TrustUntil: x.lease.TrustUntil})
 		if obs := x.e.cfg.StepObserver; obs != nil {
 			obs(st.Uses, time.Since(began), err)
 		}
