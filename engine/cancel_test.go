@@ -57,7 +57,7 @@ name: side-effect
 steps:
   - name: pay
     uses: exec
-    with: {command: [sh, -c, "echo $$ > %s; sleep 2; touch %s"]}
+    with: {command: [sh, -c, "read hp _ < /proc/self/stat; echo $hp > %s; sleep 2; touch %s"]}
 `, pidFile, marker))
 			ctx := ctxT(t, 30*time.Second)
 			id, err := a.StartRun(ctx, "side-effect", nil, RunOptions{})
@@ -135,7 +135,7 @@ name: stubborn
 steps:
   - name: hang
     uses: exec
-    with: {command: [sh, -c, "trap '' TERM; echo $$ > %s; while true; do sleep 0.02; done"]}
+    with: {command: [sh, -c, "trap '' TERM; read hp _ < /proc/self/stat; echo $hp > %s; while true; do sleep 0.02; done"]}
 `, pidFile))
 	ctx := ctxT(t, 30*time.Second)
 	id, err := e.StartRun(ctx, "stubborn", nil, RunOptions{})

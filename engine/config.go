@@ -55,11 +55,15 @@ type Config struct {
 	StepParallelism int
 	// Lease configures run leases and the election (TTL default 10s).
 	Lease epoch.Config
-	// Registry holds the step kinds (default: the built-ins, with ExecEnv).
+	// Registry holds the step kinds (default: the built-ins, with ExecEnv and ExecUser).
 	Registry *steps.Registry
 	// ExecEnv names this process's environment variables that exec steps also get
-	// (steps.WithExecEnv); ignored when Registry is given.
+	// (steps.WithExecEnv), also on a Registry given here.
 	ExecEnv []string
+	// ExecUser, if set, is the user exec steps run as (flowd --exec-user;
+	// steps.WithExecUser), also on a Registry given here: a security setting must not
+	// be lost because an embedding program brought its own registry.
+	ExecUser *steps.User
 	// MaxOutputBytes bounds one step output (default 1 MiB).
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
@@ -143,7 +147,7 @@ func (c Config) WithDefaults() Config {
 		c.ReconcileInterval = 2 * time.Second
 	}
 	if c.Registry == nil && c.MaxOutputBytes > 0 {
-		c.Registry = steps.NewRegistry(c.MaxOutputBytes, steps.WithExecEnv(c.ExecEnv...))
+		c.Registry = steps.NewRegistry(c.MaxOutputBytes, c.execOptions()...)
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
@@ -161,14 +165,20 @@ func (c Config) WithDefaults() Config {
 		c.Lease.Clock = c.Clock
 	}
 	if c.Lease.BeforeExit == nil {
-		// The poison pill kills the steps' process groups before the process exits:
-		// Pdeathsig kills only a step's own process, not what it started.
+		// The poison pill kills every exec step's processes before the process exits
+		// (their inits would see it die and kill them, but only after the exit; a step
+		// without containment would leave what it started).
 		c.Lease.BeforeExit = func() { steps.KillProcessGroups() }
 	}
 	// Defaults once, here: the elector and the leases then share its Counters, and the
 	// engine reads TTL and Backoff from it.
 	c.Lease = c.Lease.WithDefaults()
 	return c
+}
+
+// execOptions configure exec steps: ExecEnv, ExecUser.
+func (c Config) execOptions() []steps.RegistryOption {
+	return []steps.RegistryOption{steps.WithExecEnv(c.ExecEnv...), steps.WithExecUser(c.ExecUser)}
 }
 
 // Validate checks c with its defaults applied (WithDefaults) and changes nothing. The

@@ -78,7 +78,12 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	given := cfg.Registry != nil
 	cfg = cfg.WithDefaults()
+	if given && (cfg.ExecUser != nil || len(cfg.ExecEnv) > 0) {
+		// A program's own registry runs its exec steps as flowd's settings say too.
+		cfg.Registry.ConfigureExec(cfg.execOptions()...)
+	}
 	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
 	e.sup = supervise.New(supervise.WithLogger(e.log))
 	e.cfg.Lease.Supervisor = e.sup

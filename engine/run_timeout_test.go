@@ -26,7 +26,7 @@ timeout: 1s
 steps:
   - name: hang
     uses: exec
-    with: {command: [sh, -c, 'echo $$ > `+pidFile+`; exec sleep 30']}
+    with: {command: [sh, -c, 'read hp _ < /proc/self/stat; echo $hp > `+pidFile+`; exec sleep 30']}
   - name: after
     needs: [hang]
     uses: noop

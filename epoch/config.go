@@ -47,9 +47,9 @@ type Config struct {
 	// Exit is called by the poison pill; default os.Exit.
 	Exit func(code int)
 	// BeforeExit, if set, is called by the poison pill just before Exit: what must not
-	// outlive the process goes here. The engine kills its exec steps' process groups
-	// (steps.KillProcessGroups): the kernel kills a step's own process when flowd dies,
-	// but not the children that process started.
+	// outlive the process goes here. The engine kills its exec steps, with every process
+	// they started (steps.KillProcessGroups): their inits would do it as they see the
+	// process gone; this makes them dead before the exit, whatever the inits' state.
 	BeforeExit func()
 	// Backoff paces election retries and lease re-acquire (default 50ms doubling to 2s,
 	// full jitter).

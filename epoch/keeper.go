@@ -141,6 +141,19 @@ func (k *keeper) check() error {
 	return nil
 }
 
+// trustDeadline is when check starts failing (zero without a kill switch), on the real
+// clock: the Trust's deadline is on Config.Clock, and whoever holds this deadline (an
+// exec step's init, another process) knows only the real one. With the real clock it is
+// the Trust's deadline itself; with a fake one, the time left on it from now. The real
+// clock is read first, so the two reads' distance can only make it earlier.
+func (k *keeper) trustDeadline() time.Time {
+	if k.cfg.noKillSwitch() {
+		return time.Time{}
+	}
+	now := time.Now()
+	return now.Add(k.trust().Deadline().Sub(k.clock.Now()))
+}
+
 func (k *keeper) lose(cause error) {
 	k.lostOnce.Do(func() {
 		if k.ctx.Err() != nil {

@@ -91,6 +91,15 @@ func (l *Lease) Err() error { return context.Cause(l.k.ctx) }
 // Check is the local test before a commit: nil while the trust window is open.
 func (l *Lease) Check() error { return l.k.check() }
 
+// TrustUntil is when the holder stops trusting the lease unless a renewal succeeds
+// first: 2/3 of the TTL after the last successful renewal was sent (Trust.Deadline), on
+// the real clock, the moment Check starts failing and the kill switch fires. Each renewal moves
+// it on. The server lets another holder in no sooner than a TTL after that send, so
+// whatever stops at this moment is stopped before another epoch can begin, even when
+// the holder's process is frozen and cannot notice (steps.Input.TrustUntil). Zero when
+// the kill switch is switched off (a test's negative control): no deadline then.
+func (l *Lease) TrustUntil() time.Time { return l.k.trustDeadline() }
+
 // Degraded reports that the last renewal got no answer in time: the worker should
 // take no new work until a renewal succeeds again.
 func (l *Lease) Degraded() bool { return l.k.degraded() }

@@ -15,6 +15,11 @@ import (
 	"github.com/flowrun/flow/steps"
 )
 
+// hostPid is shell that prints the shell's own PID as this test sees it: in the step's
+// PID namespace $$ is the namespace's number, but /proc is the host's, and /proc/self is
+// read by the shell itself (read is a builtin).
+const hostPid = `read hp _ < /proc/self/stat; echo $hp`
+
 // The poison pill kills the process groups of running exec steps before it exits
 // (BeforeExit, which the engine sets to steps.KillProcessGroups): a step that ignores
 // SIGTERM, and the child it started, are dead when Exit is called. Pdeathsig would kill
@@ -30,8 +35,8 @@ func TestPoisonPillKillsStepGroupsBeforeExit(t *testing.T) {
 			stepDone := make(chan error, 1)
 			go func() {
 				_, err := steps.Exec{MaxOutput: 1 << 10, KillGrace: 50 * time.Millisecond}.Run(stepCtx, steps.Input{Run: "run-6", Step: "s", Item: -1,
-					With: map[string]any{"command": []any{"sh", "-c", `trap '' TERM; (trap '' TERM; exec sleep 60) & echo $! > ` +
-						filepath.Join(dir, "child") + `; echo $$ > ` + filepath.Join(dir, "pid") + `; wait`}}})
+					With: map[string]any{"command": []any{"sh", "-c", `trap '' TERM; (trap '' TERM; ` + hostPid + ` > ` +
+						filepath.Join(dir, "child") + `; exec sleep 60) & ` + hostPid + ` > ` + filepath.Join(dir, "pid") + `; wait`}}})
 				stepDone <- err
 			}()
 			t.Cleanup(func() { stopStep(); <-stepDone })
@@ -92,7 +97,9 @@ func TestPoisonPillKillsStepGroupsBeforeExit(t *testing.T) {
 				}
 			}
 			if control {
-				_ = syscall.Kill(-pids[0], syscall.SIGKILL)
+				for _, pid := range pids {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
 			}
 		})
 	}

@@ -9,34 +9,37 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
-// KillGrace is the default time a cancelled exec step's process group has between
-// SIGTERM and SIGKILL (Exec.KillGrace).
+// KillGrace is the default time a stopped exec step's processes have between SIGTERM
+// and SIGKILL (Exec.KillGrace).
 const KillGrace = 2 * time.Second
 
 // Exec runs a command (argv, never through a shell unless argv says `sh -c`).
 //
 //	with: {command: [prog, args...], env: {K: V}, dir: path, stdin: text}
 //
-// The environment is flowd's plus `env` plus FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM,
-// FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY. A JSON object on stdout is the output; any other
-// stdout becomes {"stdout": "..."}.
+// The environment is BaseEnv and PassEnv of this process's, plus `env`, plus
+// FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM, FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY, FLOW_ATTEMPT. A
+// JSON object on stdout is the output; any other stdout becomes {"stdout": "..."}. The
+// command runs in a fresh, empty working directory of its own, removed after it,
+// unless `dir` names one.
 //
-// What stops the process: the command runs in its own process group, which is sent
-// SIGTERM when ctx ends (a cancelled run, a step or run timeout, a lost lease, a drain)
-// and SIGKILL a grace later: KillGrace, or Input.StopGrace when that is shorter (the
-// engine sets it from the lease TTL, so that a lost lease's process is dead before the
-// run can move to another node). On Linux the command also gets SIGKILL when this
-// process dies (Pdeathsig, set from a thread locked for the child's whole life), and
-// the poison pill kills every live group first (KillProcessGroups). docs/workflow-spec.md.
+// What stops the processes: the command runs contained (Containment: a PID namespace
+// of its own under a small init, or that init as a child subreaper), so that stopping
+// the step stops every process it started, however forked. When ctx ends (a cancelled
+// run, a step or run timeout, a lost lease, a drain) every process of the step gets
+// SIGTERM and SIGKILL a grace later: KillGrace, or Input.StopGrace when that is shorter
+// (the engine sets it from the lease TTL, so that a lost lease's processes are dead
+// before the run can move to another node). When the command exits, whatever it left
+// running is killed before the step returns. When this process dies, or is frozen past
+// Input.TrustUntil, the init kills them all. The poison pill kills every live step
+// first (KillProcessGroups). docs/workflow-spec.md, docs/security.md.
 type Exec struct {
 	MaxOutput int
 	// KillGrace is the time between SIGTERM and SIGKILL when the step is stopped
@@ -46,6 +49,13 @@ type Exec struct {
 	// Without them it gets only BaseEnv of it: flowd's environment holds its secrets
 	// (FLOWD_NATS_PASSWORD, a cloud key), and an `env` step's output lands in the log.
 	PassEnv []string
+	// User, if set, is the user the command runs as (flowd --exec-user; this process
+	// must be allowed to switch: User.CheckSwitch). HOME is then the user's home.
+	User *User
+
+	// mode, if set, is the containment to use instead of Containment() (tests of both
+	// modes in one process).
+	mode Mode
 }
 
 // BaseEnv are the variables of this process's environment every command gets, besides
@@ -57,14 +67,20 @@ func (x Exec) environ() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
+		if x.User != nil && name == "HOME" {
+			continue // flowd's home is not the user's
+		}
 		if slices.Contains(BaseEnv, name) || slices.Contains(x.PassEnv, name) {
 			env = append(env, kv)
 		}
 	}
+	if x.User != nil && x.User.Home != "" {
+		env = append(env, "HOME="+x.User.Home)
+	}
 	return env
 }
 
-// grace is the time the process group gets between SIGTERM and SIGKILL.
+// grace is the time the processes get between SIGTERM and SIGKILL.
 func (x Exec) grace(in Input) time.Duration {
 	g := x.KillGrace
 	if g <= 0 {
@@ -76,14 +92,20 @@ func (x Exec) grace(in Input) time.Duration {
 	return g
 }
 
+func (x Exec) containment() Mode {
+	if x.mode != "" {
+		return x.mode
+	}
+	return Containment()
+}
+
 // Run runs the command.
 func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 	argv, err := stringList(in.With["command"])
 	if err != nil || len(argv) == 0 {
 		return nil, Permanentf("exec: with.command must be a non-empty list of strings (argv), e.g. [\"./collect.sh\", \"{{ inputs.date }}\"]")
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = x.environ()
+	p := &process{args: argv, env: x.environ(), user: x.User, grace: x.grace(in), trust: in.TrustUntil}
 	if env, ok := in.With["env"].(map[string]any); ok {
 		keys := make([]string, 0, len(env))
 		for k := range env {
@@ -91,53 +113,46 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			cmd.Env = append(cmd.Env, k+"="+text(env[k]))
+			p.env = append(p.env, k+"="+text(env[k]))
 		}
 	} else if in.With["env"] != nil {
 		return nil, Permanentf("exec: with.env must be a mapping of names to values")
 	}
-	cmd.Env = append(cmd.Env,
+	p.env = append(p.env,
 		"FLOW_RUN_ID="+in.Run, "FLOW_STEP="+in.Step, "FLOW_ITEM="+strconv.Itoa(in.Item),
 		"FLOW_EPOCH="+strconv.FormatInt(in.Epoch, 10), "FLOW_IDEMPOTENCY_KEY="+in.IdempotencyKey,
 		"FLOW_ATTEMPT="+strconv.Itoa(in.Attempt))
-	if dir, ok := in.With["dir"].(string); ok {
-		cmd.Dir = dir
+	p.dir, _ = in.With["dir"].(string)
+	if p.path, err = programPath(argv[0], p.dir != ""); err != nil {
+		return nil, Permanentf("exec: start %s: %v", argv[0], err)
+	}
+	if p.dir == "" {
+		if p.dir, err = workDir(x.User); err != nil {
+			return nil, fmt.Errorf("exec: %s: %w", argv[0], err)
+		}
+		// After run: every process of the step is dead by then (but for ones it could
+		// not kill, docs/security.md), so nothing writes into it any more.
+		defer removeWorkDir(p.dir, in.Logger)
 	}
 	if stdin, ok := in.With["stdin"]; ok {
-		cmd.Stdin = strings.NewReader(text(stdin))
+		p.stdin = strings.NewReader(text(stdin))
 	}
 	var stdout limitedBuffer
 	stdout.limit = x.MaxOutput
 	var stderr tailBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.SysProcAttr = procAttr()
-	waited, err := start(cmd)
-	if err != nil {
-		return nil, Permanentf("exec: start %s: %v", argv[0], err)
-	}
-	pgid := cmd.Process.Pid
-	// Whatever the group left behind (children of the command still running after it
-	// exited, or after SIGTERM) is killed before the step returns.
-	defer groupDone(pgid)
-	select {
-	case err = <-waited:
-	case <-ctx.Done():
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		t := time.NewTimer(x.grace(in))
-		select {
-		case <-waited:
-		case <-t.C:
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			<-waited
-		}
-		t.Stop()
-		return nil, fmt.Errorf("exec: %s: %w (process group stopped)", argv[0], context.Cause(ctx))
+	p.stdout, p.stderr = &stdout, &stderr
+	o := p.run(ctx, x.containment())
+	switch {
+	case o.start != nil:
+		return nil, Permanentf("exec: start %s: %v", argv[0], o.start)
+	case o.stopped:
+		return nil, fmt.Errorf("exec: %s: %w (its processes stopped)", argv[0], context.Cause(ctx))
 	}
 	if stdout.over {
 		return nil, Permanentf("exec: %s wrote more than %d bytes to stdout: write large results elsewhere and print a reference", argv[0], x.MaxOutput)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("exec: %s: %v: %s", argv[0], err, strings.TrimSpace(stderr.String()))
+	if o.exit != nil {
+		return nil, fmt.Errorf("exec: %s: %v: %s", argv[0], o.exit, strings.TrimSpace(stderr.String()))
 	}
 	out := bytes.TrimSpace(stdout.Bytes())
 	if len(out) > 0 && out[0] == '{' && json.Valid(out) {

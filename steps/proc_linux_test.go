@@ -14,9 +14,11 @@ import (
 )
 
 // The kill -9 of flowd, at the level of this package: a process running an exec step is
-// SIGKILLed; the step's process dies with it (Pdeathsig) and never does what it was to do
-// after its parent's death. The control switches Pdeathsig off: the step's process
-// outlives its parent and does it (two copies at once, once another epoch runs the step).
+// SIGKILLed; the step's process dies with it (its init's parent-death signal, or the
+// init's sweep; without containment, its own Pdeathsig) and never does what it was to
+// do after its parent's death. The control switches containment and Pdeathsig off: the
+// step's process outlives its parent and does it (two copies at once, once another
+// epoch runs the step).
 func TestStepDiesWithItsProcess(t *testing.T) {
 	for _, control := range []bool{false, true} {
 		t.Run(map[bool]string{false: "pdeathsig", true: "control-without-pdeathsig"}[control], func(t *testing.T) {
@@ -55,13 +57,16 @@ func TestHelperStepParent(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper process of TestStepDiesWithItsProcess")
 	}
+	x := Exec{MaxOutput: 1 << 10}
 	if os.Getenv("FLOW_STEPS_HELPER_NO_DEATHSIG") != "" {
 		noDeathSignal = "1"
+		x.mode = ModeProcessGroup
 	}
-	// The step waits for its parent to go (kill -0 fails once the parent is reaped), then
-	// acts: the side effect a step of a dead flowd must not have.
-	_, err := Exec{MaxOutput: 1 << 10}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
-		`echo $$ > `+dir+`/pid; while kill -0 $PPID 2>/dev/null; do sleep 0.02; done; touch `+dir+`/after-parent-died`)}))
+	// The step waits for its parent to go (kill -0 fails once the parent is reaped: its
+	// init, or without containment this process), then acts: the side effect a step of a
+	// dead flowd must not have.
+	_, err := x.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
+		hostPid+` > `+dir+`/pid; while kill -0 $PPID 2>/dev/null; do sleep 0.02; done; touch `+dir+`/after-parent-died`)}))
 	t.Fatalf("the step returned: %v", err)
 }
 
@@ -77,7 +82,7 @@ func TestStepSurvivesGoThreadsEnding(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := Exec{MaxOutput: 1 << 10}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
-			`echo $$ > `+dir+`/pid; while [ ! -e `+release+` ]; do sleep 0.02; done`)}))
+			hostPid+` > `+dir+`/pid; while [ ! -e `+release+` ]; do sleep 0.02; done`)}))
 		done <- err
 	}()
 	pid := readPid(t, filepath.Join(dir, "pid"))
@@ -108,7 +113,7 @@ func TestStepSurvivesGoThreadsEnding(t *testing.T) {
 		var cmd *exec.Cmd
 		for cmd == nil {
 			c := exec.Command("sleep", "60")
-			c.SysProcAttr = procAttr()
+			c.SysProcAttr = procAttr(nil)
 			started := make(chan error, 1)
 			onMain := make(chan bool, 1)
 			go func() {

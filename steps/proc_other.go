@@ -6,4 +6,6 @@ import "syscall"
 
 // procAttr puts the command in its own process group. Other systems have no
 // parent-death signal: a step there outlives a SIGKILLed flowd (docs/workflow-spec.md).
-func procAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+func procAttr(u *User) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Credential: u.credential()}
+}

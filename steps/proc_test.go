@@ -41,6 +41,11 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// hostPid is shell that prints the shell's own PID as this test sees it: in a PID
+// namespace $$ is the namespace's number, but /proc is still the host's, and /proc/self
+// is read by the shell itself (read is a builtin).
+const hostPid = `read hp _ < /proc/self/stat; echo $hp`
+
 func readPid(t *testing.T, file string) int {
 	t.Helper()
 	var pid int
@@ -73,7 +78,7 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 			pidFile := filepath.Join(t.TempDir(), "pid")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			input := in(map[string]any{"command": list("sh", "-c", `trap '' TERM; echo $$ > `+pidFile+`; while true; do sleep 0.02; done`)})
+			input := in(map[string]any{"command": list("sh", "-c", `trap '' TERM; `+hostPid+` > `+pidFile+`; while true; do sleep 0.02; done`)})
 			input.StopGrace = tc.stop
 			done := make(chan error, 1)
 			go func() { _, err := tc.x.Run(ctx, input); done <- err }()
@@ -93,36 +98,46 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 }
 
 // KillProcessGroups (what the poison pill calls before it exits) kills every running
-// exec step's group: the step's process and what it started.
+// exec step: the step's process and what it started, in every containment mode (and
+// its process group without containment).
 func TestKillProcessGroupsKillsStepsAndTheirChildren(t *testing.T) {
-	dir := t.TempDir()
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i := range errs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = Exec{MaxOutput: 1 << 10}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
-				`trap '' TERM; (trap '' TERM; exec sleep 60) & echo $! > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; echo $$ > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
-		}()
-	}
-	var pids []int
-	for i := range errs {
-		pids = append(pids, readPid(t, filepath.Join(dir, "pid"+strconv.Itoa(i))), readPid(t, filepath.Join(dir, "child"+strconv.Itoa(i))))
-	}
-	if n := KillProcessGroups(); n < 2 {
-		t.Fatalf("signalled %d groups; want 2", n)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Fatalf("step: %v; want it killed", err)
-		}
-	}
-	for _, pid := range pids {
-		waitUntil(t, 2*time.Second, "process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
-	}
-	if n := KillProcessGroups(); n != 0 {
-		t.Fatalf("%d groups still registered after their steps returned", n)
+	for _, m := range modes(t) {
+		t.Run(string(m), func(t *testing.T) {
+			dir := t.TempDir()
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range errs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, errs[i] = Exec{MaxOutput: 1 << 10, mode: m}.Run(context.Background(), in(map[string]any{"command": list("sh", "-c",
+						`trap '' TERM; (trap '' TERM; `+hostPid+` > `+filepath.Join(dir, "child"+strconv.Itoa(i))+`; exec sleep 60) & `+hostPid+` > `+filepath.Join(dir, "pid"+strconv.Itoa(i))+`; wait`)}))
+				}()
+			}
+			var pids []int
+			for i := range errs {
+				pids = append(pids, readPid(t, filepath.Join(dir, "pid"+strconv.Itoa(i))), readPid(t, filepath.Join(dir, "child"+strconv.Itoa(i))))
+			}
+			if n := KillProcessGroups(); n < 2 {
+				t.Fatalf("killed %d steps; want 2", n)
+			}
+			for _, pid := range pids { // dead when KillProcessGroups returns (but without containment)
+				if m != ModeProcessGroup && alive(pid) {
+					t.Fatalf("process %d alive after KillProcessGroups returned", pid)
+				}
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "killed") {
+					t.Fatalf("step: %v; want it killed", err)
+				}
+			}
+			for _, pid := range pids {
+				waitUntil(t, 2*time.Second, "process "+strconv.Itoa(pid)+" to die", func() bool { return !alive(pid) })
+			}
+			if n := KillProcessGroups(); n != 0 {
+				t.Fatalf("%d steps still registered after they returned", n)
+			}
+		})
 	}
 }

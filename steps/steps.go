@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -29,6 +30,13 @@ type Input struct {
 	// cancelled: the engine sets it under the lease TTL so that a step whose lease was
 	// lost is dead before the run can move to another node. Exec's kill grace is cut to it.
 	StopGrace time.Duration
+	// TrustUntil, if set, says when the step's right to act ends unless it is extended:
+	// the engine gives the lease's trust deadline (2/3 of the TTL after the last renewal
+	// was sent), which each renewal moves on. An exec step's processes are stopped when
+	// it passes, by their init, even if this process is frozen (SIGSTOP, a VM paused)
+	// and cannot cancel them: they are dead before the lease can lapse and another
+	// epoch begin. A zero time is no deadline.
+	TrustUntil func() time.Time
 }
 
 // Step is one kind of step. Run must return when ctx is cancelled.
@@ -85,6 +93,28 @@ type RegistryOption func(*Exec)
 // (flowd --exec-env): by default they get only BaseEnv of it.
 func WithExecEnv(names ...string) RegistryOption {
 	return func(x *Exec) { x.PassEnv = append(x.PassEnv, names...) }
+}
+
+// WithExecUser makes exec commands run as u (flowd --exec-user); nil is this
+// process's own user. The caller checks u.CheckSwitch first.
+func WithExecUser(u *User) RegistryOption {
+	return func(x *Exec) { x.User = u }
+}
+
+// ConfigureExec applies opts to the registry's exec kind, e.g. flowd's --exec-user
+// and --exec-env on a registry an embedding program made.
+func (r *Registry) ConfigureExec(opts ...RegistryOption) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x, ok := r.kinds["exec"].(Exec)
+	if !ok {
+		return
+	}
+	x.PassEnv = slices.Clone(x.PassEnv)
+	for _, o := range opts {
+		o(&x)
+	}
+	r.kinds["exec"] = x
 }
 
 // NewRegistry returns a registry holding the built-in kinds. maxOutput bounds what

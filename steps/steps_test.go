@@ -6,9 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,18 +73,14 @@ func TestExecTimeoutKillsTheProcessGroup(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err := Exec{MaxOutput: 1 << 20}.Run(ctx, in(map[string]any{"command": list("sh", "-c",
-		`trap '' TERM; (trap '' TERM; sleep 60) & echo $! > `+pidFile+`; while true; do sleep 0.05; done`)}))
+		`trap '' TERM; (trap '' TERM; `+hostPid+` > `+pidFile+`; exec sleep 60) & while true; do sleep 0.05; done`)}))
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v; want the deadline", err)
 	}
 	if took := time.Since(start); took > KillGrace+2*time.Second {
 		t.Fatalf("took %s", took)
 	}
-	raw, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	pid := readPid(t, pidFile)
 	deadline := time.Now().Add(2 * time.Second)
 	for syscall.Kill(pid, 0) == nil { // the child is killed; it may take a moment to be reaped
 		if time.Now().After(deadline) {

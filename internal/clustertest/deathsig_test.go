@@ -14,19 +14,22 @@ import (
 	"github.com/flowrun/flow/internal/proctest"
 )
 
-// flowdWithoutDeathsig builds flowd with the parent-death signal of exec steps switched
-// off at link time (steps.noDeathSignal, empty in every other build): the negative
-// control of TestKilledFlowdTakesItsStepsWithIt.
+// flowdWithoutDeathsig builds flowd with step containment and the parent-death signal
+// of exec steps switched off at link time (steps.containment and steps.noDeathSignal,
+// empty in every other build): the negative control of
+// TestKilledFlowdTakesItsStepsWithIt.
 func flowdWithoutDeathsig(t *testing.T) string {
-	return FlowdLinkedWith(t, "github.com/flowrun/flow/steps.noDeathSignal=1")
+	return FlowdLinkedWith(t, "github.com/flowrun/flow/steps.noDeathSignal=1", "github.com/flowrun/flow/steps.containment=off")
 }
 
 // Invariant 8, kill -9: a flowd process runs an exec step and is SIGKILLed. The step's
-// process dies with it at once (Pdeathsig), before the lease can lapse and a new epoch
-// run the step elsewhere; it never does what it would do after flowd's death (here: a
-// marker written once its parent is gone). The control runs a flowd built without the
-// signal: the step is reparented to init, outlives flowd and writes the marker — the
-// "two copies at once" of issue 12.
+// process dies with it at once (its init gets the parent-death signal and the kernel
+// kills the init's PID namespace), before the lease can lapse and a new epoch run the
+// step elsewhere; it never does what it would do after its parent's death (here: a
+// marker written once its parent, the init, is gone). The control runs a flowd built
+// without containment and without the signal: the step is reparented to init, outlives
+// flowd and writes the marker — the "two copies at once" of issue 12.
+// (TestKilledFlowdTakesEscapedProcessesWithIt does the same for what the step forks.)
 func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and kills flowd")
@@ -58,7 +61,7 @@ func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 			pidFile, marker := filepath.Join(dir, "pid"), filepath.Join(dir, "marker")
 			// The step waits while its parent (flowd) lives, then acts: what a step of a dead
 			// flowd must never do, since another node may be running it by then.
-			yaml := fmt.Sprintf("name: orphan\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, \"echo $$ > %s; while kill -0 $PPID 2>/dev/null; do sleep 0.02; done; touch %s\"]}\n", pidFile, marker)
+			yaml := fmt.Sprintf("name: orphan\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, \"read hp _ < /proc/self/stat; echo $hp > %s; while kill -0 $PPID 2>/dev/null; do sleep 0.02; done; touch %s\"]}\n", pidFile, marker)
 			if err := call(t, cl, "workflow.apply", client.Request{File: "orphan.yaml", YAML: yaml}, nil); err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +74,7 @@ func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 				pid, _ = strconv.Atoi(string(bytes.TrimSpace(b)))
 				return err == nil && bytes.HasSuffix(b, []byte("\n")) && pid > 0
 			})
-			t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // the control's survivor
+			t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // the control's survivor
 			killed := time.Now()
 			node.Kill()
 			if control {

@@ -62,13 +62,17 @@ func RemoveBuilds() {
 	linkedDirs = nil
 }
 
-// FlowdLinkedWith builds flowd with one package variable set at link time (-ldflags
-// "-X setting"), once per test process, and returns the binary's path: the negative
-// controls switch a guard off this way, so that only the link differs from Binaries'.
-func FlowdLinkedWith(t testing.TB, setting string) string {
+// FlowdLinkedWith builds flowd with package variables set at link time (-ldflags
+// "-X setting", one -X for each of more too), once per test process, and returns the
+// binary's path: the negative controls switch a guard off this way, so that only the
+// link differs from Binaries'.
+func FlowdLinkedWith(t testing.TB, setting string, more ...string) string {
 	t.Helper()
 	linkedMu.Lock()
 	defer linkedMu.Unlock()
+	for _, m := range more {
+		setting += " -X " + m
+	}
 	if bin, ok := linkedBins[setting]; ok {
 		return bin
 	}
@@ -90,7 +94,9 @@ func FlowdLinkedWith(t testing.TB, setting string) string {
 type Proc struct {
 	Name string
 	args []string
-	env  []string // added to the test's environment
+	env  []string             // added to the test's environment
+	attr *syscall.SysProcAttr // how it starts (e.g. as another user); nil: as the test
+	dir  string               // its working directory; "": the test's
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan struct{} // closed when the process has exited for good
@@ -140,6 +146,7 @@ func (p *Proc) spawn() (*exec.Cmd, int64, error) {
 		cmd.Env = append(os.Environ(), p.env...)
 	}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
+	cmd.SysProcAttr, cmd.Dir = p.attr, p.dir
 	if err := cmd.Start(); err != nil {
 		return nil, 0, err
 	}

@@ -59,6 +59,8 @@ type Config struct {
 	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
+	// ExecUser, if set (--exec-user), is the user exec steps run as.
+	ExecUser *steps.User
 	// UIHosts are more names the web UI answers to (--ui-host); UIProxies the reverse
 	// proxies in front of it (--ui-proxy). docs/ui.md.
 	UIHosts   []string
@@ -102,6 +104,7 @@ var options = []option{
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
 	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
+	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID (docs/security.md)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
 	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
 }
@@ -358,6 +361,8 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 		}
 		c.ExecEnv = append(c.ExecEnv, name)
 	}
+	c.loadExecUser(get("exec-user"), bad)
+	c.checkSecretFiles(bad)
 }
 
 // loadPlaintext refuses --auth on a non-loopback --nats-listen without TLS, unless

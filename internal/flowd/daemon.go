@@ -60,6 +60,7 @@ func isTerminal(w io.Writer) bool {
 // Start starts the engine, applies the workflows directory and serves HTTP.
 func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, error) {
 	d := &Daemon{cfg: cfg, log: logger, done: make(chan struct{})}
+	stepsAtStart(logger, cfg)
 	if w := cfg.PlaintextWarning(); w != "" {
 		logger.Warn(w, "nats_listen", cfg.NATSListen)
 	}
@@ -69,7 +70,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
-		ExecEnv: cfg.ExecEnv,
+		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser,
 	}
 	if cfg.NATSURL == "" {
 		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -33,6 +34,12 @@ func Main(args []string, reg *steps.Registry) int {
 		cfg.Registry = reg
 	}
 	logger := NewLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	// Before anything secret is in memory that a step could read through /proc.
+	if ok, err := notDumpable(); err != nil {
+		logger.Warn("flowd could not make itself not dumpable: processes of its user may read its memory and environment", "err", err)
+	} else if ok {
+		logger.Debug("flowd is not dumpable: its environment and memory are closed to other processes of its user")
+	}
 	// What flowd writes (the state, the embedded server's store, the log's copies of
 	// step outputs) is for this user only: files 0600, directories 0700. Step commands
 	// inherit the mask (docs/security.md).
@@ -40,6 +47,13 @@ func Main(args []string, reg *steps.Registry) int {
 	if err := privateDataDir(cfg.DataDir, logger); err != nil {
 		logger.Error("flowd could not start", "err", err)
 		return 1
+	}
+	if err := checkExecUserReach(cfg); err != nil {
+		logger.Error("flowd could not start", "err", err)
+		return 2
+	}
+	if cfg.NATSPassword != "" && flagGiven(args, "nats-password") {
+		logger.Warn("--nats-password is readable in /proc/PID/cmdline by every process on this machine, exec steps included: give it as FLOWD_NATS_PASSWORD or in the config file (mode 0600)")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -64,6 +78,16 @@ func Main(args []string, reg *steps.Registry) int {
 	d.Stop()
 	logger.Info("flowd stopped")
 	return 0
+}
+
+// flagGiven reports whether args name --name (as --name V or --name=V).
+func flagGiven(args []string, name string) bool {
+	for _, a := range args {
+		if a == "--"+name || strings.HasPrefix(a, "--"+name+"=") {
+			return true
+		}
+	}
+	return false
 }
 
 // privateDataDir makes the data dir, or makes an existing one readable by this user

@@ -8,6 +8,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/steps"
 )
 
 // metrics reads the engine's counters at scrape time (a prometheus.Collector), plus a
@@ -52,6 +53,7 @@ func newMetrics() *metrics {
 		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
 		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log consumer, election, lease watcher, tasks, API) was started again after it failed or fell silent.",
 		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
+		"flow_step_containment":             "1 for how this node contains exec steps' processes: pid-namespace, user-pid-namespace, subreaper or process-group (none).",
 	} {
 		var labels []string
 		switch name {
@@ -61,6 +63,8 @@ func newMetrics() *metrics {
 			labels = []string{"status"}
 		case "flow_part_healthy":
 			labels = []string{"part"}
+		case "flow_step_containment":
+			labels = []string{"mode"}
 		}
 		m.descs[name] = prometheus.NewDesc(name, help, labels, nil)
 	}
@@ -133,6 +137,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_leases_acquired_total", float64(m0.LeasesAcquired))
 	counter("flow_nats_reconnects_total", float64(m0.NATSReconnects))
 	counter("flow_part_restarts_total", float64(m0.PartRestarts))
+	gauge("flow_step_containment", 1, string(steps.Containment()))
 	for _, p := range m0.Parts {
 		up := 0.0
 		if p.Healthy {

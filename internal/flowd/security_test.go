@@ -2,6 +2,7 @@ package flowd
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,5 +87,96 @@ func TestSecurityConfigErrors(t *testing.T) {
 		if _, err := Load([]string{"--nats-listen", listen}, nil); err != nil {
 			t.Errorf("loopback %s refused: %v", listen, err)
 		}
+	}
+}
+
+// Files that hold secrets (the users file, credentials, keys, a config file with a
+// password) are refused when others than their owner may read or change them; the
+// error names the file, its mode and the fix. At 0600 (or 0400) they are accepted.
+func TestSecretFilesMustBePrivate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil { // whatever the umask
+			t.Fatal(err)
+		}
+		return p
+	}
+	kp, _ := nkeys.CreateUser()
+	seed, _ := kp.Seed()
+	users := "users:\n  - {user: ann, password: pw-secret-1, role: admin}\n"
+	for _, mode := range []os.FileMode{0o644, 0o640, 0o604, 0o620} {
+		for _, c := range []struct {
+			flag string
+			args func(file string) []string
+			body string
+		}{
+			{"auth", func(f string) []string { return []string{"--auth", f} }, users},
+			{"nats-creds", func(f string) []string { return []string{"--nats-url", "nats://h:4222", "--nats-creds", f} }, "creds"},
+			{"nats-nkey", func(f string) []string { return []string{"--nats-url", "nats://h:4222", "--nats-nkey", f} }, string(seed)},
+			{"nats-tls-key", func(f string) []string {
+				return []string{"--nats-url", "nats://h:4222", "--nats-tls-cert", f, "--nats-tls-key", f}
+			}, "key"},
+			{"config", func(f string) []string { return []string{"--config", f} }, "nats-url: nats://h:4222\nnats-user: node\nnats-password: pw-secret-1\n"},
+		} {
+			file := write(c.flag+".file", c.body, mode)
+			_, err := Load(c.args(file), []string{})
+			want := fmt.Sprintf("%s: %s holds secrets and others than its owner may read or change it (mode %04o): chmod 600 %s", c.flag, file, mode, file)
+			if !errors.Is(err, ErrConfig) || !strings.Contains(fmt.Sprint(err), want) {
+				t.Errorf("%s at %04o: %v; want %q", c.flag, mode, err, want)
+			}
+			if strings.Contains(fmt.Sprint(err), "pw-secret-1") {
+				t.Errorf("the error quotes a password: %v", err)
+			}
+			for _, ok := range []os.FileMode{0o600, 0o400} {
+				if err := os.Chmod(file, ok); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := Load(c.args(file), []string{}); err != nil {
+					t.Errorf("%s at %04o refused: %v", c.flag, ok, err)
+				}
+			}
+		}
+	}
+	// A config file without a password holds no secret: any mode.
+	if _, err := Load([]string{"--config", write("plain.yaml", "workers: 2\n", 0o644)}, []string{}); err != nil {
+		t.Errorf("a config file without secrets at 0644: %v", err)
+	}
+}
+
+// --exec-user names a user that exists, is neither flowd's own nor root, and that this
+// process may switch to; flowd refuses to start when that user owns the data dir or a
+// secret file (the user's steps could read them).
+func TestExecUserConfig(t *testing.T) {
+	for _, c := range []struct{ user, want string }{
+		{"no-such-user-flow", "exec-user: steps: user \"no-such-user-flow\""},
+		{"root", "exec-user: steps: user root"},
+	} {
+		if _, err := Load([]string{"--exec-user", c.user}, []string{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--exec-user %s: %v; want %q", c.user, err, c.want)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the rest needs root (a process that may switch users)")
+	}
+	dir := t.TempDir()
+	cfg, err := Load([]string{"--exec-user", "nobody", "--data-dir", filepath.Join(dir, "data")}, []string{})
+	if err != nil || cfg.ExecUser == nil || cfg.ExecUser.Name != "nobody" {
+		t.Fatalf("--exec-user nobody: %+v %v", cfg, err)
+	}
+	if err := os.Mkdir(cfg.DataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkExecUserReach(cfg); err != nil {
+		t.Fatalf("a data dir of flowd's user: %v", err)
+	}
+	if err := os.Chown(cfg.DataDir, int(cfg.ExecUser.UID), int(cfg.ExecUser.GID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkExecUserReach(cfg); err == nil || !strings.Contains(err.Error(), "belongs to the exec user nobody") {
+		t.Fatalf("a data dir of the exec user: %v", err)
 	}
 }

@@ -22,7 +22,7 @@ func endedFromOutside(s checkpoint.RunStatus) bool {
 // (invariant 8: a cancelled run's step process is stopped). It is called from the
 // applier's goroutine after each applied message, for every run whose status the
 // message changed (checkpoint.StoreOptions.OnStatus), so it must not block: it only
-// cancels the run's context; the steps stop (an exec step's process group gets SIGTERM,
+// cancels the run's context; the steps stop (every process of an exec step gets SIGTERM,
 // then SIGKILL after its grace) and execute releases the lease on its own goroutine.
 //
 // Why this trigger: the cancel entry may be written on any node, and every node applies

@@ -114,7 +114,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		began := x.p.clock.Now()
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
-			StopGrace: x.p.stopGrace()})
+			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil})
 		if obs := x.p.cfg.StepObserver; obs != nil {
 			obs(st.Uses, x.p.clock.Since(began), err)
 		}
