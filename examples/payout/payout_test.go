@@ -193,3 +193,19 @@ func TestPayoutChaosWithoutWalletGuardsPaysTwice(t *testing.T) {
 	}
 	t.Logf("without guards: paid %s, owed %s", money(r.Ledger.TotalCents), money(r.Expected.TotalCents))
 }
+
+// The generated data set gives small demos drivers to pay too: with FNV-1a alone,
+// hash%5 was 0 for every driver below d0100 and `--drivers 100` paid nobody.
+func TestSmallDataSetsHaveTrips(t *testing.T) {
+	for _, date := range []string{"2026-11-28", "2026-12-01", "2026-12-02"} {
+		for _, n := range []int{5, 10, 100} {
+			paid := map[string]bool{}
+			for _, tr := range tripsOf(date, n) {
+				paid[tr.Driver] = true
+			}
+			if len(paid) < n/2 {
+				t.Errorf("%s, %d drivers: only %d have trips", date, n, len(paid))
+			}
+		}
+	}
+}

@@ -19,7 +19,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/apiserver"
 	"github.com/flowrun/flow/internal/apiserver/apitest"
-	"github.com/flowrun/flow/internal/flowd"
+	"github.com/flowrun/flow/internal/daemon"
 	"github.com/flowrun/flow/internal/testhooks"
 )
 
@@ -29,19 +29,19 @@ type env struct {
 	t      *testing.T
 	server string
 	dir    string
-	d      *flowd.Daemon
+	d      *daemon.Daemon
 }
 
 func startFlowd(t *testing.T) *env {
 	dir := t.TempDir()
-	cfg, err := flowd.Load([]string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
+	cfg, err := daemon.Load([]string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
 		"--node-id", "node-a", "--lease-ttl", "1s"}, []string{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	d, err := flowd.Start(ctx, cfg, slog.New(slog.DiscardHandler))
+	d, err := daemon.Start(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

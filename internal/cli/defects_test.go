@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flowrun/flow/internal/flowd"
+	"github.com/flowrun/flow/internal/daemon"
 )
 
 // Run IDs that are no valid KV key or subject token ("a.", "a..b", ".a") are refused at
@@ -67,7 +67,7 @@ func TestIntInputExactThroughFlowctl(t *testing.T) {
 // A node ID that is no valid KV key or subject token is refused at start, naming the flag.
 func TestNodeIDRule(t *testing.T) {
 	for _, id := range []string{"a.", "a..b", "-a"} {
-		_, err := flowd.Load([]string{"--node-id", id}, nil)
+		_, err := daemon.Load([]string{"--node-id", id}, nil)
 		if err == nil || !strings.Contains(err.Error(), "node-id") {
 			t.Errorf("--node-id %q: %v, want an error naming --node-id", id, err)
 		}

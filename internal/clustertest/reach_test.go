@@ -128,7 +128,7 @@ func TestStepsCannotReadFlowdsEnvironment(t *testing.T) {
 	}{
 		{"not-dumpable", "subreaper", func() string { return FlowdLinkedWith(t, subreaper) }, false},
 		{"control-dumpable", "subreaper", func() string {
-			return FlowdLinkedWith(t, subreaper, "github.com/flowrun/flow/internal/flowd.keepDumpable=1")
+			return FlowdLinkedWith(t, subreaper, "github.com/flowrun/flow/internal/daemon.keepDumpable=1")
 		}, true},
 		{"default-build", "user-pid-namespace", func() string { return filepath.Join(Binaries(t), "flowd") }, false},
 	} {

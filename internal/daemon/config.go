@@ -1,4 +1,4 @@
-package flowd
+package daemon
 
 import (
 	"errors"
@@ -70,6 +70,9 @@ type Config struct {
 	// Registry holds the step kinds (default: the built-ins). Not a flag: programs that
 	// embed flowd with step kinds of their own (examples/payout's nodes) set it.
 	Registry *steps.Registry
+	// Now is the clock of manual runs' {{ now }} defaults (nil: the real one). Not a
+	// flag: an embedding program's tests pin it.
+	Now func() time.Time
 }
 
 type option struct {

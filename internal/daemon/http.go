@@ -1,4 +1,4 @@
-package flowd
+package daemon
 
 import (
 	"net/http"

@@ -1,10 +1,10 @@
-package flowd
+package daemon
 
 import "syscall"
 
 // keepDumpable is empty in every build but the negative control of
 // TestStepsCannotReadFlowdsEnvironment, which sets it at link time
-// (-X github.com/flowrun/flow/internal/flowd.keepDumpable=1) to show what a step reads
+// (-X github.com/flowrun/flow/internal/daemon.keepDumpable=1) to show what a step reads
 // of a dumpable flowd.
 var keepDumpable string
 

@@ -1,4 +1,4 @@
-package flowd
+package daemon
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery,
 		Retention: cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
-		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser,
+		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser, Now: cfg.Now,
 	}
 	if cfg.NATSURL == "" {
 		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}
