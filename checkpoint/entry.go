@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 )
 
 // Kind names an entry type. The strings are part of the log format: never rename one.

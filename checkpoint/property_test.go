@@ -14,7 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // The property test drives one run through random interleavings of a scheduler (whose

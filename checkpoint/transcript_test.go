@@ -10,7 +10,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Apply transcripts (issue 13, point 6): the files in testdata/*.txt drive a Store

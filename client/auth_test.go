@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/testnats"
+	"github.com/flowrun/flow/internal/testkit/testnats"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"

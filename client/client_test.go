@@ -20,8 +20,8 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/internal/apiserver"
-	"github.com/flowrun/flow/internal/testnode"
+	"github.com/flowrun/flow/internal/app/apiserver"
+	"github.com/flowrun/flow/internal/testkit/testnode"
 )
 
 // node is one flowd node: a real engine (it leads, schedules and runs steps) and the API
@@ -566,7 +566,7 @@ func TestDrillZombie(t *testing.T) {
 // dies: an assign as the reclaim of a lapsed lease (a counted epoch change), claimed by
 // an owner that holds no lease and never runs it. The leader reclaims that one too: a
 // second counted change, more than max_epochs 1, so the run goes to the DLQ.
-// (internal/cli's TestDeadLetterQueue does the same.)
+// (internal/app/cli's TestDeadLetterQueue does the same.)
 func loseOwner(t *testing.T, n *node, r client.Run) {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)

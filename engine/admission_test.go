@@ -18,7 +18,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )

@@ -14,8 +14,8 @@ import (
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/audit"
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )

@@ -15,8 +15,8 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/proctest"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/proctest"
 	"github.com/flowrun/flow/steps"
 )
 

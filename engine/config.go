@@ -11,7 +11,7 @@ import (
 
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/tasks"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/workflow"
 )
 

@@ -18,9 +18,9 @@ import (
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -52,7 +52,7 @@ type Engine struct {
 	nodesKV  jetstream.KeyValue
 	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
 	// election, the lease watcher, the task fetcher (and the API service, which
-	// internal/apiserver adds). internal/supervise.
+	// internal/app/apiserver adds). internal/base/supervise.
 	sup *supervise.Supervisor
 
 	specs     *specs.Cache
@@ -204,7 +204,7 @@ func (e *Engine) statusChanged(run string, status checkpoint.RunStatus) {
 // Silence is how long a supervised part of the engine may hear nothing from NATS
 // before it is presumed cut off and started again: a lease TTL (a node that hears
 // nothing for that long has lost its leases anyway), and at least the task fetch's
-// wait with some room. The API service (internal/apiserver) uses the same limit.
+// wait with some room. The API service (internal/app/apiserver) uses the same limit.
 func (e *Engine) Silence() time.Duration { return max(e.cfg.Lease.TTL, 4*time.Second) }
 
 // NodeID names this node.

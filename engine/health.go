@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -144,7 +144,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 }
 
 // Conn is the node's NATS connection, on which the daemon serves the API service
-// (internal/apiserver) beside the engine.
+// (internal/app/apiserver) beside the engine.
 func (e *Engine) Conn() *nats.Conn { return e.nc }
 
 // Supervisor keeps the node's long-lived NATS interactions alive; the API service is

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/steps"
 )
 

@@ -19,9 +19,9 @@ import (
 	"github.com/flowrun/flow/engine/internal/nodes"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/logstream"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // waitLeading waits until e leads with a term above min.

@@ -11,7 +11,7 @@ import (
 // zombie drill): epochs only grow; every accepted commit carried the run's epoch of that
 // moment; no (step, item) has two accepted commits; every fenced commit carried an epoch
 // no newer than the current one. It reads v only, so a test can hand it a state written
-// with the rules' guards off (internal/apiserver/apitest) and see each violation.
+// with the rules' guards off (internal/app/apiserver/apitest) and see each violation.
 func VerifyRun(v *checkpoint.RunView) client.Verification {
 	res := client.Verification{ID: v.Run.ID, Checked: []string{
 		"epochs only grow",

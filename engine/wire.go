@@ -13,7 +13,7 @@ import (
 )
 
 // API is the engine in the terms of its wire API: package client's types in and out,
-// what the API service (internal/apiserver) answers requests with. The library API
+// what the API service (internal/app/apiserver) answers requests with. The library API
 // (StartRun, Run, WaitRun, ...) stays in the engine's own types; API maps them to
 // client's, so that the API service knows nothing of checkpoint, epoch or logstream.
 //
@@ -22,7 +22,7 @@ import (
 // is the API's internal error, with its own message.
 type API struct{ e *Engine }
 
-// API is e in its wire API's terms (flowd serves it: internal/apiserver).
+// API is e in its wire API's terms (flowd serves it: internal/app/apiserver).
 func (e *Engine) API() *API { return &API{e: e} }
 
 // Status is this node as cluster status lists it: its ID, the log sequence its state

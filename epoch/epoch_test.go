@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 var fastBackoff = backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}

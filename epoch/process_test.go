@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/logstream"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // On a replicated (R3) bucket, kv.Get may be answered by a replica with an older

@@ -14,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
 // The TTL trade-off (docs/leases.md): a lease holder in its own process is SIGSTOPped for

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/base/supervise"
 )
 
 // LeaseEventKind says how a lease ended.

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/internal/daemon"
+	"github.com/flowrun/flow/internal/app/daemon"
 	"github.com/flowrun/flow/steps"
 )
 

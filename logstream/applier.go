@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Applier applies the log to this node's Store in order: a supervised consumer

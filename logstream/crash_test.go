@@ -19,7 +19,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
 const crashHelperEnv = "FLOW_CHECKPOINT_CRASH_HELPER"

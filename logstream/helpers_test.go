@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
 func TestMain(m *testing.M) {

@@ -3,7 +3,7 @@ package leader
 import (
 	"sync/atomic"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Admission bounds how many runs hold an epoch. A run holding one is either running

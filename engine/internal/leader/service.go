@@ -15,9 +15,9 @@ import (
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
 )
 

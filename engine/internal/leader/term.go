@@ -11,7 +11,7 @@ import (
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/logstream"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // Bucket holds each live node's report.

@@ -15,8 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/ident"
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/ident"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // Names of the queue.

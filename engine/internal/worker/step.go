@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/backoff"
+	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
