@@ -17,9 +17,9 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/internal/app/webui"
 	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/app/webui"
 	"github.com/flowrun/flow/steps"
 )
 

@@ -21,8 +21,8 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/app/apiserver"
-	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/internal/app/webui"
+	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
 // Daemon is a running flowd.
