@@ -69,9 +69,11 @@ type Checker struct {
 
 // runModel is what the accepted entries say of one run.
 type runModel struct {
-	epoch    int64            // as the accepted assigns made it (0: never assigned)
-	accepted map[string]int   // accepted commits per step/item
-	owners   map[int64]string // the owner each epoch had
+	epoch     int64             // as the accepted assigns made it (0: never assigned)
+	accepted  map[string]int    // accepted commits per step/item
+	committed map[string]uint64 // the sequence of each step/item's accepted commit
+	owners    map[int64]string  // the owner each epoch had
+	ownedAt   map[int64]uint64  // the sequence at which each epoch got its owner
 }
 
 // New returns a checker of a log from its first message.
@@ -118,7 +120,7 @@ func stepItem(run, step string, item int) string { return fmt.Sprintf("%s/%s/%d"
 func (c *Checker) model(run string) *runModel {
 	m := c.runs[run]
 	if m == nil {
-		m = &runModel{accepted: map[string]int{}, owners: map[int64]string{}}
+		m = &runModel{accepted: map[string]int{}, committed: map[string]uint64{}, owners: map[int64]string{}, ownedAt: map[int64]uint64{}}
 		c.runs[run] = m
 	}
 	return m
@@ -177,7 +179,7 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			m := c.model(e.Run)
 			m.epoch = int64(seq)
 			if e.Worker != "" {
-				m.owners[m.epoch] = e.Worker
+				m.owners[m.epoch], m.ownedAt[m.epoch] = e.Worker, seq
 			}
 		case checkpoint.KindClaim:
 			if err != nil {
@@ -186,6 +188,9 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			m := c.model(e.Run)
 			if prev, ok := m.owners[e.Epoch]; ok && prev != e.Owner {
 				return violation("8", seq, "invariant 8: epoch %d of %s claimed by %s after %s owned it: an epoch has one owner (seq %d)", e.Epoch, e.Run, e.Owner, prev, seq)
+			}
+			if _, ok := m.ownedAt[e.Epoch]; !ok {
+				m.ownedAt[e.Epoch] = seq
 			}
 			m.owners[e.Epoch] = e.Owner
 		case checkpoint.KindCommit:
@@ -201,6 +206,7 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			// Invariant 1: no (step, item) has two accepted commits.
 			k := stepItem(e.Run, e.Step, e.Item)
 			m.accepted[k]++
+			m.committed[k] = seq
 			if m.accepted[k] > 1 {
 				return violation("1", seq, "invariant 1: double commit of %s (second by %s, epoch %d, seq %d)", k, e.Owner, e.Epoch, seq)
 			}
@@ -278,10 +284,24 @@ func (c *Checker) checkRun(s State, seq uint64, id string, deadLettered bool) er
 // and the step process's own deadline while its node cannot act, are what keep it so:
 // they stop the step before the server can let the lease lapse, and a new epoch needs
 // the lapse.
+//
+// It also checks invariant 3 as a side effect shows it: an epoch that got its owner
+// after a step's (or item's) checkpoint was accepted never runs that step again.
 func (c *Checker) SideEffect(run, step string, item int, epoch int64) error {
 	if cur := c.Epoch(run); cur != epoch {
 		return violation("8", 0, "invariant 8: side effect of %s by epoch %d while the run's epoch is %d",
 			stepItem(run, step, item), epoch, cur)
+	}
+	m := c.runs[run]
+	owned, ok := m.ownedAt[epoch]
+	if !ok {
+		return nil
+	}
+	for _, k := range []string{stepItem(run, step, item), stepItem(run, step, checkpoint.ItemWhole)} {
+		if at, done := m.committed[k]; done && at < owned {
+			return violation("3", 0, "invariant 3: epoch %d, owned from sequence %d, re-ran %s whose checkpoint was accepted at sequence %d",
+				epoch, owned, stepItem(run, step, item), at)
+		}
 	}
 	return nil
 }
