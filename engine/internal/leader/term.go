@@ -75,7 +75,7 @@ func (t *termServices) run(parent context.Context) {
 			return // the state no longer follows the log: step down (run sits out)
 		case ev := <-w.Events():
 			if ev.Kind == epoch.LeaseLapsed {
-				t.reclaim(ctx, Reclaim{Run: ev.Lease.Run, Epoch: ev.Lease.Epoch, Reason: checkpoint.ReasonLeaseExpired})
+				t.reclaim(ctx, Reclaim{Run: ev.Lease.Run, Epoch: ev.Lease.Epoch, Owner: ev.Lease.Owner, Reason: checkpoint.ReasonLeaseExpired})
 			}
 		case <-reconcile.Chan():
 			t.reconcile(ctx)
@@ -189,7 +189,7 @@ func (t *termServices) announceDeadLetter(run string) {
 func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 	s := t.s
 	r, err := s.cfg.State.Run(rc.Run)
-	if err != nil || !Reclaimable(r, rc.Epoch) {
+	if err != nil || !Reclaimable(r, rc) {
 		return // finished, handed back, or already moved on
 	}
 	due, first := t.delays.Due(rc.Run, s.clock.Now())
