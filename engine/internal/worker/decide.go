@@ -80,10 +80,10 @@ func DecideEnd(s EndState) EndDecision {
 	switch {
 	case s.Stolen, s.Completed, s.Ended:
 		return EndDecision{Action: EndNothing}
-	case errors.Is(s.Cause, errDrain):
+	case errors.Is(s.Cause, ErrDrain):
 		return EndDecision{Action: EndHandBack}
 	case s.FailedErr != nil:
-		if errors.Is(s.FailedErr, errDrain) {
+		if errors.Is(s.FailedErr, ErrDrain) {
 			return EndDecision{Action: EndHandBack}
 		}
 		if errors.Is(s.LeaseCause, epoch.ErrLeaseLost) {

@@ -22,8 +22,9 @@ const ReasonStolen = "lock-stolen-mid-run"
 // errStolen stops everything a run's epoch is doing.
 var errStolen = errors.New(ReasonStolen)
 
-// errDrain is the cause when a draining node hands a run back.
-var errDrain = errors.New("engine: draining")
+// ErrDrain is the cause when a draining node hands a run back (DecideEnd hands the run
+// back on it).
+var ErrDrain = errors.New("engine: draining")
 
 // runExec runs one epoch of one run.
 type runExec struct {
@@ -70,7 +71,7 @@ func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, err
 }
 
 // drain asks the run to stop and hand itself back.
-func (x *runExec) drain() { x.cancel(errDrain) }
+func (x *runExec) drain() { x.cancel(ErrDrain) }
 
 // handBack releases the run cleanly: a requeue entry, then the lease.
 func (x *runExec) handBack() {

@@ -114,7 +114,7 @@ func causeArg(t *testing.T, d *datadriven.TestData, key string) error {
 func cause(t *testing.T, d *datadriven.TestData, name string) error {
 	switch name {
 	case "drain":
-		return fmt.Errorf("%w", errDrain)
+		return fmt.Errorf("%w", ErrDrain)
 	case "lease-lost":
 		return fmt.Errorf("%w: renewal failed", epoch.ErrLeaseLost)
 	case "timeout":
