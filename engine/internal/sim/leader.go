@@ -226,6 +226,12 @@ func (t *termSvc) watch() {
 	})
 }
 
+// watchCurrent: the watch showed within a renewal interval that it is caught up with
+// the bucket (LeaseWatcher.Current).
+func (t *termSvc) watchCurrent() bool {
+	return t.ready && t.n().s.now.Sub(t.current) <= t.n().s.lc.RenewInterval()
+}
+
 // sweepLoop is the watcher's own-clock rule: while its watch is current, a lease not
 // seen renewed for LapseAfter has lapsed (LeaseWatcher.sweep).
 func (t *termSvc) sweepLoop() {
@@ -242,7 +248,7 @@ func (t *termSvc) sweepLoop() {
 			if err == nil && v.(uint64) <= t.seenRev {
 				t.current = now
 			}
-			if now.Sub(t.current) <= lc.RenewInterval() {
+			if t.watchCurrent() {
 				var lapsed []string
 				for run, w := range t.live {
 					if now.Sub(w.seen) > lc.LapseAfter() {
@@ -312,7 +318,11 @@ func (t *termSvc) next() {
 	case len(t.lapses) > 0:
 		l := t.lapses[0]
 		t.lapses = t.lapses[1:]
-		t.reclaim(leader.Reclaim{Run: l.Run, Epoch: l.Epoch, Reason: checkpoint.ReasonLeaseExpired}, t.next)
+		rc := leader.Reclaim{Run: l.Run, Epoch: l.Epoch, Owner: l.Owner, Reason: checkpoint.ReasonLeaseExpired}
+		if n := t.n(); n.s.cfg.Switches.LapseIgnoresOwner {
+			rc.Owner = "" // the rule before the fix: any lapse of the epoch reclaims it
+		}
+		t.reclaim(rc, t.next)
 	case t.reconcileDue:
 		t.reconcileDue = false
 		t.reconcile(t.next)
@@ -383,7 +393,7 @@ func (t *termSvc) publishTask(task tasks.Task) {
 func (t *termSvc) reclaim(rc leader.Reclaim, done func()) {
 	n := t.n()
 	r, err := n.store.Run(rc.Run)
-	if err != nil || !leader.Reclaimable(r, rc.Epoch) {
+	if err != nil || !leader.Reclaimable(r, rc) {
 		done()
 		return
 	}
@@ -410,10 +420,26 @@ func (t *termSvc) reconcile(done func()) {
 		w, ok := t.live[run]
 		return w.value.Epoch, ok
 	}
+	if n.s.trace != nil {
+		var ids []string
+		for id, w := range t.live {
+			ids = append(ids, fmt.Sprintf("%s@%d", id, w.value.Epoch))
+		}
+		slices.Sort(ids)
+		n.s.tracef(n.name, "reconcile: live %v, seen rev %d", ids, t.seenRev)
+	}
 	p, err := t.reconciler.Pass(n.store, live, n.s.now)
 	if err != nil {
 		n.s.fail("sim", "%s: reconcile: %v", n.name, err)
 		return
+	}
+	if !t.watchCurrent() && !n.s.cfg.Switches.ReconcileOnStaleWatch {
+		// A watch that lags cannot tell a lapsed lease from one it has not heard of yet
+		// (LeaseWatcher.Current): no reclaim on its word.
+		if len(p.Reclaim) > 0 {
+			n.s.tracef(n.name, "reconcile: the lease watch is not current; %d reclaims wait", len(p.Reclaim))
+		}
+		p.Reclaim = nil
 	}
 	for _, rq := range p.Requeue {
 		t.publishTask(tasks.Task{Run: rq.Run, Epoch: rq.Epoch})

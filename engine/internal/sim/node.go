@@ -20,10 +20,10 @@ import (
 // the resume, as a stopped process's timers do.
 
 const (
-	pollWait        = 500 * time.Millisecond // a long poll's wait on the server
-	publishAttempt  = 300 * time.Millisecond // one publish attempt's wait for its ack
-	publishTimeout  = 2 * time.Second        // a write's publish gives up then: outcome unknown
-	awaitTimeout    = 5 * time.Second        // a write's wait for its own node's apply
+	pollWait        = 500 * time.Millisecond          // a long poll's wait on the server
+	publishAttempt  = 300 * time.Millisecond          // one publish attempt's wait for its ack
+	publishTimeout  = logstream.DefaultPublishTimeout // a write's publish gives up then: outcome unknown
+	awaitTimeout    = 5 * time.Second                 // a write's wait for its own node's apply
 	maxBatchEntries = logstream.DefaultMaxBatchEntries
 )
 
@@ -106,6 +106,26 @@ func (n *node) kill() {
 	n.inc++ // everything scheduled so far is dropped
 	n.closeStore()
 	n.lead, n.pool, n.writer = nil, nil, nil
+}
+
+// drain stops the node cleanly (SIGTERM): its runs are handed back, its term resigned,
+// then it stops; restart brings it back.
+func (n *node) drain() {
+	if !n.alive || n.pool.stopping {
+		return
+	}
+	n.s.tracef(n.name, "DRAIN")
+	n.s.stats.Drains++
+	n.pool.drain(func() {
+		if n.lead.term != nil {
+			n.lead.stepDown(n.lead.term)
+		}
+		n.s.tracef(n.name, "stopped after the drain")
+		n.alive = false
+		n.inc++
+		n.closeStore()
+		n.lead, n.pool, n.writer = nil, nil, nil
+	})
 }
 
 func (n *node) restart() {

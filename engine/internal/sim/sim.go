@@ -37,6 +37,12 @@ type Switches struct {
 	// NoTrustCheck: a worker writes (commits) without checking its lease's trust first;
 	// the log's epoch check is then all that fences a zombie.
 	NoTrustCheck bool
+	// LapseIgnoresOwner: a lapsed lease reclaims its epoch whoever owns the run (the
+	// leader's rule before the simulation found seed 192; leader.Reclaimable).
+	LapseIgnoresOwner bool
+	// ReconcileOnStaleWatch: the reconcile reclaims on the word of a lease watch that is
+	// not current (the leader's rule before the simulation found seed 300).
+	ReconcileOnStaleWatch bool
 }
 
 func (s Switches) hooks() *testhooks.Hooks { return testhooks.OrProduction(s.Hooks) }
@@ -65,6 +71,7 @@ type Config struct {
 	Partitions int           // fault counts
 	Pauses     int
 	Kills      int
+	Drains     int
 
 	Switches Switches
 }
@@ -97,6 +104,7 @@ func newConfig(rng *rand.Rand, sw Switches) Config {
 		Partitions:        rng.IntN(4),
 		Pauses:            rng.IntN(4),
 		Kills:             rng.IntN(3),
+		Drains:            rng.IntN(3),
 		Switches:          sw,
 	}
 	if rng.IntN(4) == 0 {
@@ -151,21 +159,22 @@ type Sim struct {
 	cl    *client
 	lc    epoch.LeaseClock
 
-	ref     *checkpoint.Store     // the whole log, applied as it is appended
-	refVerd map[uint64][]string   // the reference's verdicts by sequence
-	check   *invariants.Checker   // follows the reference
-	specs   *specs.Cache          // of the reference (the client's view)
-	failure  *Failure          // the first broken invariant
-	trace    func(line string) // nil: no trace
-	stats    Stats             // what the seed exercised
-	faultOn  bool              // faults may still happen
-	finished bool              // every run ended and every node caught up
+	ref      *checkpoint.Store   // the whole log, applied as it is appended
+	refVerd  map[uint64][]string // the reference's verdicts by sequence
+	check    *invariants.Checker // follows the reference
+	specs    *specs.Cache        // of the reference (the client's view)
+	failure  *Failure            // the first broken invariant
+	trace    func(line string)   // nil: no trace
+	stats    Stats               // what the seed exercised
+	faultOn  bool                // faults may still happen
+	finished bool                // every run ended and every node caught up
 }
 
 // Stats count what one seed exercised.
 type Stats struct {
 	Events, Messages                           int
-	Partitions, Pauses, Kills, Lost, Dups      int
+	Partitions, Pauses, Kills, Drains, Lost    int
+	Dups                                       int
 	Terms, Assigns, Reclaims, Fenced, Stale    int
 	SideEffects, Commits, DeadLettered, Ticks  int
 	Succeeded, Failed, Cancelled, KillSwitches int

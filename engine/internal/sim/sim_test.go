@@ -66,6 +66,7 @@ func add(t *Stats, s Stats) {
 	t.Partitions += s.Partitions
 	t.Pauses += s.Pauses
 	t.Kills += s.Kills
+	t.Drains += s.Drains
 	t.Lost += s.Lost
 	t.Dups += s.Dups
 	t.Terms += s.Terms

@@ -24,6 +24,7 @@ type pool struct {
 	n        *node
 	free     int
 	fetching bool
+	stopping bool // draining: no new task, every run handed back
 	runs     map[string]*runExec
 }
 
@@ -60,7 +61,7 @@ func (p *pool) sortedRuns() []string {
 // fetch is the fetch loop: one fetch in flight while a slot is free.
 func (p *pool) fetch() {
 	n := p.n
-	if p.fetching || p.free == 0 {
+	if p.fetching || p.free == 0 || p.stopping {
 		return
 	}
 	if p.degraded() {
@@ -237,6 +238,24 @@ func (p *pool) claim(d taskDelivery, h *holder) {
 	})
 }
 
+// drain hands every run back (Pool.Drain) and reports when none is left.
+func (p *pool) drain(done func()) {
+	p.stopping = true
+	for _, id := range p.sortedRuns() {
+		p.runs[id].cancel(worker.ErrDrain)
+	}
+	deadline := p.n.s.now.Add(5 * time.Second)
+	var wait func()
+	wait = func() {
+		if (len(p.runs) == 0 && p.free == p.n.s.cfg.Slots) || !p.n.s.now.Before(deadline) {
+			done()
+			return
+		}
+		p.n.on(50*time.Millisecond, wait)
+	}
+	wait()
+}
+
 // killAll kills every step process of this node (the node dies with them).
 func (p *pool) killAll() {
 	for _, id := range p.sortedRuns() {
@@ -294,6 +313,10 @@ func (p *pool) execute(run string, ep int64, h *holder) {
 	x := &runExec{p: p, run: r, wf: wf, epoch: ep, lease: h, done: map[string]bool{}, active: map[string]bool{}}
 	p.runs[run] = x
 	n.s.tracef(n.name, "runs %s epoch %d", run, ep)
+	if p.stopping { // claimed while the node drains: handed back at once
+		x.cancel(worker.ErrDrain)
+		return
+	}
 	if endedFromOutside(r.Status) { // ended before this execution was registered (checkEnded)
 		x.end(fmt.Errorf("%w: %s", errRunEnded, r.Status))
 		return
@@ -664,6 +687,13 @@ func (x *runExec) finish() {
 	switch d.Action {
 	case worker.EndSteal:
 		_ = x.steal(d.Cause)
+	case worker.EndHandBack:
+		// runExec.handBack: a requeue (the next epoch is not counted), then the lease.
+		if x.lease.check() == nil {
+			e := checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: n.name}
+			n.write([]checkpoint.Entry{e}, func(uint64, []error) { release() })
+			return
+		}
 	case worker.EndFailed, worker.EndSucceeded:
 		x.write([]checkpoint.Entry{{Kind: checkpoint.KindComplete, Status: d.Status(), Step: d.Step, Error: d.Msg}}, func([]error) {
 			release()

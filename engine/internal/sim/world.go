@@ -78,6 +78,24 @@ func (s *Sim) scheduleFaults() {
 			}
 		})
 	}
+	for i := 0; i < c.Drains; i++ {
+		n, at := pick(), time.Duration(s.rng.Int64N(window))
+		d := 100*time.Millisecond + time.Duration(s.rng.Int64N(int64(2*c.TTL)))
+		s.after(at, func() {
+			if s.faultOn && n.alive && !n.paused {
+				n.drain()
+				var back func()
+				back = func() {
+					if n.alive { // still draining
+						s.after(100*time.Millisecond, back)
+						return
+					}
+					n.restart()
+				}
+				s.after(d, back)
+			}
+		})
+	}
 	s.after(c.FaultsFor, func() {
 		s.faultOn = false
 		s.tracef("--", "faults end")
@@ -200,7 +218,7 @@ func firstDiff(a, b string) string {
 // the simulation runs each attempt as a process of its own (worker.go).
 var workflows = []string{
 	`name: chain
-max_epochs: 3
+max_epochs: 1
 steps:
   - {name: a, uses: noop}
   - {name: b, uses: noop, needs: [a], retry: {max_attempts: 2, initial_interval: 100ms}}
