@@ -227,6 +227,15 @@ func (t *termServices) reconcile(ctx context.Context) {
 	if err != nil {
 		s.log.Warn("reconcile", "err", err)
 	}
+	if len(p.Reclaim) > 0 && !t.watcher.Current() {
+		// A watch that lags cannot tell a lapsed lease from one it has not heard of yet: a
+		// run claimed since it fell behind, whose run record has not changed for a TTL
+		// (step commits do not change it), would be taken from its live owner. The
+		// reclaims wait for a pass on a current watch (the supervisor replaces a silent
+		// one); lapse events still reclaim meanwhile.
+		s.log.Warn("reconcile: the lease watch is not current; reclaims wait", "runs", len(p.Reclaim))
+		p.Reclaim = nil
+	}
 	for _, id := range p.Announce {
 		if ctx.Err() != nil {
 			return
