@@ -199,6 +199,18 @@ func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 		}
 		return
 	}
+	// The state shows the run claimed at the epoch, so the claim's lease was created
+	// before this read: a live lease of the epoch now is its owner's, whatever lapsed (an
+	// earlier lease of the same epoch that was never claimed, handled late; or a watch
+	// that lags). The deterministic simulation found both (engine/internal/sim, seeds 192
+	// and 1255 before the fix).
+	if held, ok, err := s.cfg.Leases.Holder(ctx, rc.Run); err != nil {
+		s.log.Warn("reclaim: the lease could not be read; the next reconcile looks again", "run", rc.Run, "err", err)
+		return
+	} else if ok && held.Epoch == rc.Epoch {
+		s.log.Info("reclaim: the epoch's lease is held again; no reclaim", "run", rc.Run, "epoch", rc.Epoch, "holder", held.Owner)
+		return
+	}
 	s.log.Info("reclaiming run", "run", rc.Run, "epoch", rc.Epoch, "owner", r.Owner, "reason", rc.Reason, "term", t.term.Term())
 	f := t.write(ctx, AssignEntry(rc.Run, rc.Epoch, rc.Reason))
 	if f == nil {

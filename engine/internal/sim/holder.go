@@ -91,6 +91,9 @@ func (h *holder) arm() {
 	if !h.renewing && (at.IsZero() || h.trust.RenewAt().Before(at)) {
 		at = h.trust.RenewAt()
 	}
+	if at.IsZero() {
+		return // no kill switch and a renewal in flight: its answer arms it again
+	}
 	h.armed++
 	gen := h.armed
 	h.n.on(at.Sub(now), func() {

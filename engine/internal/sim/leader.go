@@ -401,11 +401,38 @@ func (t *termSvc) reclaim(rc leader.Reclaim, done func()) {
 		done()
 		return
 	}
-	t.write([]checkpoint.Entry{leader.AssignEntry(rc.Run, rc.Epoch, rc.Reason)}, func(seq uint64, errs []error) {
-		if errs != nil && errs[0] == nil {
-			t.publishTask(tasks.Task{Run: rc.Run, Epoch: int64(seq)})
+	write := func() {
+		t.write([]checkpoint.Entry{leader.AssignEntry(rc.Run, rc.Epoch, rc.Reason)}, func(seq uint64, errs []error) {
+			if errs != nil && errs[0] == nil {
+				t.publishTask(tasks.Task{Run: rc.Run, Epoch: int64(seq)})
+			}
+			done()
+		})
+	}
+	if n.s.cfg.Switches.NoLeaseRead {
+		write()
+		return
+	}
+	// The state showed the run claimed at the epoch, so the claim's lease was created
+	// before this read: a live lease of the epoch now is its owner's (Leases.Holder).
+	b := n.s.srv.kv[leaseBucket]
+	n.call(time.Second, func(reply func(any)) { reply(b.latest(rc.Run)) }, func(v any, err error) {
+		if t.stopped {
+			return
 		}
-		done()
+		if err != nil {
+			done() // unknown: the next reconcile looks again
+			return
+		}
+		if l := v.(latest); l.live {
+			var held epoch.LeaseValue
+			if json.Unmarshal(l.value, &held) == nil && held.Epoch == rc.Epoch {
+				n.s.tracef(n.name, "reclaim of %s epoch %d: %s holds its lease now; none", rc.Run, rc.Epoch, held.Owner)
+				done()
+				return
+			}
+		}
+		write()
 	})
 }
 

@@ -16,6 +16,10 @@ import (
 	"github.com/flowrun/flow/internal/testhooks"
 )
 
+// maxEvents bounds one seed's events: a seed takes some thousands; one past this is
+// caught in a loop of the simulation's own.
+const maxEvents = 200000
+
 // T0 is the simulation's time zero: every clock starts here.
 var T0 = time.Date(2026, 11, 29, 2, 0, 0, 0, time.UTC)
 
@@ -43,6 +47,9 @@ type Switches struct {
 	// ReconcileOnStaleWatch: the reconcile reclaims on the word of a lease watch that is
 	// not current (the leader's rule before the simulation found seed 300).
 	ReconcileOnStaleWatch bool
+	// NoLeaseRead: a reclaim does not read the run's lease from the server first (the
+	// leader's rule before the simulation found seed 1255).
+	NoLeaseRead bool
 }
 
 func (s Switches) hooks() *testhooks.Hooks { return testhooks.OrProduction(s.Hooks) }
@@ -109,6 +116,9 @@ func newConfig(rng *rand.Rand, sw Switches) Config {
 	}
 	if rng.IntN(4) == 0 {
 		c.LockDelay = ttl / 2
+	}
+	if rng.IntN(4) == 0 {
+		c.StepMax = 2 * ttl // long steps: a paused node's step outlives its trust window
 	}
 	return c
 }
@@ -277,6 +287,10 @@ func (s *Sim) Run() (err error) {
 		}
 		s.now = e.at
 		s.steps++
+		if s.steps > maxEvents {
+			s.fail("sim", "more than %d events: a loop in the simulation (at %s)", maxEvents, s.now.Sub(T0))
+			break
+		}
 		e.fn()
 		if s.done() {
 			break
