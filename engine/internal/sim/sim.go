@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -332,16 +331,4 @@ func (s *Sim) start() error {
 	s.cl.start()
 	s.scheduleFaults()
 	return nil
-}
-
-// lineOf shortens an error for the trace.
-func lineOf(err error) string {
-	if err == nil {
-		return "ok"
-	}
-	msg := err.Error()
-	if i := strings.IndexByte(msg, '\n'); i >= 0 {
-		msg = msg[:i]
-	}
-	return msg
 }
