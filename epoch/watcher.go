@@ -82,6 +82,18 @@ func (lw *LeaseWatcher) Live(run string) (LeaseValue, bool) {
 	return w.value, ok
 }
 
+// Current reports whether the watch has shown, within a renewal interval, that it is
+// caught up with the bucket (the sweep's own rule). Only then does Live tell a lease that
+// lapsed from one this watcher has not heard of yet: a watch that lags (its replies lost
+// or late) misses every lease taken since it fell behind, and a reconcile acting on its
+// word would take a run from a live owner (found by the deterministic simulation,
+// engine/internal/sim; docs/testing.md).
+func (lw *LeaseWatcher) Current() bool {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.readyDone && lw.ls.cfg.Clock.Now().Sub(lw.current) <= lw.ls.cfg.RenewInterval
+}
+
 // Stop stops the watcher and waits for its goroutines. Safe to call twice.
 func (lw *LeaseWatcher) Stop() {
 	lw.cancel()

@@ -11,8 +11,11 @@ type Live func(run string) (epoch int64, ok bool)
 
 // Reclaim is a run whose epoch should be replaced by a new one: its lease ended.
 type Reclaim struct {
-	Run    string
-	Epoch  int64  // the epoch whose lease ended
+	Run   string
+	Epoch int64 // the epoch whose lease ended
+	// Owner is the holder of the lease that lapsed (a lapse event's); empty when a
+	// reconcile found no live lease of the epoch at all.
+	Owner  string
 	Reason string // checkpoint.ReasonLeaseExpired or ReasonReconciled
 }
 
@@ -119,10 +122,21 @@ func (c *Reconciler) Suspects() map[string]time.Time {
 	return out
 }
 
-// Reclaimable says whether a reclaim of run's epoch still applies: the run is running
-// at that epoch (else it finished, was handed back, or moved on already).
-func Reclaimable(r *checkpoint.Run, epoch int64) bool {
-	return r.Status == checkpoint.StatusRunning && r.Epoch == epoch
+// Reclaimable says whether a reclaim still applies: the run is running at rc's epoch
+// (else it finished, was handed back, or moved on already) and, for a lapsed lease, its
+// owner is that lease's holder.
+//
+// The owner matters when the lapse is handled late (a watch that lags, a leader that was
+// paused): a worker that took the lease of an epoch and never claimed it (it died, or was
+// cut off, before its claim) lets the lease lapse; the task comes back, another worker
+// takes a new lease of the same epoch and claims it; the first lease's lapse, handled
+// after that claim was applied, must not take the epoch from its live owner, whose step
+// would then do its side effect while the run is at a newer epoch (invariant 8). An
+// epoch's owner never changes once the log has one (the claim-once rule), so the lapsed
+// lease's holder owning the run means that lease was the epoch's own. The deterministic
+// simulation found this (engine/internal/sim, seed 192 before the fix; docs/testing.md).
+func Reclaimable(r *checkpoint.Run, rc Reclaim) bool {
+	return r.Status == checkpoint.StatusRunning && r.Epoch == rc.Epoch && (rc.Owner == "" || r.Owner == rc.Owner)
 }
 
 // LockDelay makes the leader wait Delay after a lease ended before it reclaims the run

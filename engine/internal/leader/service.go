@@ -38,6 +38,8 @@ type Elector interface {
 // Leases is how the leader sees the run leases (an *epoch.Leases).
 type Leases interface {
 	Watch(ctx context.Context) (*epoch.LeaseWatcher, error)
+	// Holder reads a run's lease from the server: its value, and whether it is held.
+	Holder(ctx context.Context, run string) (epoch.LeaseValue, bool, error)
 }
 
 // Tasks queues the tasks of assigned epochs (a *tasks.Queue).

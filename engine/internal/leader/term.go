@@ -75,7 +75,7 @@ func (t *termServices) run(parent context.Context) {
 			return // the state no longer follows the log: step down (run sits out)
 		case ev := <-w.Events():
 			if ev.Kind == epoch.LeaseLapsed {
-				t.reclaim(ctx, Reclaim{Run: ev.Lease.Run, Epoch: ev.Lease.Epoch, Reason: checkpoint.ReasonLeaseExpired})
+				t.reclaim(ctx, Reclaim{Run: ev.Lease.Run, Epoch: ev.Lease.Epoch, Owner: ev.Lease.Owner, Reason: checkpoint.ReasonLeaseExpired})
 			}
 		case <-reconcile.Chan():
 			t.reconcile(ctx)
@@ -189,7 +189,7 @@ func (t *termServices) announceDeadLetter(run string) {
 func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 	s := t.s
 	r, err := s.cfg.State.Run(rc.Run)
-	if err != nil || !Reclaimable(r, rc.Epoch) {
+	if err != nil || !Reclaimable(r, rc) {
 		return // finished, handed back, or already moved on
 	}
 	due, first := t.delays.Due(rc.Run, s.clock.Now())
@@ -197,6 +197,18 @@ func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 		if first {
 			s.log.Info("lease ended; reclaim after the lock delay", "run", rc.Run, "epoch", rc.Epoch, "delay", s.cfg.LockDelay)
 		}
+		return
+	}
+	// The state shows the run claimed at the epoch, so the claim's lease was created
+	// before this read: a live lease of the epoch now is its owner's, whatever lapsed (an
+	// earlier lease of the same epoch that was never claimed, handled late; or a watch
+	// that lags). The deterministic simulation found both (engine/internal/sim, seeds 192
+	// and 1255 before the fix).
+	if held, ok, err := s.cfg.Leases.Holder(ctx, rc.Run); err != nil {
+		s.log.Warn("reclaim: the lease could not be read; the next reconcile looks again", "run", rc.Run, "err", err)
+		return
+	} else if ok && held.Epoch == rc.Epoch {
+		s.log.Info("reclaim: the epoch's lease is held again; no reclaim", "run", rc.Run, "epoch", rc.Epoch, "holder", held.Owner)
 		return
 	}
 	s.log.Info("reclaiming run", "run", rc.Run, "epoch", rc.Epoch, "owner", r.Owner, "reason", rc.Reason, "term", t.term.Term())
@@ -226,6 +238,15 @@ func (t *termServices) reconcile(ctx context.Context) {
 	p, err := t.reconciler.Pass(s.cfg.State, live, s.clock.Now())
 	if err != nil {
 		s.log.Warn("reconcile", "err", err)
+	}
+	if len(p.Reclaim) > 0 && !t.watcher.Current() {
+		// A watch that lags cannot tell a lapsed lease from one it has not heard of yet: a
+		// run claimed since it fell behind, whose run record has not changed for a TTL
+		// (step commits do not change it), would be taken from its live owner. The
+		// reclaims wait for a pass on a current watch (the supervisor replaces a silent
+		// one); lapse events still reclaim meanwhile.
+		s.log.Warn("reconcile: the lease watch is not current; reclaims wait", "runs", len(p.Reclaim))
+		p.Reclaim = nil
 	}
 	for _, id := range p.Announce {
 		if ctx.Err() != nil {

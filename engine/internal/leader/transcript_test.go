@@ -32,7 +32,8 @@ import (
 //	assign room=N [write]      PlanAssign with room N (Admission.Room gives it in flowd)
 //	admission ahead=N [admitting=N]   Admission.Room for the state's assigned runs
 //	reconcile [ttl=D] [write]  one Reconciler.Pass at the clock's time
-//	lapse run=R epoch=E [delay=D] [write]   a lease lapsed: reclaim now, or wait the lock delay
+//	lapse run=R epoch=E [owner=O] [delay=D] [write]   a lease (of O) lapsed: reclaim now, or
+//	                           wait the lock delay
 //	cron [grace=D] [write]     CronDue then PlanTicks per workflow, at the clock's time
 //	compact snapshot=S [live=L] [applied=A]   KeepFrom
 //	retire retention=D [limit=N] [write]      RetireDue with cutoff = clock - retention
@@ -186,8 +187,15 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 		if d.HasArg("delay") {
 			tr.delays.Delay = durArg(t, d, "delay")
 		}
+		var owner string
+		if d.HasArg("owner") {
+			d.ScanArgs(t, "owner", &owner)
+		}
 		r, err := tr.s.Run(run)
-		if err != nil || !Reclaimable(r, ep) {
+		if err != nil || !Reclaimable(r, Reclaim{Run: run, Epoch: ep, Owner: owner}) {
+			if err == nil && r.Epoch == ep && r.Status == checkpoint.StatusRunning {
+				return fmt.Sprintf("nothing: %s runs at epoch %d owned by %s, not by the lapsed lease's %s", run, ep, r.Owner, owner)
+			}
 			return fmt.Sprintf("nothing: %s no longer runs at epoch %d", run, ep)
 		}
 		due, first := tr.delays.Due(run, tr.now)

@@ -11,14 +11,15 @@ import (
 )
 
 // The decisions of a run's execution, as functions of the workflow and the steps'
-// states with no I/O, so that tables can test them (decide_test.go). runExec.execute
-// carries them out: it runs what readySteps returns, and once nothing runs, does what
-// decideEnd says.
+// states with no I/O, so that transcripts can test them (testdata/*.txt) and the
+// deterministic simulation (engine/internal/sim) can drive them. runExec.execute
+// carries them out: it runs what ReadySteps returns, and once nothing runs, does what
+// DecideEnd says.
 
-// readySteps is which steps start now, in the workflow's order: those not done and not
+// ReadySteps is which steps start now, in the workflow's order: those not done and not
 // running whose needs are all done, while the run has room (parallelism counts the
 // running ones). A failing run starts nothing.
-func readySteps(wf *workflow.Workflow, done func(string) bool, running map[string]bool, parallelism int, failing bool) []*workflow.Step {
+func ReadySteps(wf *workflow.Workflow, done func(string) bool, running map[string]bool, parallelism int, failing bool) []*workflow.Step {
 	if failing {
 		return nil
 	}
@@ -44,63 +45,64 @@ func needsDone(st *workflow.Step, done func(string) bool) bool {
 	return true
 }
 
-// endAction is what an epoch does once none of its steps runs any more.
-type endAction int
+// EndAction is what an epoch does once none of its steps runs any more.
+type EndAction int
 
 const (
-	endNothing   endAction = iota // stolen, completed with the last commit, or ended from outside
-	endHandBack                   // drained: requeue the run for another node, not counted
-	endSteal                      // the lease was lost: stop as lock-stolen-mid-run
-	endFailed                     // write the run's failure
-	endSucceeded                  // write the run's success
+	EndNothing   EndAction = iota // stolen, completed with the last commit, or ended from outside
+	EndHandBack                   // drained: requeue the run for another node, not counted
+	EndSteal                      // the lease was lost: stop as lock-stolen-mid-run
+	EndFailed                     // write the run's failure
+	EndSucceeded                  // write the run's success
 )
 
-// endState is what the epoch knows when its steps have stopped.
-type endState struct {
-	stolen, completed, ended bool  // already settled (completed: with the last commit)
-	cause                    error // why the epoch's context ended (nil if it did not)
-	leaseCause               error // why the lease's context ended (nil if it did not)
-	failedStep               string
-	failedErr                error // the first step error, nil if none failed
-	done, total              int   // steps checkpointed, steps in the workflow
+// EndState is what the epoch knows when its steps have stopped.
+type EndState struct {
+	Stolen, Completed, Ended bool  // already settled (Completed: with the last commit)
+	Cause                    error // why the epoch's context ended (nil if it did not)
+	LeaseCause               error // why the lease's context ended (nil if it did not)
+	FailedStep               string
+	FailedErr                error // the first step error, nil if none failed
+	Done, Total              int   // steps checkpointed, steps in the workflow
 }
 
-// endDecision is decideEnd's answer: the action, and for endFailed the step and the
-// message, for endSteal the cause.
-type endDecision struct {
-	action endAction
-	step   string
-	msg    string
-	cause  error
+// EndDecision is DecideEnd's answer: the action, and for EndFailed the step and the
+// message, for EndSteal the cause.
+type EndDecision struct {
+	Action EndAction
+	Step   string
+	Msg    string
+	Cause  error
 }
 
-func decideEnd(s endState) endDecision {
+// DecideEnd is what an epoch does once none of its steps runs any more.
+func DecideEnd(s EndState) EndDecision {
 	switch {
-	case s.stolen, s.completed, s.ended:
-		return endDecision{action: endNothing}
-	case errors.Is(s.cause, errDrain):
-		return endDecision{action: endHandBack}
-	case s.failedErr != nil:
-		if errors.Is(s.failedErr, errDrain) {
-			return endDecision{action: endHandBack}
+	case s.Stolen, s.Completed, s.Ended:
+		return EndDecision{Action: EndNothing}
+	case errors.Is(s.Cause, ErrDrain):
+		return EndDecision{Action: EndHandBack}
+	case s.FailedErr != nil:
+		if errors.Is(s.FailedErr, ErrDrain) {
+			return EndDecision{Action: EndHandBack}
 		}
-		if errors.Is(s.leaseCause, epoch.ErrLeaseLost) {
-			return endDecision{action: endSteal, cause: s.leaseCause}
+		if errors.Is(s.LeaseCause, epoch.ErrLeaseLost) {
+			return EndDecision{Action: EndSteal, Cause: s.LeaseCause}
 		}
-		return endDecision{action: endFailed, step: s.failedStep, msg: s.failedErr.Error()}
-	case s.done < s.total:
-		if errors.Is(s.cause, epoch.ErrLeaseLost) {
-			return endDecision{action: endSteal, cause: s.cause}
+		return EndDecision{Action: EndFailed, Step: s.FailedStep, Msg: s.FailedErr.Error()}
+	case s.Done < s.Total:
+		if errors.Is(s.Cause, epoch.ErrLeaseLost) {
+			return EndDecision{Action: EndSteal, Cause: s.Cause}
 		}
-		return endDecision{action: endFailed, msg: fmt.Sprint(s.cause)}
+		return EndDecision{Action: EndFailed, Msg: fmt.Sprint(s.Cause)}
 	default:
-		return endDecision{action: endSucceeded}
+		return EndDecision{Action: EndSucceeded}
 	}
 }
 
-// status is the run status an end decision writes.
-func (d endDecision) status() checkpoint.RunStatus {
-	if d.action == endSucceeded {
+// Status is the run status an end decision writes.
+func (d EndDecision) Status() checkpoint.RunStatus {
+	if d.Action == EndSucceeded {
 		return checkpoint.StatusSucceeded
 	}
 	return checkpoint.StatusFailed

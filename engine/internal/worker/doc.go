@@ -5,7 +5,7 @@
 // run ended from outside (cancelled, dead-lettered) stops its steps; a drain hands every
 // run back.
 //
-// The decisions are pure functions (decide.go: readySteps, decideEnd, JudgeTask)
+// The decisions are pure functions (decide.go: ReadySteps, DecideEnd, JudgeTask)
 // specified by the transcripts in testdata/*.txt; the pool and the run's execution
 // (exec.go, step.go) carry them out on narrow interfaces of the node (State, Specs, Log,
 // Leases, Tasks).

@@ -22,8 +22,9 @@ const ReasonStolen = "lock-stolen-mid-run"
 // errStolen stops everything a run's epoch is doing.
 var errStolen = errors.New(ReasonStolen)
 
-// errDrain is the cause when a draining node hands a run back.
-var errDrain = errors.New("engine: draining")
+// ErrDrain is the cause when a draining node hands a run back (DecideEnd hands the run
+// back on it).
+var ErrDrain = errors.New("engine: draining")
 
 // runExec runs one epoch of one run.
 type runExec struct {
@@ -70,7 +71,7 @@ func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, err
 }
 
 // drain asks the run to stop and hand itself back.
-func (x *runExec) drain() { x.cancel(errDrain) }
+func (x *runExec) drain() { x.cancel(ErrDrain) }
 
 // handBack releases the run cleanly: a requeue entry, then the lease.
 func (x *runExec) handBack() {
@@ -241,7 +242,7 @@ func (x *runExec) execute() {
 	running := map[string]bool{}
 	var failed *stepResult
 	for {
-		ready := readySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
+		ready := ReadySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
 		var res stepResult
 		if len(ready) == 1 && len(running) == 0 {
 			// A lone step runs on this goroutine: a chain's steps then cost no goroutine
@@ -267,25 +268,25 @@ func (x *runExec) execute() {
 		}
 	}
 	x.mu.Lock()
-	end := endState{completed: x.completed, done: len(x.done)}
+	end := EndState{Completed: x.completed, Done: len(x.done)}
 	x.mu.Unlock()
-	end.stolen, end.ended, end.total = x.isStolen(), x.ended.Load(), len(x.wf.Steps)
-	end.cause, end.leaseCause = context.Cause(x.ctx), context.Cause(x.lease.Context())
+	end.Stolen, end.Ended, end.Total = x.isStolen(), x.ended.Load(), len(x.wf.Steps)
+	end.Cause, end.LeaseCause = context.Cause(x.ctx), context.Cause(x.lease.Context())
 	if failed != nil {
-		end.failedStep, end.failedErr = failed.step, failed.err
+		end.FailedStep, end.FailedErr = failed.step, failed.err
 	}
-	d := decideEnd(end)
-	switch d.action {
-	case endNothing:
-		if end.completed && !end.stolen { // with the last commit; a drain meanwhile has nothing to hand back
+	d := DecideEnd(end)
+	switch d.Action {
+	case EndNothing:
+		if end.Completed && !end.Stolen { // with the last commit; a drain meanwhile has nothing to hand back
 			x.log.Info("run finished", "status", checkpoint.StatusSucceeded)
 		}
-	case endHandBack:
+	case EndHandBack:
 		x.handBack()
-	case endSteal:
-		_ = x.steal(d.cause)
-	case endFailed, endSucceeded:
-		x.complete(d.status(), d.step, d.msg)
+	case EndSteal:
+		_ = x.steal(d.Cause)
+	case EndFailed, EndSucceeded:
+		x.complete(d.Status(), d.Step, d.Msg)
 	}
 }
 

@@ -21,9 +21,9 @@ import (
 //
 //	workflow                      the workflow the next commands decide on (its YAML)
 //	ready [done=a,b] [running=c] [parallelism=N] [failing]
-//	                              readySteps: which steps start now, in order
+//	                              ReadySteps: which steps start now, in order
 //	end [stolen] [completed] [ended] [cause=C] [lease=C] [failed=STEP:C] done=N total=N
-//	                              decideEnd: what the epoch does once no step runs; a
+//	                              DecideEnd: what the epoch does once no step runs; a
 //	                              cause C is drain, lease-lost, timeout or boom
 //	task epoch=E status=S [owner=O] task=T   JudgeTask on a run in that state ("task
 //	                              run=none task=T" for a run this node does not have)
@@ -46,7 +46,7 @@ func TestTranscripts(t *testing.T) {
 				if d.HasArg("parallelism") {
 					d.ScanArgs(t, "parallelism", &parallelism)
 				}
-				got := readySteps(wf, func(s string) bool { return done[s] }, running, parallelism, d.HasArg("failing"))
+				got := ReadySteps(wf, func(s string) bool { return done[s] }, running, parallelism, d.HasArg("failing"))
 				var names []string
 				for _, st := range got {
 					names = append(names, st.Name)
@@ -56,17 +56,17 @@ func TestTranscripts(t *testing.T) {
 				}
 				return strings.Join(names, " ")
 			case "end":
-				s := endState{stolen: d.HasArg("stolen"), completed: d.HasArg("completed"), ended: d.HasArg("ended"),
-					cause: causeArg(t, d, "cause"), leaseCause: causeArg(t, d, "lease")}
+				s := EndState{Stolen: d.HasArg("stolen"), Completed: d.HasArg("completed"), Ended: d.HasArg("ended"),
+					Cause: causeArg(t, d, "cause"), LeaseCause: causeArg(t, d, "lease")}
 				if d.HasArg("failed") {
 					var v string
 					d.ScanArgs(t, "failed", &v)
 					step, c, _ := strings.Cut(v, ":")
-					s.failedStep, s.failedErr = step, cause(t, d, c)
+					s.FailedStep, s.FailedErr = step, cause(t, d, c)
 				}
-				d.ScanArgs(t, "done", &s.done)
-				d.ScanArgs(t, "total", &s.total)
-				return endText(decideEnd(s))
+				d.ScanArgs(t, "done", &s.Done)
+				d.ScanArgs(t, "total", &s.Total)
+				return endText(DecideEnd(s))
 			case "task":
 				var r *checkpoint.Run
 				var tk tasks.Task
@@ -114,7 +114,7 @@ func causeArg(t *testing.T, d *datadriven.TestData, key string) error {
 func cause(t *testing.T, d *datadriven.TestData, name string) error {
 	switch name {
 	case "drain":
-		return fmt.Errorf("%w", errDrain)
+		return fmt.Errorf("%w", ErrDrain)
 	case "lease-lost":
 		return fmt.Errorf("%w: renewal failed", epoch.ErrLeaseLost)
 	case "timeout":
@@ -126,18 +126,18 @@ func cause(t *testing.T, d *datadriven.TestData, name string) error {
 	return nil
 }
 
-func endText(e endDecision) string {
-	switch e.action {
-	case endNothing:
+func endText(e EndDecision) string {
+	switch e.Action {
+	case EndNothing:
 		return "nothing: the epoch is settled"
-	case endHandBack:
+	case EndHandBack:
 		return "hand back (requeue, not counted)"
-	case endSteal:
-		return fmt.Sprintf("stop: %s (%v)", ReasonStolen, e.cause)
-	case endFailed:
-		return fmt.Sprintf("complete failed: step %q: %s", e.step, e.msg)
-	case endSucceeded:
+	case EndSteal:
+		return fmt.Sprintf("stop: %s (%v)", ReasonStolen, e.Cause)
+	case EndFailed:
+		return fmt.Sprintf("complete failed: step %q: %s", e.Step, e.Msg)
+	case EndSucceeded:
 		return "complete succeeded"
 	}
-	return fmt.Sprintf("unknown action %d", e.action)
+	return fmt.Sprintf("unknown action %d", e.Action)
 }
