@@ -364,12 +364,18 @@ func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, 
 			<-ctx.Done() // the test's silent consumer: hears nothing until replaced
 			return ctx.Err()
 		}
-		for a.hooks.HoldApply.Load() { // the test's lagging node: applies nothing until released
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(10 * time.Millisecond):
+		if a.hooks.HoldApply.Load() {
+			// The test's lagging node: it applies nothing until released, then opens its
+			// consumer again from the first unapplied sequence (dropping what this one
+			// fetched meanwhile, as a node that had not fetched it would).
+			for a.hooks.HoldApply.Load() {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(10 * time.Millisecond):
+				}
 			}
+			return errors.New("logstream: released from Hooks.HoldApply: opening the consumer again")
 		}
 		meta, err := msg.Metadata()
 		if err != nil {

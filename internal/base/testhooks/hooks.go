@@ -31,7 +31,7 @@ type Hooks struct {
 	NoLogCheck bool        // the applier does not check the log's identity and continuity (a recreated stream, a purge past the applied sequence)
 	Deaf       atomic.Bool // the current consumer hears nothing until the supervisor replaces it
 	FailApply  atomic.Bool // the applier stops on the next message it consumes, as on a storage failure
-	HoldApply  atomic.Bool // the applier applies nothing while set, and goes on when cleared (a node lagging behind the log)
+	HoldApply  atomic.Bool // the applier applies nothing while set; cleared, it consumes again from its applied sequence (a node lagging behind the log)
 
 	// The engine.
 	ForceDegraded    atomic.Bool  // this node's leases count as degraded
