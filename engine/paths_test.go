@@ -293,9 +293,13 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 // Reconcile reclaims a running run without a live lease, but one the log changed less
 // than a TTL ago only once it has gone without a lease for a TTL: the lease watcher may
 // lag behind the log, and a reclaim costs a counted epoch change. A run quiet for longer
-// is reclaimed at the next pass.
+// is reclaimed at the next pass. (The decision at exact times is the leader's
+// transcripts'; here the engine carries it out, on a 4 s TTL so that "at the next pass"
+// and "after a TTL" are seconds apart.)
 func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
-	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
+	lease := testLease
+	lease.TTL = 4 * time.Second
+	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1; c.Lease = lease })
 	waitLeader(t, e)
 	apply(t, e, workflow.ChainYAML("chain", 1))
 	ttl := e.leases.Config().TTL
@@ -344,7 +348,9 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		// The same window on both sides: the control's node must take the run within it
+		// (in well under a second when idle), the guarded node must not.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = e.waitFor(wctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
 		cancel()
 		taken := err == nil

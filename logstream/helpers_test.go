@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -144,14 +143,3 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// waitGroup waits for wg with a deadline, and fails the test if it passes.
-func waitGroup(t testing.TB, wg *sync.WaitGroup, d time.Duration, what string) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		t.Fatalf("%s did not end within %s", what, d)
-	}
-}

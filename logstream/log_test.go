@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 func TestLogWriteAwaitAndFence(t *testing.T) {
@@ -160,7 +161,7 @@ func TestLogGroupCommit(t *testing.T) {
 			}
 		}(w)
 	}
-	waitGroup(t, &wg, 30*time.Second, "the writers")
+	within.Group(t, 30*time.Second, &wg, "the writers")
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestStartStopStress(t *testing.T) {
 			wg.Add(1)
 			go func() { defer wg.Done(); ops[i]() }()
 		}
-		waitGroup(t, &wg, 30*time.Second, fmt.Sprintf("round %d's starts and stops", round))
+		within.Group(t, 30*time.Second, &wg, fmt.Sprintf("round %d's starts and stops", round))
 		l.Stop()
 		if err := l.Start(ctx); !errors.Is(err, ErrStopped) {
 			t.Fatalf("round %d: start after stop: %v", round, err)
@@ -305,7 +306,7 @@ func TestWriteSharesOneMessage(t *testing.T) {
 		}
 	}
 	close(stop)
-	waitGroup(t, &wg, 30*time.Second, "the noise writer")
+	within.Group(t, 30*time.Second, &wg, "the noise writer")
 
 	// Each entry is judged on its own: a fenced commit, then a completion that needs it.
 	old := int64(0)
@@ -388,7 +389,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 			}
 		}()
 	}
-	waitGroup(t, &wg, 30*time.Second, "the four writers")
+	within.Group(t, 30*time.Second, &wg, "the four writers")
 	close(errs)
 	firsts := 0
 	for err := range errs {
@@ -580,7 +581,7 @@ func writeInOrder(t *testing.T, passQueue bool) string {
 			}
 		}()
 	}
-	waitGroup(t, &wg, 30*time.Second, "the writers") // each call has ctx's deadline
+	within.Group(t, 30*time.Second, &wg, "the writers") // each call has ctx's deadline
 	// A lone writer: a write queued for the group commit (not awaited), then at once an
 	// awaited one. With nobody else writing the second finds the log idle, and only the
 	// queued write keeps it from going inline ahead of the first: the case the guard is
