@@ -13,6 +13,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -77,7 +78,12 @@ steps:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = srv.ClientURL(); c.Registry = registry(); c.Lease = lease })
+	b := startEngine(t, func(c *Config) {
+		c.NodeID = "node-b"
+		c.NATSURL = srv.ClientURL()
+		c.Registry = registry()
+		c.Lease = lease
+	})
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	if err := a.Stop(sctx); err != nil {
@@ -152,7 +158,7 @@ func TestStopUnderLoadLeavesNothingRunning(t *testing.T) {
 		if err := e.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
-		wg.Wait()
+		within.Group(t, 30*time.Second, &wg, "the submitters after the stop")
 		s, err := checkpoint.OpenStore(filepath.Join(dir, "state"), checkpoint.StoreOptions{})
 		if err != nil {
 			t.Fatal(err)
