@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -38,7 +39,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestAPartThatEndsIsStartedAgain(t *testing.T) {
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "flaky", Run: func(ctx context.Context, alive func()) error {
 		if runs.Add(1) < 3 {
@@ -63,7 +64,7 @@ func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
 	const silence = time.Second
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	hear := make(chan struct{})
 	var causes []error
@@ -120,7 +121,7 @@ func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
 func TestSilentPartIsReportedUnhealthy(t *testing.T) {
 	s := New(quiet(), WithBackoff(backoff.Policy{Base: time.Hour, Cap: time.Hour, NoJitter: true}))
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	s.Go(ctx, Part{Name: "deaf", Silence: 30 * time.Millisecond, Run: func(ctx context.Context, alive func()) error {
 		<-ctx.Done()
 		return nil
@@ -135,7 +136,7 @@ func TestSilentPartIsReportedUnhealthy(t *testing.T) {
 func TestWithoutRecoveryAStoppedPartStaysStopped(t *testing.T) {
 	s := New(quiet(), fast(), WithoutRecovery())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "once", Run: func(ctx context.Context, alive func()) error {
 		runs.Add(1)
@@ -161,7 +162,7 @@ func TestAPartEndsWithItsContext(t *testing.T) {
 	}})
 	waitUntil(t, "listed", func() bool { return len(s.Status()) == 1 })
 	cancel()
-	s.Wait()
+	within.Do(t, 10*time.Second, s.Wait, "the part to end with its context")
 	if st := s.Status(); len(st) != 0 {
 		t.Fatalf("status after the context ended: %+v", st)
 	}
@@ -170,7 +171,7 @@ func TestAPartEndsWithItsContext(t *testing.T) {
 func TestAFatalErrorIsNotRestarted(t *testing.T) {
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "applier", Run: func(ctx context.Context, alive func()) error {
 		runs.Add(1)

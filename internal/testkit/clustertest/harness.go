@@ -192,7 +192,12 @@ func (p *Proc) current() *exec.Cmd {
 	return p.cmd
 }
 
-// Kill SIGKILLs the process and waits for it.
+// killWait is how long Kill waits for the killed process to be reaped.
+const killWait = 30 * time.Second
+
+// Kill SIGKILLs the process and waits for it (killWait at most: a process that outlives
+// its SIGKILL that long ends the test binary with a panic that names it, instead of
+// hanging it; Kill is often a Cleanup, which has no test to fail).
 func (p *Proc) Kill() {
 	p.mu.Lock()
 	p.killed = true
@@ -200,7 +205,11 @@ func (p *Proc) Kill() {
 	p.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	_ = cmd.Process.Kill()
-	<-p.done
+	select {
+	case <-p.done:
+	case <-time.After(killWait):
+		panic(fmt.Sprintf("clustertest: %s (pid %d) was not reaped within %s of its SIGKILL", p.Name, cmd.Process.Pid, killWait))
+	}
 }
 
 // Stop and Cont pause and resume it.
