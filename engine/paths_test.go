@@ -329,21 +329,21 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		waitLeader(t, e)
 		apply(t, e, workflow.ChainYAML("chain", 1))
 		e.hooks.ForceDegraded.Store(true)
-		e.hooks.IgnoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)
-		// A fetch already waiting when the switch flipped may still take a task: start
-		// the run once the worker loop holds back (its fetch ends within 2 s).
-		if guard {
-			deadline := time.Now().Add(10 * time.Second)
-			for !e.workers.HoldingBack() {
-				if time.Now().After(deadline) {
-					t.Fatal("the worker loop never held back")
-				}
-				wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-				<-wctx.Done() // polling the worker loop's state, with a deadline
-				cancel()
+		// A fetch already waiting when the node became degraded may still take a task:
+		// on both sides, the run starts once the worker loop holds back (its fetch ends
+		// within 2 s), and only then does the control switch the guard off, so that what
+		// takes the run in the control is the switch, not a fetch left over.
+		deadline := time.Now().Add(10 * time.Second)
+		for !e.workers.HoldingBack() {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker loop never held back")
 			}
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			<-wctx.Done() // polling the worker loop's state, with a deadline
+			cancel()
 		}
+		e.hooks.IgnoreDegraded.Store(!guard)
 		id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
 		if err != nil {
 			t.Fatal(err)
