@@ -209,7 +209,7 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 		var err error
 		if entries, err = DecodeEnvelope(seq, data); err != nil {
 			var corrupt *CorruptError
-			if !errors.As(err, &corrupt) {
+			if !errors.As(err, &corrupt) || s.hooks.StopOnUndecodable {
 				return nil, err
 			}
 			return []error{}, s.reject(corrupt)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -59,47 +60,108 @@ func TestTranscripts(t *testing.T) {
 	})
 }
 
-// TestTranscriptsNeedTheirGuards is the transcripts' negative control: with any one
-// guard (a field of testhooks.Hooks tagged guard:"store") switched off, some transcript's output differs from what it
-// expects. A guard no transcript catches is a rule the transcripts do not specify.
+// guardCatches says, for each store guard (a field of testhooks.Hooks tagged
+// guard:"store"), where its switch must change the transcripts: the file, the line of
+// expected output that shows the guard's verdict, and the line printed instead with the
+// guard off. Each is the first difference of its file with that one switch set (after it
+// the state differs, and so does the rest). A new guard needs a place here, and a
+// transcript change that moves or adds a place must say so here too.
+var guardCatches = map[string][]guardCatch{
+	"NoEpochCheck": {
+		{"complete.txt", "18.0 complete r3: fenced: stale-epoch (epoch 13, run's 15)", "18.0 complete r3: ok"},
+		{"fenced.txt", "6.0 start r1 a: fenced: stale-epoch (epoch 2, run's 4)", "6.0 start r1 a: ok"},
+		{"foreach.txt", "10.2 commit r1 b[1]: fenced: stale-epoch (epoch 2, run's 7)", "10.2 commit r1 b[1]: fenced: checkpoint-exists (epoch 2, run's 7)"},
+		{"reclaim.txt", "9.0 commit r1 a: fenced: stale-epoch (epoch 2, run's 5)", "9.0 commit r1 a: ok"},
+		{"requeue.txt", "9.0 requeue r1: fenced: stale-epoch (epoch 2, run's 7)", "9.0 requeue r1: ok"},
+	},
+	"NoCheckpointCheck": {
+		{"fenced.txt", "9.0 commit r1 a: fenced: checkpoint-exists (epoch 4, run's 4)", "9.0 commit r1 a: ok"},
+		{"foreach.txt", "6.0 commit r1 b[2]: fenced: checkpoint-exists (epoch 2, run's 2)", "6.0 commit r1 b[2]: ok"},
+	},
+	"NoTermCheck": {
+		{"stale-term.txt", "3.0 assign r2: rejected: stale term (term 1 < highest 2)", "3.0 assign r2: ok, epoch 3 (assigned)"},
+	},
+	"NoStartCheck": {
+		{"cancel.txt", "13.0 start r2 a: fenced: checkpoint-exists (epoch 11, run's 11)", "13.0 start r2 a: ok"},
+		{"fenced.txt", "9.2 start r1 a: fenced: checkpoint-exists (epoch 4, run's 4)", "9.2 start r1 a: ok"},
+	},
+	"NoClaimOnceCheck": {
+		{"claim-once.txt", "5.0 claim r1: fenced: epoch-already-claimed (epoch 2, run's 2)", "5.0 claim r1: ok"},
+	},
+	"TermFromAnyEntry": {
+		{"stale-term.txt", "9.0 assign r2: ok, epoch 9 (reconciled)", "9.0 assign r2: rejected: stale term (term 4 < highest 5)"},
+	},
+	"StopOnUndecodable": {
+		{"log.txt", `11: message rejected, undecodable: entry 1: unknown kind "teleport"`,
+			`11: applier stopped: checkpoint: corrupt log message at sequence 11: entry 1: unknown kind "teleport"`},
+	},
+}
+
+// guardCatch is one place a guard's switch changes: in file, the expected line want is
+// printed as got.
+type guardCatch struct{ file, want, got string }
+
+// TestTranscriptsNeedTheirGuards is the transcripts' negative control: with each guard
+// (a field of testhooks.Hooks tagged guard:"store") switched off alone, every transcript
+// guardCatches lists for it changes at the line it names, to the line it names, and no
+// other transcript changes. A guard no transcript catches is a rule the transcripts do
+// not specify; a difference somewhere else is not the guard's verdict.
 func TestTranscriptsNeedTheirGuards(t *testing.T) {
 	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
 		t.Skip("rewriting the expected output: the control compares against it")
 	}
 	// Every guard of the store, so that a guard added later needs a transcript too.
 	ht := reflect.TypeFor[testhooks.Hooks]()
+	guards := map[string]bool{}
 	for i := range ht.NumField() {
 		if ht.Field(i).Tag.Get("guard") != "store" {
 			continue
 		}
 		guard := ht.Field(i).Name
+		guards[guard] = true
 		t.Run(guard, func(t *testing.T) {
+			want := guardCatches[guard]
+			if len(want) == 0 {
+				t.Fatalf("guardCatches names no transcript line that Hooks.%s changes: write the transcript of its rule and list the line", guard)
+			}
 			off := new(testhooks.Hooks)
 			reflect.ValueOf(off).Elem().Field(i).SetBool(true)
-			var caught []string
+			caught := map[string]guardCatch{} // by file: its first difference
 			walkTranscripts(t, func(t *testing.T, path string) {
 				tr := &transcript{s: memStore(t, off)}
-				first := true
+				file := filepath.Base(path)
 				datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 					got := tr.handle(t, d)
 					if got != "" && !strings.HasSuffix(got, "\n") {
 						got += "\n"
 					}
-					if got != d.Expected && first {
+					if _, seen := caught[file]; !seen && got != d.Expected {
 						// Only the first difference of a file: the state diverges after it.
-						first = false
-						caught = append(caught, fmt.Sprintf("%s: %s", d.Pos, firstDiff(d.Expected, got)))
+						w, g := firstDiff(d.Expected, got)
+						caught[file] = guardCatch{file, w, g}
+						t.Logf("Hooks.%s changes %s: expected %q, got %q", guard, d.Pos, w, g)
 					}
-					return d.Expected // the difference is recorded, not failed on
+					return d.Expected // the difference is compared below, not failed on here
 				})
 			})
-			if len(caught) == 0 {
-				t.Fatalf("with Hooks.%s set (its guard off), every transcript gives its expected output: no transcript specifies that guard", guard)
+			for _, w := range want {
+				switch c, ok := caught[w.file]; {
+				case !ok:
+					t.Errorf("with Hooks.%s set (its guard off), %s gives its expected output: want %q printed as %q", guard, w.file, w.want, w.got)
+				case c != w:
+					t.Errorf("with Hooks.%s set, %s first differs at %q (printed %q); want %q printed as %q", guard, w.file, c.want, c.got, w.want, w.got)
+				}
+				delete(caught, w.file)
 			}
 			for _, c := range caught {
-				t.Logf("%s caught by %s", guard, c)
+				t.Errorf("with Hooks.%s set, %s also differs: %q printed as %q; if that is the guard's verdict, add it to guardCatches", guard, c.file, c.want, c.got)
 			}
 		})
+	}
+	for g := range guardCatches {
+		if !guards[g] {
+			t.Errorf("guardCatches lists %s, which is no store guard of testhooks.Hooks", g)
+		}
 	}
 }
 
@@ -112,8 +174,8 @@ func walkTranscripts(t *testing.T, f func(t *testing.T, path string)) {
 	})
 }
 
-// firstDiff names the first line where two outputs differ.
-func firstDiff(want, got string) string {
+// firstDiff returns the first line where two outputs differ, as each has it.
+func firstDiff(want, got string) (string, string) {
 	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
 	for i := 0; i < max(len(w), len(g)); i++ {
 		var wl, gl string
@@ -124,10 +186,10 @@ func firstDiff(want, got string) string {
 			gl = g[i]
 		}
 		if wl != gl {
-			return fmt.Sprintf("expected %q, got %q", wl, gl)
+			return wl, gl
 		}
 	}
-	return "outputs differ"
+	return "", ""
 }
 
 type transcript struct {
@@ -201,8 +263,8 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 		d.Fatalf(t, "encode: %v", err)
 	}
 	verdicts, err := tr.s.Apply(seq, msg)
-	if err != nil {
-		d.Fatalf(t, "apply at %d: %v", seq, err)
+	if err != nil { // what stops a node's applier (a storage failure, a newer format)
+		return fmt.Sprintf("%d: applier stopped: %v", seq, err)
 	}
 	if verdicts == nil {
 		return fmt.Sprintf("%d: skipped: at or below the applied sequence", seq)

@@ -19,6 +19,7 @@ import (
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -56,7 +57,7 @@ func TestAdmissionBoundsEpochs(t *testing.T) {
 					}
 				}()
 			}
-			wg.Wait()
+			within.Group(t, 60*time.Second, &wg, "the submits")
 			// A run StartRun names takes the leader's short path when there is room, but
 			// not past the runs waiting for it: it is assigned after them (checked below).
 			late, err := e.StartRun(ctx, "one", nil, RunOptions{})

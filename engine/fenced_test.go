@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -66,7 +68,11 @@ func (g *gates) step(node string, block map[string]bool) steps.Step {
 		if _, seen := once.LoadOrStore(key, true); !seen && block[in.Step] {
 			entered, open := g.pair(key)
 			close(entered)
-			<-open
+			select { // every gate is opened by the test, or at its end
+			case <-open:
+			case <-time.After(2 * time.Minute):
+				return nil, fmt.Errorf("gate %s never opened", key)
+			}
 		}
 		return json.RawMessage(`{"by":"` + node + `"}`), nil
 	})
@@ -107,7 +113,7 @@ func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engin
 		t.Fatal(err)
 	}
 	aIn, _ := g.pair("node-a/s2")
-	<-aIn
+	within.Recv(t, 30*time.Second, aIn, "node-a entering s2")
 	b := startEngineWith(t, guardsOff.hooks(), func(c *Config) {
 		c.NodeID = "node-b"
 		c.NATSURL = a.ClientURL()

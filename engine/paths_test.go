@@ -293,9 +293,13 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 // Reconcile reclaims a running run without a live lease, but one the log changed less
 // than a TTL ago only once it has gone without a lease for a TTL: the lease watcher may
 // lag behind the log, and a reclaim costs a counted epoch change. A run quiet for longer
-// is reclaimed at the next pass.
+// is reclaimed at the next pass. (The decision at exact times is the leader's
+// transcripts'; here the engine carries it out, on a 4 s TTL so that "at the next pass"
+// and "after a TTL" are seconds apart.)
 func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
-	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
+	lease := testLease
+	lease.TTL = 4 * time.Second
+	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1; c.Lease = lease })
 	waitLeader(t, e)
 	apply(t, e, workflow.ChainYAML("chain", 1))
 	ttl := e.leases.Config().TTL
@@ -325,26 +329,28 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		waitLeader(t, e)
 		apply(t, e, workflow.ChainYAML("chain", 1))
 		e.hooks.ForceDegraded.Store(true)
-		e.hooks.IgnoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)
-		// A fetch already waiting when the switch flipped may still take a task: start
-		// the run once the worker loop holds back (its fetch ends within 2 s).
-		if guard {
-			deadline := time.Now().Add(10 * time.Second)
-			for !e.workers.HoldingBack() {
-				if time.Now().After(deadline) {
-					t.Fatal("the worker loop never held back")
-				}
-				wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-				<-wctx.Done() // polling the worker loop's state, with a deadline
-				cancel()
+		// A fetch already waiting when the node became degraded may still take a task:
+		// on both sides, the run starts once the worker loop holds back (its fetch ends
+		// within 2 s), and only then does the control switch the guard off, so that what
+		// takes the run in the control is the switch, not a fetch left over.
+		deadline := time.Now().Add(10 * time.Second)
+		for !e.workers.HoldingBack() {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker loop never held back")
 			}
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			<-wctx.Done() // polling the worker loop's state, with a deadline
+			cancel()
 		}
+		e.hooks.IgnoreDegraded.Store(!guard)
 		id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+		// The same window on both sides: the control's node must take the run within it
+		// (in well under a second when idle), the guarded node must not.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = e.waitFor(wctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
 		cancel()
 		taken := err == nil

@@ -65,7 +65,7 @@ type Config struct {
 	NoteDelay time.Duration
 	// PublishTimeout bounds the retries of one publish (default 10s).
 	PublishTimeout time.Duration
-	// Hooks are tests' switches (internal/base/testhooks: PassQueue, Deaf, FailApply); nil in
+	// Hooks are tests' switches (internal/base/testhooks: PassQueue, NoLogCheck, Deaf, FailApply, HoldApply); nil in
 	// production.
 	Hooks *testhooks.Hooks
 	// Logger; nil discards.

@@ -82,7 +82,7 @@ func TestConfigErrorsNameTheKeyAndTheFix(t *testing.T) {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // startUIDaemon starts flowd with --auth (so that /ui/login reads its form) and the
@@ -86,7 +88,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 						t.Fatalf("the server did not close a slow body's connection within %s", read+margin)
 					}
 					conn.Close()
-					<-closed
+					within.Recv(t, 10*time.Second, closed, "the reader of the connection the test closed")
 					return
 				case <-tick.C:
 					_ = conn.SetWriteDeadline(time.Now().Add(time.Second))

@@ -26,6 +26,7 @@ import (
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/app/apiserver"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // The guards of issue 24 (docs/ui.md, docs/testing.md): the names the UI answers to,
@@ -550,7 +551,7 @@ func TestSignInHashingIsBounded(t *testing.T) {
 			}
 			codes := make(chan int, 3)
 			var wg sync.WaitGroup
-			defer wg.Wait()
+			defer within.Group(t, 30*time.Second, &wg, "the sign-ins")
 			defer func() {
 				select {
 				case <-release:
@@ -589,7 +590,7 @@ func TestSignInHashingIsBounded(t *testing.T) {
 			}
 			close(release)
 			for i := 0; i < 2; i++ {
-				if code := <-codes; code != http.StatusUnauthorized {
+				if code := within.Recv(t, 10*time.Second, codes, "a sign-in that had its turn"); code != http.StatusUnauthorized {
 					t.Fatalf("a sign-in that had its turn: %d", code)
 				}
 			}

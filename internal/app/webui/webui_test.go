@@ -321,7 +321,10 @@ func TestRunEventsFollowTheLog(t *testing.T) {
 		t.Fatalf("a running run's page holds no stream:\n%s", page)
 	}
 	events := strings.ReplaceAll(m[1], "&amp;", "&")
-	resp, err := http.Get(n.srv.URL + events)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // the stream's end, with a deadline
+	defer cancel()
+	req, _ := http.NewRequestWithContext(sctx, http.MethodGet, n.srv.URL+events, nil)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

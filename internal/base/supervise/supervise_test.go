@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -38,7 +39,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestAPartThatEndsIsStartedAgain(t *testing.T) {
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "flaky", Run: func(ctx context.Context, alive func()) error {
 		if runs.Add(1) < 3 {
@@ -57,15 +58,18 @@ func TestAPartThatEndsIsStartedAgain(t *testing.T) {
 
 // A part that stops calling alive (it hears nothing, and no error tells it) is
 // cancelled and started again; while it is silent the supervisor reports it unhealthy.
+// The silence allowed is a second, and the part that keeps hearing hears every 5 ms: a
+// goroutine paused for a second on a loaded machine, not 50 ms, would be silent.
 func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
+	const silence = time.Second
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	hear := make(chan struct{})
 	var causes []error
 	causeCh := make(chan error, 8)
-	s.Go(ctx, Part{Name: "watch", Silence: 50 * time.Millisecond, Run: func(ctx context.Context, alive func()) error {
+	s.Go(ctx, Part{Name: "watch", Silence: silence, Run: func(ctx context.Context, alive func()) error {
 		n := runs.Add(1)
 		alive()
 		if n == 1 {
@@ -83,7 +87,12 @@ func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
 		}
 	}})
 	waitUntil(t, "a second run", func() bool { return runs.Load() >= 2 })
-	causes = append(causes, <-causeCh)
+	select {
+	case c := <-causeCh:
+		causes = append(causes, c)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first run's end was not reported")
+	}
 	if !errors.Is(causes[0], ErrSilent) {
 		t.Fatalf("first run ended by %v, want ErrSilent", causes[0])
 	}
@@ -103,7 +112,7 @@ func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
 		}
 	}()
 	waitUntil(t, "healthy", func() bool { return len(s.Problems()) == 0 })
-	time.Sleep(150 * time.Millisecond) // three Silences: a part that keeps hearing is not restarted
+	time.Sleep(2 * silence) // two Silences: a part that keeps hearing is not restarted
 	if n := runs.Load(); n != 2 {
 		t.Fatalf("runs = %d, want 2: a part that keeps calling alive was restarted", n)
 	}
@@ -112,7 +121,7 @@ func TestASilentPartIsCancelledAndStartedAgain(t *testing.T) {
 func TestSilentPartIsReportedUnhealthy(t *testing.T) {
 	s := New(quiet(), WithBackoff(backoff.Policy{Base: time.Hour, Cap: time.Hour, NoJitter: true}))
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	s.Go(ctx, Part{Name: "deaf", Silence: 30 * time.Millisecond, Run: func(ctx context.Context, alive func()) error {
 		<-ctx.Done()
 		return nil
@@ -127,7 +136,7 @@ func TestSilentPartIsReportedUnhealthy(t *testing.T) {
 func TestWithoutRecoveryAStoppedPartStaysStopped(t *testing.T) {
 	s := New(quiet(), fast(), WithoutRecovery())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "once", Run: func(ctx context.Context, alive func()) error {
 		runs.Add(1)
@@ -153,7 +162,7 @@ func TestAPartEndsWithItsContext(t *testing.T) {
 	}})
 	waitUntil(t, "listed", func() bool { return len(s.Status()) == 1 })
 	cancel()
-	s.Wait()
+	within.Do(t, 10*time.Second, s.Wait, "the part to end with its context")
 	if st := s.Status(); len(st) != 0 {
 		t.Fatalf("status after the context ended: %+v", st)
 	}
@@ -162,7 +171,7 @@ func TestAPartEndsWithItsContext(t *testing.T) {
 func TestAFatalErrorIsNotRestarted(t *testing.T) {
 	s := New(quiet(), fast())
 	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); s.Wait() }()
+	defer func() { cancel(); within.Do(t, 10*time.Second, s.Wait, "the parts to end") }()
 	var runs atomic.Int32
 	s.Go(ctx, Part{Name: "applier", Run: func(ctx context.Context, alive func()) error {
 		runs.Add(1)

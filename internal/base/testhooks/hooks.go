@@ -19,6 +19,7 @@ type Hooks struct {
 	NoStartCheck      bool `guard:"store"` // accept a step start of a step that is already checkpointed
 	NoClaimOnceCheck  bool `guard:"store"` // accept a claim of an epoch that was claimed before (and given up)
 	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (issue 14's spin)
+	StopOnUndecodable bool `guard:"store"` // an undecodable message stops the applier (an error) instead of being recorded as rejected
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
@@ -26,9 +27,11 @@ type Hooks struct {
 	NoKillSwitch bool // the holder never notices its trust window has passed
 
 	// The log (logstream).
-	PassQueue bool        // an inline write may go out ahead of queued ones (TestWritersKeepTheirOrder's control)
-	Deaf      atomic.Bool // the current consumer hears nothing until the supervisor replaces it
-	FailApply atomic.Bool // the applier stops on the next message it consumes, as on a storage failure
+	PassQueue  bool        // an inline write may go out ahead of queued ones (TestWritersKeepTheirOrder's control)
+	NoLogCheck bool        // the applier does not check the log's identity and continuity (a recreated stream, a purge past the applied sequence)
+	Deaf       atomic.Bool // the current consumer hears nothing until the supervisor replaces it
+	FailApply  atomic.Bool // the applier stops on the next message it consumes, as on a storage failure
+	HoldApply  atomic.Bool // the applier applies nothing while set; cleared, it consumes again from its applied sequence (a node lagging behind the log)
 
 	// The engine.
 	ForceDegraded    atomic.Bool  // this node's leases count as degraded
@@ -42,6 +45,7 @@ type Hooks struct {
 	KeepEndedRunning atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
 	NoTermRaise      atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
 	NoSitOut         atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
+	CompactPastLive  atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen

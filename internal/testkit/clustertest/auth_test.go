@@ -292,7 +292,7 @@ func TestAuthRolesWithTheEmbeddedServer(t *testing.T) {
 		return err == nil && len(st.Nodes) == 2
 	})
 	// Passwords are nowhere in the log or the metrics.
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + httpAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,20 @@ var (
 	buildErr  error
 )
 
+// flowdBuildFlags are go build's flags for flowd: -race when the test binary has the
+// race detector (go test -race), so that the real processes are checked as the
+// in-process tests are; each flowd's log is then searched for the detector's reports
+// (Proc.start).
+func flowdBuildFlags() []string {
+	if raceBuild {
+		return []string{"-race"}
+	}
+	return nil
+}
+
 // Binaries builds nats-server and flowd once per test process and returns their dir.
+// flowd is built with the race detector when the test binary has it; nats-server, not
+// ours, never is.
 func Binaries(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -29,7 +42,11 @@ func Binaries(t testing.TB) string {
 			return
 		}
 		for _, pkg := range []string{"github.com/nats-io/nats-server/v2", "github.com/flowrun/flow/cmd/flowd"} {
-			out, err := exec.Command("go", "build", "-o", binDir+"/", pkg).CombinedOutput()
+			args := []string{"build", "-o", binDir + "/"}
+			if strings.HasSuffix(pkg, "/flowd") {
+				args = append(args, flowdBuildFlags()...)
+			}
+			out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", pkg, err, out)
 				return
@@ -65,7 +82,7 @@ func RemoveBuilds() {
 // FlowdLinkedWith builds flowd with package variables set at link time (-ldflags
 // "-X setting", one -X for each of more too), once per test process, and returns the
 // binary's path: the negative controls switch a guard off this way, so that only the
-// link differs from Binaries'.
+// link differs from Binaries' (with the race detector when Binaries' flowd has it).
 func FlowdLinkedWith(t testing.TB, setting string, more ...string) string {
 	t.Helper()
 	linkedMu.Lock()
@@ -82,7 +99,8 @@ func FlowdLinkedWith(t testing.TB, setting string, more ...string) string {
 	}
 	linkedDirs = append(linkedDirs, dir)
 	bin := filepath.Join(dir, "flowd")
-	out, err := exec.Command("go", "build", "-o", bin, "-ldflags", "-X "+setting, "github.com/flowrun/flow/cmd/flowd").CombinedOutput()
+	args := append(append([]string{"build", "-o", bin}, flowdBuildFlags()...), "-ldflags", "-X "+setting, "github.com/flowrun/flow/cmd/flowd")
+	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("build flowd with %s: %v\n%s", setting, err, out)
 	}
@@ -101,9 +119,10 @@ type Proc struct {
 	log  *os.File
 	done chan struct{} // closed when the process has exited for good
 
-	mu     sync.Mutex
-	exit   int  // the last exit code (-1 while running or killed by a signal)
-	killed bool // Kill was called: the exit is the test's, not a failed start
+	mu      sync.Mutex
+	exit    int  // the last exit code (-1 while running or killed by a signal)
+	killed  bool // Kill was called: the exit is the test's, not a failed start
+	started bool // started once: its log is checked for race reports at the test's end
 	// noRetry: a start that meets a port in use is not made again with the same
 	// arguments (the caller picks other ports instead: StartNATS).
 	noRetry bool
@@ -121,7 +140,18 @@ const (
 func (p *Proc) start(t testing.TB) {
 	p.mu.Lock()
 	p.killed = false
+	first := !p.started
+	p.started = true
 	p.mu.Unlock()
+	if first {
+		// Registered before the caller's Kill, so it runs after it (cleanups run last
+		// first): the log is whole by then, and its directory not yet removed.
+		t.Cleanup(func() {
+			if r := RaceReports(LogOf(p)); r != "" {
+				t.Errorf("%s: the race detector reported (flowd is built with -race under go test -race):\n%s", p.Name, r)
+			}
+		})
+	}
 	cmd, from, err := p.spawn()
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +222,12 @@ func (p *Proc) current() *exec.Cmd {
 	return p.cmd
 }
 
-// Kill SIGKILLs the process and waits for it.
+// killWait is how long Kill waits for the killed process to be reaped.
+const killWait = 30 * time.Second
+
+// Kill SIGKILLs the process and waits for it (killWait at most: a process that outlives
+// its SIGKILL that long ends the test binary with a panic that names it, instead of
+// hanging it; Kill is often a Cleanup, which has no test to fail).
 func (p *Proc) Kill() {
 	p.mu.Lock()
 	p.killed = true
@@ -200,7 +235,11 @@ func (p *Proc) Kill() {
 	p.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	_ = cmd.Process.Kill()
-	<-p.done
+	select {
+	case <-p.done:
+	case <-time.After(killWait):
+		panic(fmt.Sprintf("clustertest: %s (pid %d) was not reaped within %s of its SIGKILL", p.Name, cmd.Process.Pid, killWait))
+	}
 }
 
 // Stop and Cont pause and resume it.
@@ -387,6 +426,26 @@ func StartFlowdEnv(t testing.TB, c *Cluster, name string, env []string, extra ..
 	p.start(t)
 	t.Cleanup(p.Kill)
 	return p
+}
+
+// RaceReports returns the race detector's reports in a process's output ("" if none):
+// each from its "WARNING: DATA RACE" to the line of equals signs that ends it.
+func RaceReports(log string) string {
+	var out []string
+	for rest := log; ; {
+		i := strings.Index(rest, "WARNING: DATA RACE")
+		if i < 0 {
+			break
+		}
+		rest = rest[i:]
+		end := strings.Index(rest, "\n==================")
+		if end < 0 {
+			end = len(rest)
+		}
+		out = append(out, rest[:end])
+		rest = rest[end:]
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // LogOf returns a process's output so far.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // The log's lifetime (issue 14): what a real flowd does when the log it finds is not
@@ -291,7 +292,7 @@ func TestJoinFromASnapshotAfterCompaction(t *testing.T) {
 	na.Restart(t)
 	serving(t, cl, 2)
 	runOne(t, cl, "after")
-	<-asked
+	within.Recv(t, 30*time.Second, asked, "the snapshot request's end")
 }
 
 // A read of this node's Pebble that fails during apply stops the applier (the node says

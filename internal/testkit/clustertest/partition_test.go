@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // The silent partition (issue 17): a node's NATS traffic goes through a Proxy that
@@ -155,13 +156,13 @@ func (p *partitioned) checkHealed(bTerm int64) {
 	t := p.t
 	t.Helper()
 	healed := time.Now()
-	within := partitionTTL + 5*time.Second
-	WaitFor(t, within, "node-a ready after the heal", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
-	WaitFor(t, within-time.Since(healed)+time.Second, "node-a answering the API", func() bool { return p.hasNode("node-a") })
+	bound := partitionTTL + 5*time.Second
+	WaitFor(t, bound, "node-a ready after the heal", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
+	WaitFor(t, bound-time.Since(healed)+time.Second, "node-a answering the API", func() bool { return p.hasNode("node-a") })
 	t.Logf("node-a ready and answering %s after the heal", time.Since(healed).Round(10*time.Millisecond))
 	p.b.Term(t)
 	stopped := time.Now()
-	p.waitLeader(within, "node-a", bTerm)
+	p.waitLeader(bound, "node-a", bTerm)
 	t.Logf("node-a leads %s after node-b stopped", time.Since(stopped).Round(10*time.Millisecond))
 	p.runSeq++
 	var run client.Run
@@ -411,15 +412,15 @@ func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
-	<-srv.done
+	within.Recv(t, 30*time.Second, srv.done, "the nats-server's exit after its SIGTERM")
 	WaitFor(t, 10*time.Second, "node-a not ready while NATS is down", func() bool { code, _ := p.readyz(); return code == http.StatusServiceUnavailable })
 	srv.Restart(t)
 	restarted := time.Now()
 	waitJetStream(t, &Cluster{URLs: []string{url}})
 	p.cl.Close()
 	p.cl = dial(t, &Cluster{URLs: []string{url}})
-	within := 4*partitionTTL + 5*time.Second // reconnect, then a part's silence limit (>= 4 s) and its backoff
-	WaitFor(t, within, "node-a ready after the NATS restart", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
+	bound := 4*partitionTTL + 5*time.Second // reconnect, then a part's silence limit (>= 4 s) and its backoff
+	WaitFor(t, bound, "node-a ready after the NATS restart", func() bool { code, _ := p.readyz(); return code == http.StatusOK })
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +428,7 @@ func TestNATSServerRestartWithoutMemoryStreams(t *testing.T) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	for _, stream := range []string{"FLOW_TASKS", "KV_FLOW_LEASES"} {
-		WaitFor(t, within, stream+" created again", func() bool {
+		WaitFor(t, bound, stream+" created again", func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			_, err := js.Stream(ctx, stream)

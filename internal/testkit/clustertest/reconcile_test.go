@@ -34,6 +34,13 @@ func TestWholeClusterRestart(t *testing.T) {
 		nodes[n] = StartFlowd(t, c, n, "--lease-ttl", "1s")
 		names = append(names, n)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range names {
+				t.Logf("%s's log, warnings and up:\n%s", n, importantLines(LogOf(nodes[n]), 40))
+			}
+		}
+	})
 	cl := dial(t, c)
 	WaitFor(t, 30*time.Second, "three nodes", func() bool {
 		var st client.ClusterStatus
