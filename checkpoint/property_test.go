@@ -134,7 +134,14 @@ func fencingProperty(h *testhooks.Hooks) func(*rapid.T) {
 	}
 }
 
+// propertyChecks is how many random logs the property and each of its controls try:
+// the same number on both sides, so that the holds test tries as hard as a control must
+// to find the damage ("no start check" missed it within 100 one run in seven: within 500,
+// one in about 20,000).
+const propertyChecks = "500"
+
 func TestFencingInvariantsProperty(t *testing.T) {
+	setFlag(t, "rapid.checks", propertyChecks)
 	rapid.Check(t, fencingProperty(nil))
 }
 
@@ -169,10 +176,9 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 	// each counterexample and from writing fail files for them.
 	setFlag(t, "rapid.shrinktime", "2s")
 	setFlag(t, "rapid.nofailfile", "true")
-	// More tries than the default 100: a control must find its damage every time, and
-	// rapid stops at the first it finds (one run in seven or so of "no start check" did
-	// not meet it within 100).
-	setFlag(t, "rapid.checks", "2000")
+	// As many tries as the property itself (propertyChecks): rapid stops at the first
+	// violation a control finds.
+	setFlag(t, "rapid.checks", propertyChecks)
 	for _, c := range []struct {
 		name   string
 		hooks  *testhooks.Hooks
