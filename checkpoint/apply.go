@@ -108,6 +108,16 @@ func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		if c.retired {
 			delete(tx.s.runs, c.run.ID)
+			// One message may end a run and retire it (a cancel and the leader's retire
+			// packed together): the queue and the status hook hear of its end all the
+			// same. Its status is terminal (only an ended run is retired), so it leaves
+			// the admission queue and the held count, and a worker executing it stops.
+			// (Until issue 30 a run retired in the message that ended it stayed queued
+			// or held until the node restarted.)
+			tx.s.noteQueue(c.run)
+			if c.origStatus != c.run.Status && tx.s.onStatus != nil {
+				tx.s.onStatus(c.run.ID, c.run.Status)
+			}
 			continue
 		}
 		tx.s.noteQueue(c.run)
