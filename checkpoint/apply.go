@@ -60,7 +60,10 @@ func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		id := c.run.ID
 		if c.retired {
-			tx.deleteRun(c)
+			if err := tx.deleteRun(c); err != nil {
+				tx.s.dropCache() // the cache holds this message's changes
+				return fmt.Errorf("checkpoint: retire run %s at sequence %d: %w", id, tx.seq, err)
+			}
 			continue
 		}
 		if c.runDirty {
@@ -181,7 +184,13 @@ func (tx *applyBatch) judge(idx int, e *Entry) error {
 			rej := &StaleTermError{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq}
 			tx.s.counters.StaleTerms.Add(1)
 			_ = tx.putJSON(keyStaleTerm(tx.seq, idx), StaleTerm{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq, At: e.At})
-			if c, _ := tx.load(e.Run); c != nil {
+			// A failed read of the run is a storage failure, not a rejection without its
+			// event (the other nodes record it). (Until issue 30 its error was dropped.)
+			c, err := tx.load(e.Run)
+			if err != nil {
+				return err
+			}
+			if c != nil {
 				tx.event(c, idx, e, "rejected: stale term", fmt.Sprintf("term %d < %d", e.Term, tx.term))
 			}
 			return rej
