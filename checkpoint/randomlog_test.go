@@ -9,6 +9,33 @@ import (
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
 )
 
+// kindName is an entry's kind, with fail split into final and not and cron_tick into
+// fired and not.
+func kindName(e Entry) string {
+	switch {
+	case e.Kind == KindFail && e.Final:
+		return "fail final"
+	case e.Kind == KindFail:
+		return "fail not final"
+	case e.Kind == KindCronTick && e.Submit != nil:
+		return "cron_tick fired"
+	case e.Kind == KindCronTick:
+		return "cron_tick not fired"
+	}
+	return string(e.Kind)
+}
+
+// everyKind are the kind names (kindName) that a random log must have accepted.
+func everyKind() []string {
+	want := []string{"fail final", "fail not final", "cron_tick fired", "cron_tick not fired"}
+	for _, k := range checkpointtest.Kinds {
+		if k != "fail" && k != "cron_tick" {
+			want = append(want, k)
+		}
+	}
+	return want
+}
+
 // randomLogCoverage applies msgs to a fresh store and counts, by kind, the entries
 // accepted, with fail split into final and not and cron_tick into fired and not, and
 // the runs submitted again after a retire.
@@ -32,18 +59,7 @@ func randomLogCoverage(t *testing.T, msgs [][]byte) (map[string]int, int) {
 			if verdicts[j] != nil {
 				continue
 			}
-			name := string(e.Kind)
-			switch {
-			case e.Kind == KindFail && e.Final:
-				name = "fail final"
-			case e.Kind == KindFail:
-				name = "fail not final"
-			case e.Kind == KindCronTick && e.Submit != nil:
-				name = "cron_tick fired"
-			case e.Kind == KindCronTick:
-				name = "cron_tick not fired"
-			}
-			accepted[name]++
+			accepted[kindName(e)]++
 			switch e.Kind {
 			case KindRetire:
 				retired[e.Run] = true
@@ -63,12 +79,7 @@ func randomLogCoverage(t *testing.T, msgs [][]byte) (map[string]int, int) {
 // accepted, and a retired run's ID is submitted again. A kind the generator stops
 // producing, or whose entries the state always refuses, fails this test.
 func TestRandomLogCoversEveryKind(t *testing.T) {
-	want := []string{"fail final", "fail not final", "cron_tick fired", "cron_tick not fired"}
-	for _, k := range checkpointtest.Kinds {
-		if k != "fail" && k != "cron_tick" {
-			want = append(want, k)
-		}
-	}
+	want := everyKind()
 	for _, k := range []Kind{KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
 		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow, KindPurge, KindRetire} {
 		if !slices.Contains(checkpointtest.Kinds, string(k)) {
