@@ -163,9 +163,13 @@ type crashPhase struct {
 	snapshot []byte
 }
 
-// closeStore closes s as a phase's deferred cleanup: the error of the phase wins, and a
-// panic of Pebble's close (after an injected fault) is the phase's error.
+// closeStore closes s (if a store was opened) as a phase's deferred cleanup: the error
+// of the phase wins, and a panic of Pebble's close (after an injected fault) is the
+// phase's error.
 func closeStore(s *Store, err *error) {
+	if s == nil {
+		return
+	}
 	defer func() {
 		if r := recover(); r != nil && *err == nil {
 			*err = fmt.Errorf("close panicked: %v", r)
