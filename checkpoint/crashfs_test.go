@@ -45,13 +45,14 @@ import (
 // the operation (its index, kind and file), what the phase was doing (the message it was
 // applying) and what survived the crash.
 //
-// The negative controls were run by hand, each in a scratch copy of apply.go, store.go
-// or newest.go: the applied sequence committed in a batch of its own after the state's
-// (a crash between the two: the state ahead of the sequence it says it applied), a
-// rejection's record and its sequence in two batches, m/index-newest set in the index
-// build's first batch instead of its last, a restore built in place: each fails
-// TestCrashAtEveryOperation (the last two TestFaultAtEveryOperation too), with the
-// samples of -short and -race as well (docs/testing.md).
+// The negative controls were run by hand, each a change to apply.go, store.go,
+// newest.go or snapshot.go tried in the worktree and reverted: the applied sequence
+// committed in a batch of its own after the state's (a crash between the two: the state
+// ahead of the sequence it says it applied), a rejection's record and its sequence in
+// two batches, m/index-newest set in the index build's first batch instead of its last,
+// a restore built in place: each fails TestCrashAtEveryOperation (the last two
+// TestFaultAtEveryOperation too), with the samples of -short and -race as well
+// (docs/testing.md).
 
 // crashLogSize is how many messages the crash tests' log holds: the random log of seed
 // crashLogSeed, which accepts every kind of entry by then (checked).
