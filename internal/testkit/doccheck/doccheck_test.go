@@ -25,7 +25,7 @@ import (
 // a renamed or deleted test must take its row with it.
 func TestTestingDocNamesExistingTests(t *testing.T) {
 	doc := testingDoc(t)
-	named := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9_]*`).FindAllString(doc, -1)
+	named := regexp.MustCompile(`\b(?:Test|Fuzz)[A-Z][A-Za-z0-9_]*`).FindAllString(doc, -1)
 	if len(named) < 20 {
 		t.Fatalf("docs/testing.md names %d tests; the table is gone?", len(named))
 	}
@@ -106,7 +106,7 @@ func TestTestingDocNamesExistingSwitches(t *testing.T) {
 		for _, cell := range row.cells {
 			for _, m := range code.FindAllStringSubmatch(cell, -1) {
 				name := m[1]
-				if strings.HasPrefix(name, "Test") {
+				if strings.HasPrefix(name, "Test") || strings.HasPrefix(name, "Fuzz") {
 					continue
 				}
 				switch {
@@ -248,7 +248,7 @@ func goFiles(t *testing.T, f func(dir, path string)) {
 func testIndex(t *testing.T) map[string][]string {
 	t.Helper()
 	tests := map[string][]string{}
-	decl := regexp.MustCompile(`(?m)^func (Test[A-Za-z0-9_]*)\(`)
+	decl := regexp.MustCompile(`(?m)^func ((?:Test|Fuzz)[A-Za-z0-9_]*)\(`)
 	goFiles(t, func(dir, p string) {
 		if !strings.HasSuffix(p, "_test.go") {
 			return
