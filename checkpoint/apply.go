@@ -60,7 +60,10 @@ func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		id := c.run.ID
 		if c.retired {
-			tx.deleteRun(c)
+			if err := tx.deleteRun(c); err != nil {
+				tx.s.dropCache() // the cache holds this message's changes
+				return fmt.Errorf("checkpoint: retire run %s at sequence %d: %w", id, tx.seq, err)
+			}
 			continue
 		}
 		if c.runDirty {
@@ -108,6 +111,16 @@ func (tx *applyBatch) commit() error {
 	for _, c := range tx.order {
 		if c.retired {
 			delete(tx.s.runs, c.run.ID)
+			// One message may end a run and retire it (a cancel and the leader's retire
+			// packed together): the queue and the status hook hear of its end all the
+			// same. Its status is terminal (only an ended run is retired), so it leaves
+			// the admission queue and the held count, and a worker executing it stops.
+			// (Until issue 30 a run retired in the message that ended it stayed queued
+			// or held until the node restarted.)
+			tx.s.noteQueue(c.run)
+			if c.origStatus != c.run.Status && tx.s.onStatus != nil {
+				tx.s.onStatus(c.run.ID, c.run.Status)
+			}
 			continue
 		}
 		tx.s.noteQueue(c.run)
@@ -171,7 +184,13 @@ func (tx *applyBatch) judge(idx int, e *Entry) error {
 			rej := &StaleTermError{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq}
 			tx.s.counters.StaleTerms.Add(1)
 			_ = tx.putJSON(keyStaleTerm(tx.seq, idx), StaleTerm{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq, At: e.At})
-			if c, _ := tx.load(e.Run); c != nil {
+			// A failed read of the run is a storage failure, not a rejection without its
+			// event (the other nodes record it). (Until issue 30 its error was dropped.)
+			c, err := tx.load(e.Run)
+			if err != nil {
+				return err
+			}
+			if c != nil {
 				tx.event(c, idx, e, "rejected: stale term", fmt.Sprintf("term %d < %d", e.Term, tx.term))
 			}
 			return rej

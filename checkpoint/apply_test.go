@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // a run with two steps, assigned and claimed by owner a.
@@ -333,6 +335,31 @@ func TestUndecodableMessagesAreRejected(t *testing.T) {
 	}
 	if _, err := applyOne(t, s, Entry{Kind: KindCancel, Run: "r1", At: t0}); err != nil {
 		t.Fatalf("the next good message: %v", err)
+	}
+}
+
+// The control of TestUndecodableMessagesAreRejected: with Hooks.StopOnUndecodable (the
+// rejection off), each of the same messages stops the applier (an error, the applied
+// sequence unmoved, nothing recorded): one garbage message would stop every node at the
+// same sequence, for good (logstream TestGarbageInTheLogIsRejected shows the node stop).
+func TestUndecodableMessagesStopTheApplierWithoutTheRejection(t *testing.T) {
+	good := msg(t, Entry{Kind: KindCancel, Run: "r1", At: t0})
+	for _, data := range [][]byte{good[:len(good)/2], []byte("\x00\x01garbage"), bytes.Replace(good, []byte(`"cancel"`), []byte(`"teleport"`), 1)} {
+		s := memStore(t, &testhooks.Hooks{StopOnUndecodable: true})
+		claimedRun(t, s)
+		at := s.Applied() + 1
+		verdicts, err := s.Apply(at, data)
+		var corrupt *CorruptError
+		if err == nil || !errors.As(err, &corrupt) || verdicts != nil {
+			t.Fatalf("control: %q gave %v %v; want the applier stopped by a CorruptError: the control shows nothing", data, verdicts, err)
+		}
+		rejected, rerr := s.RejectedMessages()
+		if s.Applied() != at-1 || rerr != nil || len(rejected) != 0 {
+			t.Fatalf("control: applied %d, rejections %v %v; want %d and none recorded", s.Applied(), rejected, rerr, at-1)
+		}
+		if r, _ := s.Run("r1"); r.Status != StatusRunning {
+			t.Fatalf("control: r1 is %s", r.Status)
+		}
 	}
 }
 

@@ -9,7 +9,8 @@
 // ([Store.Apply]). Apply is deterministic: its verdicts depend only on the log prefix, so
 // every node agrees on which commits were accepted and which were fenced.
 //
-// The fencing rules live in apply.go:
+// The fencing rules live in rules.go (apply.go decodes a message, checks the term and
+// dispatches each entry to its rule):
 //   - an assign entry's epoch is its stream sequence, so epochs only grow;
 //   - a commit is accepted only if its epoch equals the run's epoch and its (step, item)
 //     has no checkpoint; otherwise it is recorded as a fenced commit and the writer gets

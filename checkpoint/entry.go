@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 )
 
 // Kind names an entry type. The strings are part of the log format: never rename one.
@@ -266,6 +266,22 @@ func FormatFor(kind Kind) int {
 		return 2
 	}
 	return 1
+}
+
+// EncodeMessage encodes entries as one log message, at the lowest format version that
+// holds them all (FormatFor).
+func EncodeMessage(node string, entries ...Entry) ([]byte, error) {
+	version := 1
+	datas := make([][]byte, len(entries))
+	for i := range entries {
+		raw, err := json.Marshal(&entries[i])
+		if err != nil {
+			return nil, fmt.Errorf("%w: encode: %v", ErrInvalidEntry, err)
+		}
+		datas[i] = raw
+		version = max(version, FormatFor(entries[i].Kind))
+	}
+	return EncodeEnvelopeVersion(node, version, datas), nil
 }
 
 // EncodeEnvelope joins already-encoded entries into one message of format version 1

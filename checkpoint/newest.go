@@ -9,7 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 )
 
 // Runs newest first (issue 16: the web UI lists runs that way, filtered by workflow

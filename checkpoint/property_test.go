@@ -1,51 +1,52 @@
-package checkpoint
+package checkpoint_test
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"pgregory.net/rapid"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/checkpoint/invariants"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // The property test drives one run through random interleavings of a scheduler (whose
 // term sometimes goes stale), three workers that each believe in some epoch (old
 // beliefs make them zombies), and an operator, packing 1-3 entries per log message.
-// After every message it checks DESIGN.md's invariants 1, 2, 3 and 5 and that nothing
-// claims to run without an owner.
+// After every message the shared checker (package invariants, which the deterministic
+// simulation of engine/internal/sim uses too) checks DESIGN.md's invariants 1, 2, 3 and
+// 5, the one owner of an epoch, the term rule, and that nothing claims to run without
+// an owner. It is an external test package so that it can import the checker, which
+// imports checkpoint.
 
 var owners = []string{"w0", "w1", "w2"}
 
 type model struct {
-	s         *Store
+	s         *checkpoint.Store
 	term      int64            // the newest leader's term
 	belief    map[string]int64 // each worker's epoch
-	accepted  map[string]int   // accepted commits per step/item
-	curEpoch  int64            // the epoch as the accepted assigns made it
-	highTerm  int64
-	dlSeen    bool // the run entered the DLQ through an assign
+	check     *invariants.Checker
 	maxEpochs int
 }
 
-func stepItem(step string, item int) string { return fmt.Sprintf("%s/%d", step, item) }
-
-func (m *model) entry(t *rapid.T) Entry {
+func (m *model) entry(t *rapid.T) checkpoint.Entry {
 	owner := rapid.SampledFrom(owners).Draw(t, "owner")
 	epoch := m.belief[owner]
 	if epoch == 0 {
 		epoch = 1 // never assigned: still a syntactically valid (and stale) epoch
 	}
 	step := rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "step")
-	item := ItemWhole
+	item := checkpoint.ItemWhole
 	if step == "b" && rapid.IntRange(0, 3).Draw(t, "whole") > 0 {
 		item = rapid.IntRange(0, 2).Draw(t, "item")
 	}
@@ -59,8 +60,8 @@ func (m *model) entry(t *rapid.T) Entry {
 		if rapid.IntRange(0, 5).Draw(t, "new-term") == 0 {
 			m.term++
 		}
-		reason := rapid.SampledFrom([]string{ReasonLeaseExpired, ReasonReconciled}).Draw(t, "reason")
-		e := Entry{Kind: KindAssign, Run: "r", Epoch: r.Epoch, Term: term, Reason: reason}
+		reason := rapid.SampledFrom([]string{checkpoint.ReasonLeaseExpired, checkpoint.ReasonReconciled}).Draw(t, "reason")
+		e := checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "r", Epoch: r.Epoch, Term: term, Reason: reason}
 		if rapid.IntRange(0, 2).Draw(t, "to-worker") == 0 {
 			// The leader's own worker takes the epoch in the assign (no claim).
 			e.Worker = owner
@@ -70,136 +71,60 @@ func (m *model) entry(t *rapid.T) Entry {
 	case 2:
 		// The worker picks up the current epoch's task (its belief catches up).
 		m.belief[owner] = r.Epoch
-		return Entry{Kind: KindClaim, Run: "r", Epoch: max(r.Epoch, 1), Owner: owner}
+		return checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "r", Epoch: max(r.Epoch, 1), Owner: owner}
 	case 3:
-		return Entry{Kind: KindStart, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: ItemWhole, Items: 3}
+		return checkpoint.Entry{Kind: checkpoint.KindStart, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: checkpoint.ItemWhole, Items: 3}
 	case 4, 5, 6, 7:
-		return Entry{Kind: KindCommit, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: item,
+		return checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: item,
 			Output: json.RawMessage(fmt.Sprintf(`{"by":%q,"epoch":%d}`, owner, epoch))}
 	case 8:
-		return Entry{Kind: KindFail, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: item,
+		return checkpoint.Entry{Kind: checkpoint.KindFail, Run: "r", Epoch: epoch, Owner: owner, Step: step, Item: item,
 			Error: "boom", Final: rapid.Bool().Draw(t, "final"), Attempt: 1}
 	case 9:
-		return Entry{Kind: KindComplete, Run: "r", Epoch: epoch, Owner: owner,
-			Status: rapid.SampledFrom([]RunStatus{StatusSucceeded, StatusFailed}).Draw(t, "status")}
+		return checkpoint.Entry{Kind: checkpoint.KindComplete, Run: "r", Epoch: epoch, Owner: owner,
+			Status: rapid.SampledFrom([]checkpoint.RunStatus{checkpoint.StatusSucceeded, checkpoint.StatusFailed}).Draw(t, "status")}
 	case 10:
-		return Entry{Kind: KindRequeue, Run: "r", Epoch: epoch, Owner: owner}
+		return checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: "r", Epoch: epoch, Owner: owner}
 	case 11:
-		return Entry{Kind: KindRetry, Run: "r"}
+		return checkpoint.Entry{Kind: checkpoint.KindRetry, Run: "r"}
 	default:
-		return Entry{Kind: KindCancel, Run: "r", Reason: "operator"}
+		return checkpoint.Entry{Kind: checkpoint.KindCancel, Run: "r", Reason: "operator"}
 	}
 }
 
-func checkInvariants(t *rapid.T, m *model, seq uint64, before *Run, entries []Entry, results []error) {
-	for i, e := range entries {
-		err := results[i]
-		if err == nil && e.Term > 0 && e.Term < m.highTerm {
-			t.Fatalf("stale term accepted: %s with term %d after term %d (seq %d)", e.Kind, e.Term, m.highTerm, seq)
-		}
-		if e.Term > 0 && err == nil { // only an accepted entry raises the term
-			m.highTerm = max(m.highTerm, e.Term)
-		}
-		switch e.Kind {
-		case KindAssign:
-			if err == nil {
-				m.curEpoch = int64(seq)
-			}
-			if errors.Is(err, ErrDeadLettered) {
-				m.dlSeen = true
-			}
-		case KindCommit:
-			if err != nil {
-				continue
-			}
-			// Invariant 2: an accepted commit carries the run's current epoch.
-			if e.Epoch != m.curEpoch {
-				t.Fatalf("invariant 2: commit of %s by %s with epoch %d accepted while the run's epoch is %d (seq %d)",
-					stepItem(e.Step, e.Item), e.Owner, e.Epoch, m.curEpoch, seq)
-			}
-			// Invariant 1: no (step, item) has two accepted commits.
-			k := stepItem(e.Step, e.Item)
-			m.accepted[k]++
-			if m.accepted[k] > 1 {
-				t.Fatalf("invariant 1: double commit of %s (second by %s, epoch %d, seq %d)", k, e.Owner, e.Epoch, seq)
-			}
-		case KindStart:
-			// Invariant 3: a step with a checkpoint is never started again.
-			if err == nil && m.accepted[stepItem(e.Step, ItemWhole)] > 0 {
-				t.Fatalf("invariant 3: step %s started again after its checkpoint (seq %d)", e.Step, seq)
-			}
-		}
-		if err == nil && e.Kind != KindRetry && before.Status == StatusDeadLettered && i == 0 {
-			t.Fatalf("invariant 5: %s accepted on a dead-lettered run", e.Kind)
-		}
-	}
-	r, err := m.s.Run("r")
-	if err != nil {
+// checkInvariants checks the message just applied at seq with the shared checker.
+func checkInvariants(t *rapid.T, m *model, seq uint64, before invariants.Before, entries []checkpoint.Entry, results []error) {
+	if err := m.check.Message(m.s, seq, before, entries, results); err != nil {
 		t.Fatal(err)
 	}
-	if r.Epoch != m.curEpoch && m.curEpoch != 0 {
-		t.Fatalf("run epoch %d, accepted assigns say %d", r.Epoch, m.curEpoch)
-	}
-	// Invariant 5: epoch changes never exceed max_epochs; past it the run is in the DLQ.
-	if r.EpochChanges > r.MaxEpochs {
-		t.Fatalf("invariant 5: %d epoch changes > max_epochs %d, status %s", r.EpochChanges, r.MaxEpochs, r.Status)
-	}
-	for _, err := range results {
-		if errors.Is(err, ErrDeadLettered) && r.Status != StatusDeadLettered && !anyAcceptedRetry(entries, results) {
-			t.Fatalf("invariant 5: assign dead-lettered the run but its status is %s", r.Status)
-		}
-	}
-	// Nothing claims to be running without an owner.
-	if r.Status == StatusRunning && r.Owner == "" {
-		t.Fatalf("run is running without an owner")
-	}
-	steps, _ := m.s.Steps("r")
-	for _, st := range steps {
-		if st.Status == StepRunning && r.Status != StatusRunning {
-			t.Fatalf("step %s is running while the run is %s", st.Name, r.Status)
-		}
-		if st.Foreach {
-			items, _ := m.s.Items("r", st.Name)
-			if len(items) != st.ItemsDone {
-				t.Fatalf("step %s: %d item checkpoints, items_done %d", st.Name, len(items), st.ItemsDone)
-			}
-		}
-	}
-}
-
-func anyAcceptedRetry(entries []Entry, results []error) bool {
-	for i, e := range entries {
-		if e.Kind == KindRetry && results[i] == nil {
-			return true
-		}
-	}
-	return false
 }
 
 func fencingProperty(h *testhooks.Hooks) func(*rapid.T) {
 	return func(t *rapid.T) {
-		s, err := OpenStore("state", StoreOptions{FS: memFS(), Hooks: h})
+		s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: h})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		m := &model{s: s, term: 1, belief: map[string]int64{}, accepted: map[string]int{},
+		m := &model{s: s, term: 1, belief: map[string]int64{}, check: invariants.New(),
 			maxEpochs: rapid.IntRange(1, 4).Draw(t, "max_epochs")}
-		sub := submitEntry("r", StepSpec{Name: "a"}, StepSpec{Name: "b", Foreach: true}, StepSpec{Name: "c"})
+		sub := submitEntry("r", checkpoint.StepSpec{Name: "a"}, checkpoint.StepSpec{Name: "b", Foreach: true}, checkpoint.StepSpec{Name: "c"})
 		sub.Submit.MaxEpochs = m.maxEpochs
-		if _, err := s.Apply(1, msg(t, sub)); err != nil {
+		first, err := s.Apply(1, msg(t, sub))
+		if err != nil {
 			t.Fatal(err)
 		}
+		checkInvariants(t, m, 1, invariants.Before{}, []checkpoint.Entry{sub}, first)
 		steps := rapid.IntRange(10, 120).Draw(t, "messages")
 		for i := 0; i < steps; i++ {
-			before, _ := s.Run("r")
 			n := rapid.IntRange(1, 3).Draw(t, "batch")
-			entries := make([]Entry, n)
+			entries := make([]checkpoint.Entry, n)
 			for j := range entries {
 				entries[j] = m.entry(t)
 				entries[j].At = t0
 			}
 			seq := s.Applied() + 1
+			before := invariants.ReadBefore(s, entries)
 			results, err := s.Apply(seq, msg(t, entries...))
 			if err != nil {
 				t.Fatal(err)
@@ -209,7 +134,14 @@ func fencingProperty(h *testhooks.Hooks) func(*rapid.T) {
 	}
 }
 
+// propertyChecks is how many random logs the property and each of its controls try:
+// the same number on both sides, so that the holds test tries as hard as a control must
+// to find the damage ("no start check" missed it within 100 one run in seven: within 500,
+// one in about 20,000).
+const propertyChecks = "500"
+
 func TestFencingInvariantsProperty(t *testing.T) {
+	setFlag(t, "rapid.checks", propertyChecks)
 	rapid.Check(t, fencingProperty(nil))
 }
 
@@ -244,10 +176,9 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 	// each counterexample and from writing fail files for them.
 	setFlag(t, "rapid.shrinktime", "2s")
 	setFlag(t, "rapid.nofailfile", "true")
-	// More tries than the default 100: a control must find its damage every time, and
-	// rapid stops at the first it finds (one run in seven or so of "no start check" did
-	// not meet it within 100).
-	setFlag(t, "rapid.checks", "2000")
+	// As many tries as the property itself (propertyChecks): rapid stops at the first
+	// violation a control finds.
+	setFlag(t, "rapid.checks", propertyChecks)
 	for _, c := range []struct {
 		name   string
 		hooks  *testhooks.Hooks
@@ -263,6 +194,8 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 		// A start accepted for a checkpointed step sets it running again, and the
 		// checkpoint check then lets a second commit of it through.
 		{"no start check", &testhooks.Hooks{NoStartCheck: true}, []string{"invariant 1: double commit", "invariant 3: step"}},
+		// A claim of an epoch handed back (requeue) gives the epoch a second owner.
+		{"no claim-once check", &testhooks.Hooks{NoClaimOnceCheck: true}, []string{"invariant 8: epoch"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := &recordingTB{TB: t}
@@ -307,12 +240,12 @@ func TestReplayIsDeterministic(t *testing.T) {
 		iteration++
 		seed := rapid.Uint64().Draw(t, "seed")
 		msgs := checkpointtest.RandomLog(seed, rapid.IntRange(1, 120).Draw(t, "messages"))
-		a, err := OpenStore("a", StoreOptions{FS: memFS()})
+		a, err := checkpoint.OpenStore("a", checkpoint.StoreOptions{FS: vfs.NewMem()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer a.Close()
-		b, err := OpenStore(filepath.Join(dir, fmt.Sprint(iteration)), StoreOptions{})
+		b, err := checkpoint.OpenStore(filepath.Join(dir, fmt.Sprint(iteration)), checkpoint.StoreOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -341,4 +274,21 @@ func TestReplayIsDeterministic(t *testing.T) {
 			t.Fatalf("empty dump")
 		}
 	})
+}
+
+var t0 = time.Date(2026, 11, 29, 2, 0, 0, 0, time.UTC)
+
+// msg encodes entries as one log message.
+func msg(t interface{ Fatal(...any) }, entries ...checkpoint.Entry) []byte {
+	data, err := checkpoint.EncodeMessage("test", entries...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func submitEntry(run string, steps ...checkpoint.StepSpec) checkpoint.Entry {
+	return checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: run, At: t0, Submit: &checkpoint.Submit{
+		Workflow: "wf", Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: 3, Steps: steps,
+	}}
 }

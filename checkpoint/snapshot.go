@@ -59,9 +59,12 @@ func (s *Store) WriteSnapshot(w io.Writer) (SnapshotMeta, error) {
 		}
 		closer.Close()
 	}
-	if v, closer, err := snap.Get(keyLogIdentity); err == nil {
+	switch v, closer, err := snap.Get(keyLogIdentity); {
+	case err == nil:
 		meta.LogIdentity = string(v)
 		closer.Close()
+	case !errors.Is(err, pebble.ErrNotFound):
+		return meta, fmt.Errorf("checkpoint: snapshot: read the log identity: %w: %w", ErrStorage, err)
 	}
 	sum := sha256.New()
 	bw := bufio.NewWriterSize(io.MultiWriter(w, sum), snapshotBuffer)

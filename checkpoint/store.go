@@ -13,7 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // DefaultMaxEpochs is used for a run submitted without max_epochs.
@@ -28,7 +28,7 @@ type StoreOptions struct {
 	// FS is the file system; nil means the real disk. Tests may pass vfs.NewMem():
 	// still the real Pebble, without the disk.
 	FS vfs.FS
-	// Hooks are tests' switches (internal/testhooks): the store's guards off, for the
+	// Hooks are tests' switches (internal/base/testhooks): the store's guards off, for the
 	// negative controls. Nil in production.
 	Hooks *testhooks.Hooks
 	// OnStatus, if set, is called after each applied message for every run whose
@@ -209,7 +209,7 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 		var err error
 		if entries, err = DecodeEnvelope(seq, data); err != nil {
 			var corrupt *CorruptError
-			if !errors.As(err, &corrupt) {
+			if !errors.As(err, &corrupt) || s.hooks.StopOnUndecodable {
 				return nil, err
 			}
 			return []error{}, s.reject(corrupt)

@@ -1,18 +1,17 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/cockroachdb/datadriven"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Apply transcripts (issue 13, point 6): the files in testdata/*.txt drive a Store
@@ -61,47 +60,108 @@ func TestTranscripts(t *testing.T) {
 	})
 }
 
-// TestTranscriptsNeedTheirGuards is the transcripts' negative control: with any one
-// guard (a field of testhooks.Hooks tagged guard:"store") switched off, some transcript's output differs from what it
-// expects. A guard no transcript catches is a rule the transcripts do not specify.
+// guardCatches says, for each store guard (a field of testhooks.Hooks tagged
+// guard:"store"), where its switch must change the transcripts: the file, the line of
+// expected output that shows the guard's verdict, and the line printed instead with the
+// guard off. Each is the first difference of its file with that one switch set (after it
+// the state differs, and so does the rest). A new guard needs a place here, and a
+// transcript change that moves or adds a place must say so here too.
+var guardCatches = map[string][]guardCatch{
+	"NoEpochCheck": {
+		{"complete.txt", "18.0 complete r3: fenced: stale-epoch (epoch 13, run's 15)", "18.0 complete r3: ok"},
+		{"fenced.txt", "6.0 start r1 a: fenced: stale-epoch (epoch 2, run's 4)", "6.0 start r1 a: ok"},
+		{"foreach.txt", "10.2 commit r1 b[1]: fenced: stale-epoch (epoch 2, run's 7)", "10.2 commit r1 b[1]: fenced: checkpoint-exists (epoch 2, run's 7)"},
+		{"reclaim.txt", "9.0 commit r1 a: fenced: stale-epoch (epoch 2, run's 5)", "9.0 commit r1 a: ok"},
+		{"requeue.txt", "9.0 requeue r1: fenced: stale-epoch (epoch 2, run's 7)", "9.0 requeue r1: ok"},
+	},
+	"NoCheckpointCheck": {
+		{"fenced.txt", "9.0 commit r1 a: fenced: checkpoint-exists (epoch 4, run's 4)", "9.0 commit r1 a: ok"},
+		{"foreach.txt", "6.0 commit r1 b[2]: fenced: checkpoint-exists (epoch 2, run's 2)", "6.0 commit r1 b[2]: ok"},
+	},
+	"NoTermCheck": {
+		{"stale-term.txt", "3.0 assign r2: rejected: stale term (term 1 < highest 2)", "3.0 assign r2: ok, epoch 3 (assigned)"},
+	},
+	"NoStartCheck": {
+		{"cancel.txt", "13.0 start r2 a: fenced: checkpoint-exists (epoch 11, run's 11)", "13.0 start r2 a: ok"},
+		{"fenced.txt", "9.2 start r1 a: fenced: checkpoint-exists (epoch 4, run's 4)", "9.2 start r1 a: ok"},
+	},
+	"NoClaimOnceCheck": {
+		{"claim-once.txt", "5.0 claim r1: fenced: epoch-already-claimed (epoch 2, run's 2)", "5.0 claim r1: ok"},
+	},
+	"TermFromAnyEntry": {
+		{"stale-term.txt", "9.0 assign r2: ok, epoch 9 (reconciled)", "9.0 assign r2: rejected: stale term (term 4 < highest 5)"},
+	},
+	"StopOnUndecodable": {
+		{"log.txt", `11: message rejected, undecodable: entry 1: unknown kind "teleport"`,
+			`11: applier stopped: checkpoint: corrupt log message at sequence 11: entry 1: unknown kind "teleport"`},
+	},
+}
+
+// guardCatch is one place a guard's switch changes: in file, the expected line want is
+// printed as got.
+type guardCatch struct{ file, want, got string }
+
+// TestTranscriptsNeedTheirGuards is the transcripts' negative control: with each guard
+// (a field of testhooks.Hooks tagged guard:"store") switched off alone, every transcript
+// guardCatches lists for it changes at the line it names, to the line it names, and no
+// other transcript changes. A guard no transcript catches is a rule the transcripts do
+// not specify; a difference somewhere else is not the guard's verdict.
 func TestTranscriptsNeedTheirGuards(t *testing.T) {
 	if f := flag.Lookup("rewrite"); f != nil && f.Value.String() == "true" {
 		t.Skip("rewriting the expected output: the control compares against it")
 	}
 	// Every guard of the store, so that a guard added later needs a transcript too.
 	ht := reflect.TypeFor[testhooks.Hooks]()
+	guards := map[string]bool{}
 	for i := range ht.NumField() {
 		if ht.Field(i).Tag.Get("guard") != "store" {
 			continue
 		}
 		guard := ht.Field(i).Name
+		guards[guard] = true
 		t.Run(guard, func(t *testing.T) {
+			want := guardCatches[guard]
+			if len(want) == 0 {
+				t.Fatalf("guardCatches names no transcript line that Hooks.%s changes: write the transcript of its rule and list the line", guard)
+			}
 			off := new(testhooks.Hooks)
 			reflect.ValueOf(off).Elem().Field(i).SetBool(true)
-			var caught []string
+			caught := map[string]guardCatch{} // by file: its first difference
 			walkTranscripts(t, func(t *testing.T, path string) {
 				tr := &transcript{s: memStore(t, off)}
-				first := true
+				file := filepath.Base(path)
 				datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 					got := tr.handle(t, d)
 					if got != "" && !strings.HasSuffix(got, "\n") {
 						got += "\n"
 					}
-					if got != d.Expected && first {
+					if _, seen := caught[file]; !seen && got != d.Expected {
 						// Only the first difference of a file: the state diverges after it.
-						first = false
-						caught = append(caught, fmt.Sprintf("%s: %s", d.Pos, firstDiff(d.Expected, got)))
+						w, g := firstDiff(d.Expected, got)
+						caught[file] = guardCatch{file, w, g}
+						t.Logf("Hooks.%s changes %s: expected %q, got %q", guard, d.Pos, w, g)
 					}
-					return d.Expected // the difference is recorded, not failed on
+					return d.Expected // the difference is compared below, not failed on here
 				})
 			})
-			if len(caught) == 0 {
-				t.Fatalf("with Hooks.%s set (its guard off), every transcript gives its expected output: no transcript specifies that guard", guard)
+			for _, w := range want {
+				switch c, ok := caught[w.file]; {
+				case !ok:
+					t.Errorf("with Hooks.%s set (its guard off), %s gives its expected output: want %q printed as %q", guard, w.file, w.want, w.got)
+				case c != w:
+					t.Errorf("with Hooks.%s set, %s first differs at %q (printed %q); want %q printed as %q", guard, w.file, c.want, c.got, w.want, w.got)
+				}
+				delete(caught, w.file)
 			}
 			for _, c := range caught {
-				t.Logf("%s caught by %s", guard, c)
+				t.Errorf("with Hooks.%s set, %s also differs: %q printed as %q; if that is the guard's verdict, add it to guardCatches", guard, c.file, c.want, c.got)
 			}
 		})
+	}
+	for g := range guardCatches {
+		if !guards[g] {
+			t.Errorf("guardCatches lists %s, which is no store guard of testhooks.Hooks", g)
+		}
 	}
 }
 
@@ -114,8 +174,8 @@ func walkTranscripts(t *testing.T, f func(t *testing.T, path string)) {
 	})
 }
 
-// firstDiff names the first line where two outputs differ.
-func firstDiff(want, got string) string {
+// firstDiff returns the first line where two outputs differ, as each has it.
+func firstDiff(want, got string) (string, string) {
 	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
 	for i := 0; i < max(len(w), len(g)); i++ {
 		var wl, gl string
@@ -126,10 +186,10 @@ func firstDiff(want, got string) string {
 			gl = g[i]
 		}
 		if wl != gl {
-			return fmt.Sprintf("expected %q, got %q", wl, gl)
+			return wl, gl
 		}
 	}
-	return "outputs differ"
+	return "", ""
 }
 
 type transcript struct {
@@ -184,7 +244,6 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "seq", &seq)
 	}
 	var entries []Entry
-	var datas [][]byte
 	for _, line := range strings.Split(d.Input, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -194,23 +253,18 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			d.Fatalf(t, "entry %q: %v", line, err)
 		}
-		raw, err := json.Marshal(e)
-		if err != nil {
-			d.Fatalf(t, "entry %q: %v", line, err)
-		}
 		entries = append(entries, e)
-		datas = append(datas, raw)
 	}
 	if len(entries) == 0 {
 		d.Fatalf(t, "apply needs at least one entry")
 	}
-	version := 1
-	for _, e := range entries {
-		version = max(version, FormatFor(e.Kind))
-	}
-	verdicts, err := tr.s.Apply(seq, EncodeEnvelopeVersion("transcript", version, datas))
+	msg, err := EncodeMessage("transcript", entries...)
 	if err != nil {
-		d.Fatalf(t, "apply at %d: %v", seq, err)
+		d.Fatalf(t, "encode: %v", err)
+	}
+	verdicts, err := tr.s.Apply(seq, msg)
+	if err != nil { // what stops a node's applier (a storage failure, a newer format)
+		return fmt.Sprintf("%d: applier stopped: %v", seq, err)
 	}
 	if verdicts == nil {
 		return fmt.Sprintf("%d: skipped: at or below the applied sequence", seq)
@@ -231,230 +285,18 @@ func (tr *transcript) apply(t *testing.T, d *datadriven.TestData) string {
 
 // verdict prints an entry's outcome in a stable form.
 func (tr *transcript) verdict(seq uint64, e Entry, err error) string {
-	var fe *FencedError
-	var st *StaleTermError
-	switch {
-	case err == nil:
-		if e.Kind == KindAssign {
-			if r, rerr := tr.s.Run(e.Run); rerr == nil {
-				for _, ep := range r.Epochs {
-					if ep.Epoch == int64(seq) {
-						s := fmt.Sprintf("ok, epoch %d (%s)", ep.Epoch, ep.Reason)
-						if e.Worker != "" {
-							s += ", claimed by " + e.Worker
-						}
-						return s
-					}
-				}
-			}
-		}
-		return "ok"
-	case errors.As(err, &fe):
-		return fmt.Sprintf("fenced: %s (epoch %d, run's %d)", fe.Reason, fe.Epoch, fe.CurrentEpoch)
-	case errors.As(err, &st):
-		return fmt.Sprintf("rejected: stale term (term %d < highest %d)", st.Term, st.HighestTerm)
-	}
-	for _, s := range []struct {
-		label    string
-		sentinel error
-	}{
-		{"dead-lettered", ErrDeadLettered},
-		{"conflict", ErrConflict},
-		{"invalid", ErrInvalidEntry},
-		{"not found", ErrNotFound},
-		{"run exists", ErrRunExists},
-		{"tick exists", ErrTickExists},
-	} {
-		if errors.Is(err, s.sentinel) {
-			return s.label + ": " + strings.TrimPrefix(err.Error(), s.sentinel.Error()+": ")
-		}
-	}
-	return "error: " + err.Error()
+	return VerdictText(tr.s, seq, e, err)
 }
 
-// parseEntry reads "<kind> key=value ...".
+// parseEntry reads "<kind> key=value ..." (EntryText).
 func (tr *transcript) parseEntry(line string) (Entry, error) {
-	toks, err := tokenize(line)
-	if err != nil {
-		return Entry{}, err
-	}
-	e := Entry{Kind: Kind(toks[0].key), Item: ItemWhole, At: t0}
-	if toks[0].val != "" {
-		return Entry{}, fmt.Errorf("an entry starts with its kind")
-	}
-	if e.Kind == KindSubmit {
-		e.Submit = &Submit{Workflow: "wf", Version: 1, Trigger: TriggerManual}
-	}
-	epochSet := false
-	for _, tok := range toks[1:] {
-		k, v := tok.key, tok.val
-		num := func() (int64, error) { return strconv.ParseInt(v, 10, 64) }
-		var n int64
-		switch k {
-		case "run":
-			e.Run = v
-		case "owner":
-			e.Owner = v
-		case "step":
-			e.Step = v
-		case "worker":
-			e.Worker = v
-		case "reason":
-			e.Reason = v
-		case "error":
-			e.Error = v
-		case "status":
-			e.Status = RunStatus(v)
-		case "out": // JSON, as written: out="text" is a JSON string
-			e.Output = json.RawMessage(tok.raw)
-		case "final":
-			e.Final, err = flagValue(v)
-		case "skipped":
-			e.Skipped, err = flagValue(v)
-		case "epoch":
-			epochSet = true
-			if run, ok := strings.CutPrefix(v, "@"); ok {
-				r, rerr := tr.s.Run(run)
-				if rerr != nil {
-					return Entry{}, fmt.Errorf("epoch=%s: %w", v, rerr)
-				}
-				e.Epoch = r.Epoch
-			} else {
-				e.Epoch, err = num()
-			}
-		case "term":
-			e.Term, err = num()
-		case "item":
-			n, err = num()
-			e.Item = int(n)
-		case "attempt":
-			n, err = num()
-			e.Attempt = int(n)
-		case "items":
-			n, err = num()
-			e.Items = int(n)
-		case "steps", "max_epochs", "workflow":
-			if e.Submit == nil {
-				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
-			}
-			switch k {
-			case "steps":
-				for name := range strings.SplitSeq(v, ",") {
-					base, foreach := strings.CutSuffix(name, "*")
-					e.Submit.Steps = append(e.Submit.Steps, StepSpec{Name: base, Foreach: foreach})
-				}
-			case "max_epochs":
-				n, err = num()
-				e.Submit.MaxEpochs = int(n)
-			case "workflow":
-				e.Submit.Workflow = v
-			}
-		default:
-			return Entry{}, fmt.Errorf("unknown key %q", k)
-		}
+	return ParseEntryText(line, t0, func(run string) (int64, bool) {
+		r, err := tr.s.Run(run)
 		if err != nil {
-			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
+			return 0, false
 		}
-	}
-	if e.Kind == KindAssign && !epochSet {
-		if r, rerr := tr.s.Run(e.Run); rerr == nil {
-			e.Epoch = r.Epoch
-		}
-	}
-	return e, nil
-}
-
-func flagValue(v string) (bool, error) {
-	if v == "" {
-		return true, nil
-	}
-	return strconv.ParseBool(v)
-}
-
-// token is key=val; raw is the value as written (a JSON output keeps its quotes).
-type token struct{ key, val, raw string }
-
-// tokenize splits "kind k=v k2="a b" k3={"x": 1} flag" into tokens. A value is a
-// quoted Go string, a JSON object or array (up to its closing bracket), or runs to the
-// next space.
-func tokenize(line string) ([]token, error) {
-	var toks []token
-	i := 0
-	for {
-		for i < len(line) && line[i] == ' ' {
-			i++
-		}
-		if i == len(line) {
-			break
-		}
-		start := i
-		for i < len(line) && line[i] != ' ' && line[i] != '=' {
-			i++
-		}
-		tok := token{key: line[start:i]}
-		if i < len(line) && line[i] == '=' {
-			i++
-			n, err := valueLen(line[i:])
-			if err != nil {
-				return nil, fmt.Errorf("%s=: %w", tok.key, err)
-			}
-			tok.val = line[i : i+n]
-			tok.raw = tok.val
-			if strings.HasPrefix(tok.val, `"`) {
-				if tok.val, err = strconv.Unquote(tok.val); err != nil {
-					return nil, fmt.Errorf("%s=: %w", tok.key, err)
-				}
-			}
-			i += n
-		}
-		toks = append(toks, tok)
-	}
-	if len(toks) == 0 {
-		return nil, fmt.Errorf("empty entry")
-	}
-	return toks, nil
-}
-
-func valueLen(s string) (int, error) {
-	if s == "" {
-		return 0, nil
-	}
-	switch s[0] {
-	case '"':
-		for i := 1; i < len(s); i++ {
-			switch s[i] {
-			case '\\':
-				i++
-			case '"':
-				return i + 1, nil
-			}
-		}
-		return 0, fmt.Errorf("unterminated string")
-	case '{', '[':
-		depth, inStr := 0, false
-		for i := 0; i < len(s); i++ {
-			c := s[i]
-			switch {
-			case inStr && c == '\\':
-				i++
-			case c == '"':
-				inStr = !inStr
-			case inStr:
-			case c == '{' || c == '[':
-				depth++
-			case c == '}' || c == ']':
-				depth--
-				if depth == 0 {
-					return i + 1, nil
-				}
-			}
-		}
-		return 0, fmt.Errorf("unbalanced JSON value")
-	}
-	if n := strings.IndexByte(s, ' '); n >= 0 {
-		return n, nil
-	}
-	return len(s), nil
+		return r.Epoch, true
+	})
 }
 
 // printRun prints a run's state deterministically (no times, no pointers).

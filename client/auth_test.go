@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/testnats"
+	"github.com/flowrun/flow/internal/testkit/testnats"
+	"github.com/flowrun/flow/internal/testkit/within"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -160,7 +161,7 @@ func TestNotAuthorized(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	within.Group(t, 30*time.Second, &wg, "the concurrent calls")
 	close(errs)
 	for err := range errs {
 		t.Error(err)

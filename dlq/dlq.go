@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // Stream and subjects.

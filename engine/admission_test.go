@@ -16,8 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -55,7 +57,7 @@ func TestAdmissionBoundsEpochs(t *testing.T) {
 					}
 				}()
 			}
-			wg.Wait()
+			within.Group(t, 60*time.Second, &wg, "the submits")
 			// A run StartRun names takes the leader's short path when there is room, but
 			// not past the runs waiting for it: it is assigned after them (checked below).
 			late, err := e.StartRun(ctx, "one", nil, RunOptions{})
@@ -178,7 +180,7 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 			if capped {
 				maxBytes = 1 << 20
 			}
-			if err := ensureTasksStream(ctx, js, 1, maxBytes); err != nil {
+			if err := tasks.EnsureStream(ctx, js, 1, maxBytes); err != nil {
 				t.Fatal(err)
 			}
 			// Fill the stream until the server refuses a task.
@@ -188,9 +190,9 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 				if i > 1000 {
 					t.Fatal("32 MiB of tasks accepted on a 4 MiB server")
 				}
-				_, refused = js.Publish(ctx, tasksSubject, junk, jetstream.WithMsgID(fmt.Sprint("junk-", i)))
+				_, refused = js.Publish(ctx, tasks.Subject, junk, jetstream.WithMsgID(fmt.Sprint("junk-", i)))
 			}
-			info, err := js.Stream(ctx, tasksStream)
+			info, err := js.Stream(ctx, tasks.Stream)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,18 +248,18 @@ func TestTasksStreamFromBeforeTheCapGetsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 10*time.Second)
-	if err := ensureTasksStream(ctx, js, 1, 0); err != nil { // the stream as it was
+	if err := tasks.EnsureStream(ctx, js, 1, 0); err != nil { // the stream as it was
 		t.Fatal(err)
 	}
-	if err := ensureTasksStream(ctx, js, 1, tasksMaxBytes); err != nil {
+	if err := tasks.EnsureStream(ctx, js, 1, tasks.MaxBytes); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, tasksStream)
+	s, err := js.Stream(ctx, tasks.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := s.CachedInfo().Config; c.MaxBytes != tasksMaxBytes || c.Discard != jetstream.DiscardNew {
-		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, tasksMaxBytes)
+	if c := s.CachedInfo().Config; c.MaxBytes != tasks.MaxBytes || c.Discard != jetstream.DiscardNew {
+		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, tasks.MaxBytes)
 	}
 }
 
@@ -297,10 +299,10 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			// w1's step start note must be applied too, and the scheduler's pass over the
 			// last message finished: either, after the room appears, would let the
 			// scheduler assign the waiting runs first.
-			if err := waitFor(ctx, e.clog.Applier, func() bool {
+			if err := e.waitFor(ctx, func() bool {
 				a, r := e.store.Held()
 				st, err := e.store.Steps("w1")
-				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.backlogged.Load() &&
+				return a == 1 && r == 1 && e.store.QueuedRuns() == 3 && e.admission.Backlogged() &&
 					err == nil && len(st) == 1 && st[0].Status == checkpoint.StepRunning
 			}); err != nil {
 				t.Fatal("the backlog did not form:", err)
@@ -318,7 +320,7 @@ func TestShortPathDoesNotPassWaitingRuns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := waitFor(ctx, e.clog.Applier, func() bool {
+			if err := e.waitFor(ctx, func() bool {
 				r, err := e.store.Run(late)
 				return err == nil && r.Epoch > 0
 			}); err != nil {

@@ -7,15 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/tasks"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/audit"
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
@@ -70,25 +70,7 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 // Workflow returns a workflow version (0: the latest). Versions never change, so
 // decoded ones are cached.
 func (e *Engine) Workflow(name string, version int) (*workflow.Workflow, error) {
-	if version > 0 {
-		if w, ok := e.specs.Load(name + "@" + strconv.Itoa(version)); ok {
-			return w.(*workflow.Workflow), nil
-		}
-	}
-	v, err := e.store.Workflow(name, version)
-	if err != nil {
-		return nil, err
-	}
-	if w, ok := e.specs.Load(name + "@" + strconv.Itoa(v.Version)); ok {
-		return w.(*workflow.Workflow), nil
-	}
-	w, err := workflow.Decode(v.Spec)
-	if err != nil {
-		return nil, err
-	}
-	w.Version = v.Version
-	e.specs.Store(name+"@"+strconv.Itoa(v.Version), w)
-	return w, nil
+	return e.specs.Workflow(name, version)
 }
 
 // RunOptions adjust StartRun.
@@ -146,7 +128,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// The short path is an assign like the scheduler's: only with room under admission
 	// and no older run waiting for one (admission.go).
 	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
-		defer e.admitted()
+		defer e.admission.Admitted()
 		return id, e.submitAndAssign(ctx, submit, term)
 	}
 	if err := e.clog.Writer.Write(ctx, submit).Await(ctx); err != nil {
@@ -167,26 +149,27 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 // synced write and two round trips less (docs/decisions.md).
 func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, term *epoch.Term) error {
 	assign := checkpoint.Entry{Kind: checkpoint.KindAssign, Run: submit.Run, Term: term.Term(), Owner: e.cfg.NodeID}
-	own := e.reserveOwnRun()
+	own := e.workers.ReserveOwn()
 	if own {
 		assign.Worker = e.cfg.NodeID
 	}
 	f := e.clog.Writer.Write(ctx, submit, assign)
 	if own {
-		// The reserved slot (and its count in e.wg) follows the assign's outcome in the
-		// log, not the caller, whose ctx may end first; nor the engine's context: Stop
-		// cancels it while the log still applies what is in flight, and an accepted
-		// assign must then be handed back (runOwn does, its lease acquire failing). A
-		// write refused before publishing is resolved at once: the slot goes back.
+		// The reserved slot (and its count in the pool's wait group) follows the assign's
+		// outcome in the log, not the caller, whose ctx may end first; nor the engine's
+		// context: Stop drains while the log still applies what is in flight, and an
+		// accepted assign must then be handed back (RunOwn does, its lease acquire
+		// failing). A write refused before publishing is resolved at once: the slot goes
+		// back.
 		go func() {
-			actx, cancel := context.WithTimeout(context.WithoutCancel(e.runCtx), 3*logstream.DefaultPublishTimeout)
+			actx, cancel := context.WithTimeout(context.Background(), 3*logstream.DefaultPublishTimeout)
 			err := f.Results(actx)[1]
 			cancel()
 			if err != nil {
-				e.releaseOwnRun()
+				e.workers.ReleaseOwn()
 				return
 			}
-			e.runOwn(submit.Run, int64(f.Seq()))
+			e.workers.RunOwn(submit.Run, int64(f.Seq()))
 		}()
 	}
 	errs := f.Results(ctx)
@@ -198,11 +181,16 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		return nil
 	}
 	if !own {
-		if err := publishTask(ctx, e.js, task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
+		if err := e.tasks.Publish(ctx, tasks.Task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
 			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
 		}
 	}
 	return nil
+}
+
+// admit reserves room under admission for a run started on the leader (the short path).
+func (e *Engine) admit() bool {
+	return e.admission.Admit(func() int { assigned, _ := e.store.Held(); return assigned })
 }
 
 // NewRunID is a time-ordered run ID: 20261129-101500.123-k3j9x2.
@@ -219,109 +207,14 @@ func NewRunID() string {
 }
 
 // ResolveInputs checks inputs against the workflow, converts strings to the declared
-// types and fills defaults (rendering helpers such as {{ yesterday }} at `at`, in the
-// schedule's timezone).
+// types and fills defaults, rendering helpers at `at` (workflow.ResolveInputs); its
+// errors wrap ErrBadInput.
 func ResolveInputs(w *workflow.Workflow, given map[string]any, at time.Time) (map[string]any, error) {
-	declared := map[string]workflow.Input{}
-	for _, in := range w.Inputs {
-		declared[in.Name] = in
-	}
-	var unknown []string
-	for k := range given {
-		if _, ok := declared[k]; !ok {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		var names []string
-		for _, in := range w.Inputs {
-			names = append(names, in.Name)
-		}
-		return nil, fmt.Errorf("%w: workflow %s has no input %s (inputs: %s)", ErrBadInput, w.Name, strings.Join(unknown, ", "), strings.Join(names, ", "))
-	}
-	loc := time.UTC
-	if w.Schedule != nil {
-		if l, err := time.LoadLocation(w.Schedule.Timezone); err == nil {
-			loc = l
-		}
-	}
-	helpers := map[string]any{
-		"now":       at.In(loc).Format(time.RFC3339),
-		"today":     at.In(loc).Format("2006-01-02"),
-		"yesterday": at.In(loc).AddDate(0, 0, -1).Format("2006-01-02"),
-	}
-	out := map[string]any{}
-	for _, in := range w.Inputs {
-		v, ok := given[in.Name]
-		if !ok {
-			if !in.HasDefault {
-				return nil, fmt.Errorf("%w: input %s is required (type %s)", ErrBadInput, in.Name, in.Type)
-			}
-			v = in.Default
-			if s, isStr := v.(string); isStr && strings.Contains(s, "{{") {
-				r, err := renderHelpers(s, helpers)
-				if err != nil {
-					return nil, fmt.Errorf("%w: input %s default: %v", ErrBadInput, in.Name, err)
-				}
-				v = r
-			}
-		}
-		cv, err := convertInput(in, v)
-		if err != nil {
-			return nil, err
-		}
-		out[in.Name] = cv
-	}
-	return out, nil
-}
-
-func renderHelpers(src string, helpers map[string]any) (any, error) {
-	t, err := workflow.ParseTemplate(src)
+	in, err := workflow.ResolveInputs(w, given, at)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
-	return t.Render(helpers)
-}
-
-func convertInput(in workflow.Input, v any) (any, error) {
-	if s, ok := v.(string); ok && in.Type != "string" {
-		var conv any
-		var err error
-		switch in.Type {
-		case "int":
-			// int64, never float64: 9007199254740993 must arrive as itself.
-			conv, err = strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-		case "number":
-			conv, err = strconv.ParseFloat(strings.TrimSpace(s), 64)
-		case "bool":
-			conv, err = strconv.ParseBool(strings.TrimSpace(s))
-		case "list", "object":
-			err = json.Unmarshal([]byte(s), &conv)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: input %s=%q is not a %s", ErrBadInput, in.Name, s, in.Type)
-		}
-		v = conv
-	}
-	switch n := v.(type) {
-	case int:
-		v = int64(n)
-	case json.Number: // from a Go client's JSON: keep an int exact
-		if in.Type == "int" {
-			i, err := n.Int64()
-			if err != nil {
-				return nil, fmt.Errorf("%w: input %s=%s is not an int (64-bit)", ErrBadInput, in.Name, n)
-			}
-			v = i
-		} else if f, err := n.Float64(); err == nil {
-			v = f
-		}
-	}
-	if err := workflow.CheckType(in.Type, v); err != nil {
-		return nil, fmt.Errorf("%w: input %s: %v", ErrBadInput, in.Name, err)
-	}
-	return v, nil
+	return in, nil
 }
 
 // Run returns everything the state knows about a run.
@@ -404,4 +297,76 @@ func (e *Engine) Purge(ctx context.Context, id string) error {
 		return err
 	}
 	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindPurge, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID}).Await(ctx)
+}
+
+// DrillStepKind is the step kind of the zombie drill, registered on every engine.
+const DrillStepKind = worker.DrillStepKind
+
+// DrillWorkflow is the workflow `flowctl drill zombie` runs.
+const DrillWorkflow = worker.DrillWorkflow
+
+// DrillZombie runs the drill and returns the run once it ended.
+func (e *Engine) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
+	if _, err := e.ApplyWorkflow(ctx, "drill-zombie.yaml", []byte(DrillWorkflow)); err != nil {
+		return nil, err
+	}
+	id, err := e.StartRun(ctx, "flow-drill-zombie", nil, RunOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := e.WaitRun(ctx, id); err != nil {
+		return nil, err
+	}
+	// The new owner may finish before the paused one wakes: wait for its fenced commit.
+	if err := e.waitFor(ctx, func() bool {
+		r, err := e.store.Run(id)
+		return err == nil && r.Fenced > 0
+	}); err != nil {
+		return nil, fmt.Errorf("engine: drill: the paused worker's commit never reached the log: %w", err)
+	}
+	return e.Run(id)
+}
+
+// Snapshot writes a snapshot of this node's state now (flowctl cluster snapshot).
+func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
+	return e.clog.Snapshots.Take(ctx)
+}
+
+// LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
+func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
+	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
+	}
+	info := s.CachedInfo()
+	snaps, err := e.clog.Snapshots.List(ctx)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if len(snaps) > 0 {
+		snapshot = snaps[len(snaps)-1].Seq
+	}
+	return info.State.FirstSeq, info.State.LastSeq, snapshot, nil
+}
+
+// Workflows lists every applied workflow version.
+func (e *Engine) Workflows() ([]checkpoint.WorkflowVersion, error) { return e.store.Workflows() }
+
+// Ticks are the recorded fire times of a workflow's schedule, oldest first.
+func (e *Engine) Ticks(workflow string) ([]checkpoint.Tick, error) { return e.store.Ticks(workflow) }
+
+// ReasonStolen is logged (and returned) when a worker finds its run was taken over: a
+// commit fenced, or its lease lost.
+const ReasonStolen = worker.ReasonStolen
+
+// CronRunID is the run ID of a workflow's tick (workflow.TickRunID).
+func CronRunID(name string, tick time.Time) string { return workflow.TickRunID(name, tick) }
+
+// LeadershipProblem says why this node's election cannot give it a term that
+// schedules ("" when nothing is wrong).
+func (e *Engine) LeadershipProblem() string {
+	if e.leader == nil {
+		return ""
+	}
+	return e.leader.Problem()
 }

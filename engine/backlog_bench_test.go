@@ -62,8 +62,8 @@ func BenchmarkBacklog(b *testing.B) {
 		b.ReportMetric(ms(big.w2.execP50), "w2-backlog-exec-p50-ms")
 		b.ReportMetric(ms(big.w2.stepP50), "w2-backlog-step-p50-ms")
 		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
-		b.ReportMetric(float64(e.Counters().LeasesLost.Load()), "leases-lost")
-		b.ReportMetric(float64(e.Counters().RenewalsFailed.Load()), "renewals-failed")
+		b.ReportMetric(float64(e.leases.Config().Counters.LeasesLost.Load()), "leases-lost")
+		b.ReportMetric(float64(e.leases.Config().Counters.RenewalsFailed.Load()), "renewals-failed")
 		b.ReportMetric(big.runsPerS, "drain-runs/s")
 	}
 }
@@ -143,7 +143,7 @@ func execTimes(b *testing.B, e *Engine, ids []string) w2Result {
 // until all have ended, and samples the node once a second meanwhile.
 func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult {
 	res := backlogResult{n: n}
-	lost0, fail0 := e.Counters().LeasesLost.Load(), e.Counters().RenewalsFailed.Load()
+	lost0, fail0 := e.leases.Config().Counters.LeasesLost.Load(), e.leases.Config().Counters.RenewalsFailed.Load()
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	var peakHeld, peakJS atomic.Int64
@@ -161,7 +161,7 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 			cancel()
 			if k%10 == 0 {
 				fmt.Fprintf(os.Stderr, "backlog %d: %s queued %d, held %d, rss peak %d MiB, leases lost %d\n", n,
-					time.Now().Format("15:04:05"), e.store.QueuedRuns(), a+r, peakRSS()>>20, e.Counters().LeasesLost.Load()-lost0)
+					time.Now().Format("15:04:05"), e.store.QueuedRuns(), a+r, peakRSS()>>20, e.leases.Config().Counters.LeasesLost.Load()-lost0)
 			}
 			select {
 			case <-stop:
@@ -192,7 +192,7 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 		return nil
 	})
 	res.submit = time.Since(start)
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		a, r := e.store.Held()
 		return e.store.QueuedRuns() == 0 && a+r == 0
 	}); err != nil {
@@ -209,7 +209,7 @@ func backlog(b *testing.B, e *Engine, ctx context.Context, n int) backlogResult 
 	}
 	res.w2 = execTimes(b, e, w2ids)
 	res.peakHeld, res.peakJSMB, res.peakRSSMB = peakHeld.Load(), peakJS.Load()>>20, peakRSS()>>20
-	res.lost, res.renewFail = e.Counters().LeasesLost.Load()-lost0, e.Counters().RenewalsFailed.Load()-fail0
+	res.lost, res.renewFail = e.leases.Config().Counters.LeasesLost.Load()-lost0, e.leases.Config().Counters.RenewalsFailed.Load()-fail0
 	_ = e.store.EachRun(checkpoint.ListOptions{Status: checkpoint.StatusSucceeded}, func(r *checkpoint.Run) bool {
 		if r.EpochChanges > 0 {
 			res.epochChanges++
@@ -254,7 +254,7 @@ func BenchmarkBacklogLimited(b *testing.B) {
 			return err
 		})
 		submit := time.Since(start)
-		if err := waitFor(ctx, e.clog.Applier, func() bool {
+		if err := e.waitFor(ctx, func() bool {
 			_, running := e.store.Held()
 			return running == limit && e.store.QueuedRuns() == n-limit
 		}); err != nil {
@@ -275,7 +275,7 @@ func BenchmarkBacklogLimited(b *testing.B) {
 		b.ReportMetric(ms(idle.runP50), "w2-idle-run-p50-ms")
 		b.ReportMetric(ms(during.runP50), "w2-backlog-run-p50-ms")
 		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
-		b.ReportMetric(float64(e.Counters().LeasesLost.Load()), "leases-lost")
+		b.ReportMetric(float64(e.leases.Config().Counters.LeasesLost.Load()), "leases-lost")
 	}
 }
 

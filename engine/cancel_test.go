@@ -2,7 +2,6 @@ package engine
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,9 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/proctest"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/proctest"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -153,7 +153,7 @@ steps:
 		t.Fatal(err)
 	}
 	pollUntil(t, 5*time.Second, "the stubborn process to be killed", func() bool { return !proctest.Alive(pid) })
-	grace := e.stopGrace()
+	grace := e.workers.StopGrace()
 	// Under the 2s default, whatever the load on the machine: the grace was cut.
 	if took := time.Since(cancelled); grace != testLease.TTL/4 || took < grace || took >= steps.KillGrace {
 		t.Fatalf("killed %s after the cancel with a grace of %s; want the grace %s, and dead before Exec's default grace %s", took, grace, testLease.TTL/4, steps.KillGrace)
@@ -177,21 +177,18 @@ func TestCancelBeforeRegistrationIsCaught(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		x, err := newRunExec(e, id, 1, lease)
+		cause, err := e.workers.ProbeEnded(id, 1, lease, func() {
+			if cancelled {
+				if err := e.Cancel(ctx, id, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cancelled {
-			if err := e.Cancel(ctx, id, ""); err != nil {
-				t.Fatal(err)
-			}
-		}
-		x.checkEnded()
-		if x.ended.Load() != cancelled || (x.ctx.Err() != nil) != cancelled {
-			t.Fatalf("cancelled %v: ended %v, context %v", cancelled, x.ended.Load(), context.Cause(x.ctx))
-		}
-		if cancelled && !errors.Is(context.Cause(x.ctx), errRunEnded) {
-			t.Fatalf("cause %v", context.Cause(x.ctx))
+		if (cause != nil) != cancelled || (cancelled && !errors.Is(cause, worker.ErrRunEnded)) {
+			t.Fatalf("cancelled %v: the epoch's context ended with %v", cancelled, cause)
 		}
 		_ = lease.Release(ctx)
 	}

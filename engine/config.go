@@ -6,10 +6,12 @@ import (
 	"os"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -81,6 +83,10 @@ type Config struct {
 	// defaults are rendered at (default time.Now). Tests pin it: a default that depends
 	// on today's date must not make a test depend on it.
 	Now func() time.Time
+	// Clock is the time of the node's decisions: the leader's reconcile, lock delay,
+	// cron and retention, the workers' timings, the leases (Lease.Clock) (default: the
+	// real clock). Tests hold it still or move it (clockwork.NewFakeClock).
+	Clock clockwork.Clock
 	// StepObserver, if set, is told of every finished step attempt (for metrics).
 	StepObserver func(kind string, d time.Duration, err error)
 	// SnapshotEvery is how many log messages the leader lets pass between snapshots of
@@ -102,7 +108,10 @@ const DefaultRetention = 720 * time.Hour
 // DefaultSnapshotEvery is Config.SnapshotEvery's default.
 const DefaultSnapshotEvery = 100_000
 
-func (c *Config) validate() error {
+// WithDefaults returns a copy of c with every zero field filled with its documented
+// default (the host name as NodeID, ./flow-data, 8 workers, the built-in step kinds,
+// ...). New applies it; Validate checks its result.
+func (c Config) WithDefaults() Config {
 	if c.NodeID == "" {
 		h, err := os.Hostname()
 		if err != nil || !ident.ValidID(h) {
@@ -110,17 +119,11 @@ func (c *Config) validate() error {
 		}
 		c.NodeID = h
 	}
-	if !ident.ValidID(c.NodeID) {
-		return fmt.Errorf("engine: node ID %q: %s", c.NodeID, ident.IDRule)
-	}
 	if c.DataDir == "" {
 		c.DataDir = "flow-data"
 	}
 	if c.NATSListen == "" {
 		c.NATSListen = "127.0.0.1:4222"
-	}
-	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
-		return fmt.Errorf("engine: workers, step parallelism and max output must not be negative")
 	}
 	if c.Workers == 0 {
 		c.Workers = 8
@@ -143,23 +146,23 @@ func (c *Config) validate() error {
 	if c.ReconcileInterval <= 0 {
 		c.ReconcileInterval = 2 * time.Second
 	}
-	execOpts := []steps.RegistryOption{steps.WithExecEnv(c.ExecEnv...), steps.WithExecUser(c.ExecUser)}
-	if c.Registry == nil {
-		c.Registry = steps.NewRegistry(c.MaxOutputBytes, execOpts...)
-	} else if c.ExecUser != nil || len(c.ExecEnv) > 0 {
-		c.Registry.ConfigureExec(execOpts...)
+	if c.Registry == nil && c.MaxOutputBytes > 0 {
+		c.Registry = steps.NewRegistry(c.MaxOutputBytes, c.execOptions()...)
 	}
-	if c.Registry.Has(DrillStepKind) {
-		return fmt.Errorf("engine: step kind %s is reserved for flowctl drill zombie", DrillStepKind)
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
 	}
 	if c.Now == nil {
-		c.Now = time.Now
+		c.Now = c.Clock.Now
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Lease.Logger == nil {
 		c.Lease.Logger = c.Logger
+	}
+	if c.Lease.Clock == nil {
+		c.Lease.Clock = c.Clock
 	}
 	if c.Lease.BeforeExit == nil {
 		// The poison pill kills every exec step's processes before the process exits
@@ -170,5 +173,26 @@ func (c *Config) validate() error {
 	// Defaults once, here: the elector and the leases then share its Counters, and the
 	// engine reads TTL and Backoff from it.
 	c.Lease = c.Lease.WithDefaults()
-	return c.Lease.Validate()
+	return c
+}
+
+// execOptions configure exec steps: ExecEnv, ExecUser.
+func (c Config) execOptions() []steps.RegistryOption {
+	return []steps.RegistryOption{steps.WithExecEnv(c.ExecEnv...), steps.WithExecUser(c.ExecUser)}
+}
+
+// Validate checks c with its defaults applied (WithDefaults) and changes nothing. The
+// error names the field and the fix.
+func (c Config) Validate() error {
+	d := c.WithDefaults()
+	if !ident.ValidID(d.NodeID) {
+		return fmt.Errorf("engine: Config.NodeID %q: %s", d.NodeID, ident.IDRule)
+	}
+	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
+		return fmt.Errorf("engine: Config.Workers, StepParallelism and MaxOutputBytes must not be negative (0 takes the default)")
+	}
+	if d.Registry.Has(worker.DrillStepKind) {
+		return fmt.Errorf("engine: Config.Registry: step kind %s is reserved for flowctl drill zombie; rename yours", worker.DrillStepKind)
+	}
+	return d.Lease.Validate()
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 type crashNode struct {
@@ -61,11 +62,19 @@ func (n *crashNode) start() (*exec.Cmd, <-chan string) {
 }
 
 // kill SIGKILLs the node and returns once all it printed has been read.
-func (n *crashNode) kill(cmd *exec.Cmd, lines <-chan string) {
+func (n *crashNode) kill(t *testing.T, cmd *exec.Cmd, lines <-chan string) {
+	t.Helper()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
-	for range lines { // the output ends with the process: nothing else holds the pipe
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	for open := true; open; { // the output ends with the process: nothing else holds the pipe
+		select {
+		case _, open = <-lines:
+		case <-deadline.C:
+			t.Fatal("the killed node's output did not end within 30s")
+		}
 	}
-	_ = cmd.Wait()
+	_ = within.Cmd(t, 30*time.Second, cmd, "the killed node")
 }
 
 // printed reports whether the node has printed the line, in any of its starts.
@@ -152,7 +161,7 @@ func TestCrashResume(t *testing.T) {
 		if !waitLines(t, node.record, before+rng.IntN(3), lines) {
 			finished = true
 		}
-		node.kill(cmd, lines)
+		node.kill(t, cmd, lines)
 		killedAt = append(killedAt, len(recordLines(t, node.record)))
 		// The run a kill landed in: the one whose step recorded the last side effect
 		// before it, unless the node had already printed that the run was done (then
@@ -254,7 +263,7 @@ func TestForeachResumesAfterKill(t *testing.T) {
 	if !waitLines(t, node.record, 400, lines) {
 		t.Fatal("finished before the kill")
 	}
-	node.kill(cmd, lines)
+	node.kill(t, cmd, lines)
 	atKill := len(recordLines(t, node.record))
 	cmd, lines = node.start()
 	waitAllDone(t, cmd, lines, 2*time.Minute)
@@ -332,7 +341,7 @@ func waitAllDone(t *testing.T, cmd *exec.Cmd, lines <-chan string, d time.Durati
 			done = !ok || l == "all-done"
 		case <-deadline.C:
 			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			_ = within.Cmd(t, 30*time.Second, cmd, "the node killed at its deadline")
 			t.Fatalf("the node did not print all-done within %s", d)
 		}
 	}
@@ -342,7 +351,7 @@ func waitAllDone(t *testing.T, cmd *exec.Cmd, lines <-chan string, d time.Durati
 	case <-exited:
 	case <-deadline.C:
 		_ = cmd.Process.Kill()
-		<-exited
+		within.Recv(t, 30*time.Second, exited, "the node killed at its deadline to exit")
 		t.Fatalf("the node printed all-done but did not exit within %s", d)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -34,7 +35,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 		}
 		return tk
 	}
-	if err := waitFor(ctx, e.clog.Applier, func() bool { return len(ticks()) >= 1 }); err != nil {
+	if err := e.waitFor(ctx, func() bool { return len(ticks()) >= 1 }); err != nil {
 		t.Fatalf("no tick: %v", err)
 	}
 	first := ticks()[0]
@@ -42,7 +43,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 		t.Fatalf("first tick %+v: want fired with a run", first)
 	}
 	// Two more ticks while the first run holds its step.
-	if err := waitFor(ctx, e.clog.Applier, func() bool { return len(ticks()) >= 3 }); err != nil {
+	if err := e.waitFor(ctx, func() bool { return len(ticks()) >= 3 }); err != nil {
 		t.Fatalf("ticks while the run holds: %v (have %+v)", err, ticks())
 	}
 	if r, err := e.store.Run(first.RunID); err != nil || (r.Status != checkpoint.StatusRunning && r.Status != checkpoint.StatusPending) {
@@ -65,7 +66,7 @@ func TestCronOverlapSkipWhileARunIsRunning(t *testing.T) {
 	if r, err := e.WaitRun(ctx, first.RunID); err != nil || r.Status != checkpoint.StatusSucceeded {
 		t.Fatalf("first run: %+v %v", r, err)
 	}
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		tk := ticks()
 		return len(tk) > 3 && tk[len(tk)-1].Outcome == checkpoint.TickFired
 	}); err != nil {
@@ -86,13 +87,13 @@ func recordLastTick(t *testing.T, e *Engine, wf string, at time.Time) {
 
 func dueTicks(t *testing.T, e *Engine, wf string, now time.Time) ([]time.Time, time.Time) {
 	t.Helper()
-	plans, next, err := newScheduler(e, nil).cronDue(now)
+	plans, next, err := leader.CronDue(e.store, e.specs, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range plans {
-		if p.wf.Name == wf {
-			return p.ticks, next
+		if p.Workflow.Name == wf {
+			return p.Ticks, next
 		}
 	}
 	return nil, next

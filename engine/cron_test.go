@@ -40,7 +40,7 @@ func TestCronFiresAndCatchesUp(t *testing.T) {
 			e := startEngineAt(t, dir)
 			apply(t, e, "name: tick\nschedule:\n  cron: \"* * * * * *\"\n  catchup: "+policy+"\n  overlap: allow\nsteps:\n  - name: a\n    uses: noop\n")
 			ctx := ctxT(t, 30*time.Second)
-			if err := waitFor(ctx, e.clog.Applier, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 2 }); err != nil {
+			if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 2 }); err != nil {
 				t.Fatal(err)
 			}
 			ticks, _ := e.store.Ticks("tick")
@@ -58,7 +58,7 @@ func TestCronFiresAndCatchesUp(t *testing.T) {
 			e = startEngineAt(t, dir)
 			defer stopEngine(e)
 			upAt := time.Now()
-			if err := waitFor(ctx, e.clog.Applier, func() bool {
+			if err := e.waitFor(ctx, func() bool {
 				ticks, _ := e.store.Ticks("tick")
 				return len(ticks) > 0 && ticks[len(ticks)-1].At.After(upAt)
 			}); err != nil {

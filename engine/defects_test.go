@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/engine/internal/tasks"
+	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -80,7 +81,7 @@ func TestRunClaimedThatCannotRunReleasesTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.runClaimed(ghost, 7, lease, slog.New(slog.DiscardHandler), false)
+	e.workers.RunClaimed(ghost, 7, lease, slog.New(slog.DiscardHandler))
 	select {
 	case <-lease.Done():
 	case <-ctx.Done():
@@ -217,7 +218,7 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	for _, body := range []string{`{"run":"a.","epoch":5}`, `{"run":"a..b","epoch":5}`, `{"run":"x","epoch":0}`, `not json`,
 		`{"run":"a.","epoch":6}`, `{"run":"b.","epoch":7}`, `{"run":"c..d","epoch":8}`, `{"run":"e.","epoch":9}`} {
-		if _, err := e.js.Publish(ctx, tasksSubject, []byte(body)); err != nil {
+		if _, err := e.js.Publish(ctx, tasks.Subject, []byte(body)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -226,7 +227,11 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 		t.Fatalf("a real run beside forged tasks: %s %s", v.Run.Status, v.Run.Error)
 	}
 	for {
-		info, err := e.tasks.Info(ctx)
+		cons, err := e.tasks.Consumer(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := cons.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

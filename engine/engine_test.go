@@ -13,8 +13,8 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 func TestMain(m *testing.M) {

@@ -198,7 +198,7 @@ steps:
 	if err := e.Retry(ctx, v.Run.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, e.clog.Applier, func() bool { r, _ := e.store.Run(v.Run.ID); return r.Status == checkpoint.StatusSucceeded }); err != nil {
+	if err := e.waitFor(ctx, func() bool { r, _ := e.store.Run(v.Run.ID); return r.Status == checkpoint.StatusSucceeded }); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := e.store.View(v.Run.ID)
@@ -216,7 +216,7 @@ func TestCancelRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, e.clog.Applier, func() bool { r, _ := e.store.Run(id); return r.Status == checkpoint.StatusRunning }); err != nil {
+	if err := e.waitFor(ctx, func() bool { r, _ := e.store.Run(id); return r.Status == checkpoint.StatusRunning }); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Cancel(ctx, id, ""); err != nil {

@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -66,7 +68,11 @@ func (g *gates) step(node string, block map[string]bool) steps.Step {
 		if _, seen := once.LoadOrStore(key, true); !seen && block[in.Step] {
 			entered, open := g.pair(key)
 			close(entered)
-			<-open
+			select { // every gate is opened by the test, or at its end
+			case <-open:
+			case <-time.After(2 * time.Minute):
+				return nil, fmt.Errorf("gate %s never opened", key)
+			}
 		}
 		return json.RawMessage(`{"by":"` + node + `"}`), nil
 	})
@@ -107,7 +113,7 @@ func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engin
 		t.Fatal(err)
 	}
 	aIn, _ := g.pair("node-a/s2")
-	<-aIn
+	within.Recv(t, 30*time.Second, aIn, "node-a entering s2")
 	b := startEngineWith(t, guardsOff.hooks(), func(c *Config) {
 		c.NodeID = "node-b"
 		c.NATSURL = a.ClientURL()
@@ -123,7 +129,7 @@ func runStolen(t *testing.T, guardsOff storeGuardsOff, bBlocks string) (a *Engin
 	g.release("node-a/s2") // the zombie wakes and commits s2 with its old epoch
 	// Wait on what the log decided of the zombie's commit (fenced, or with a guard off
 	// accepted): the state is what the log's notifications tell about.
-	if err := waitFor(ctx, a.clog.Applier, func() bool {
+	if err := a.waitFor(ctx, func() bool {
 		v, _ := a.store.View(id)
 		_, decided := zombieCommit(v)
 		return decided
@@ -174,9 +180,9 @@ func TestFencedStop(t *testing.T) {
 	a, v := runStolen(t, storeGuardsOff{}, "s2")
 	// node-a stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
-	for a.Stats().Stolen.Load() != 1 {
+	for a.workers.Stats().Stolen.Load() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("node-a stopped %d epochs as %s, want 1", a.Stats().Stolen.Load(), ReasonStolen)
+			t.Fatalf("node-a stopped %d epochs as %s, want 1", a.workers.Stats().Stolen.Load(), ReasonStolen)
 		}
 		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
 	}
@@ -259,9 +265,9 @@ func TestDrillZombie(t *testing.T) {
 	}
 	// The paused worker stops right after its fenced commit's outcome reaches it.
 	deadline := time.Now().Add(5 * time.Second)
-	for e.Stats().Stolen.Load() != 1 {
+	for e.workers.Stats().Stolen.Load() != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("stolen %d, want 1", e.Stats().Stolen.Load())
+			t.Fatalf("stolen %d, want 1", e.workers.Stats().Stolen.Load())
 		}
 		time.Sleep(5 * time.Millisecond) // polling a counter, with a deadline
 	}
@@ -289,7 +295,7 @@ func TestLockDelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(ctx, a.clog.Applier, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
+	if err := a.waitFor(ctx, func() bool { r, _ := a.store.Run(id); return len(r.Epochs) >= 2 }); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := a.store.Run(id)

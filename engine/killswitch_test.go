@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -110,7 +110,7 @@ func TestKillSwitchStopsTheStepBeforeTheTakeover(t *testing.T) {
 				t.Fatal("the step never started")
 			}
 			var takeover time.Time
-			if err := waitFor(ctx, e.clog.Applier, func() bool {
+			if err := e.waitFor(ctx, func() bool {
 				r, err := e.store.Run(id)
 				if err != nil || len(r.Epochs) < 2 {
 					return false

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
@@ -121,7 +122,7 @@ func waitLeader(t *testing.T, e *Engine) {
 			t.Fatal("no term won within 30s")
 		}
 		ctx := ctxT(t, time.Second)
-		_ = waitFor(ctx, e.clog.Applier, func() bool { return e.Leading() != nil })
+		_ = e.waitFor(ctx, func() bool { return e.Leading() != nil })
 	}
 }
 
@@ -141,8 +142,8 @@ func TestVerdictsAndUnknownOutcomes(t *testing.T) {
 		{logstream.ErrStopped, false},
 		{fmt.Errorf("x: %w", checkpoint.ErrCorruptLog), false},
 	} {
-		if got := isVerdict(c.err); got != c.verdict {
-			t.Errorf("isVerdict(%v) = %v, want %v", c.err, got, c.verdict)
+		if got := worker.IsVerdict(c.err); got != c.verdict {
+			t.Errorf("worker.IsVerdict(%v) = %v, want %v", c.err, got, c.verdict)
 		}
 	}
 }
@@ -283,7 +284,7 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 	t.Helper()
 	start := time.Now()
 	ctx := ctxT(t, 20*time.Second)
-	if err := waitFor(ctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
+	if err := e.waitFor(ctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Epoch != from }); err != nil {
 		t.Fatalf("run %s never reclaimed: %v", id, err)
 	}
 	return time.Since(start)
@@ -292,9 +293,13 @@ func waitEpochChange(t *testing.T, e *Engine, id string, from int64) time.Durati
 // Reconcile reclaims a running run without a live lease, but one the log changed less
 // than a TTL ago only once it has gone without a lease for a TTL: the lease watcher may
 // lag behind the log, and a reclaim costs a counted epoch change. A run quiet for longer
-// is reclaimed at the next pass.
+// is reclaimed at the next pass. (The decision at exact times is the leader's
+// transcripts'; here the engine carries it out, on a 4 s TTL so that "at the next pass"
+// and "after a TTL" are seconds apart.)
 func TestReconcileWaitsOutAFreshClaim(t *testing.T) {
-	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1 })
+	lease := testLease
+	lease.TTL = 4 * time.Second
+	e := startEngine(t, func(c *Config) { c.ReconcileInterval = 50 * time.Millisecond; c.Workers = 1; c.Lease = lease })
 	waitLeader(t, e)
 	apply(t, e, workflow.ChainYAML("chain", 1))
 	ttl := e.leases.Config().TTL
@@ -324,27 +329,29 @@ func TestDegradedNodeTakesNoNewWork(t *testing.T) {
 		waitLeader(t, e)
 		apply(t, e, workflow.ChainYAML("chain", 1))
 		e.hooks.ForceDegraded.Store(true)
-		e.hooks.IgnoreDegraded.Store(!guard)
 		ctx := ctxT(t, 30*time.Second)
-		// A fetch already waiting when the switch flipped may still take a task: start
-		// the run once the worker loop holds back (its fetch ends within 2 s).
-		if guard {
-			deadline := time.Now().Add(10 * time.Second)
-			for !e.holdingBack.Load() {
-				if time.Now().After(deadline) {
-					t.Fatal("the worker loop never held back")
-				}
-				wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-				<-wctx.Done() // polling the worker loop's state, with a deadline
-				cancel()
+		// A fetch already waiting when the node became degraded may still take a task:
+		// on both sides, the run starts once the worker loop holds back (its fetch ends
+		// within 2 s), and only then does the control switch the guard off, so that what
+		// takes the run in the control is the switch, not a fetch left over.
+		deadline := time.Now().Add(10 * time.Second)
+		for !e.workers.HoldingBack() {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker loop never held back")
 			}
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			<-wctx.Done() // polling the worker loop's state, with a deadline
+			cancel()
 		}
+		e.hooks.IgnoreDegraded.Store(!guard)
 		id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-		err = waitFor(wctx, e.clog.Applier, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
+		// The same window on both sides: the control's node must take the run within it
+		// (in well under a second when idle), the guarded node must not.
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = e.waitFor(wctx, func() bool { r, err := e.store.Run(id); return err == nil && r.Status != checkpoint.StatusPending })
 		cancel()
 		taken := err == nil
 		if guard && taken {
@@ -377,7 +384,7 @@ func TestRepeatedRunIDCannotJumpTheConcurrencyLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := waitFor(ctx, e.clog.Applier, func() bool {
+		if err := e.waitFor(ctx, func() bool {
 			r, err := e.store.Run("holder")
 			return err == nil && r.Status == checkpoint.StatusRunning
 		}); err != nil {
@@ -440,7 +447,7 @@ func TestLeaderWithoutAFreeSlotQueuesATask(t *testing.T) {
 	}
 	// Running means claimed: through a task that takes a claim entry, on the own-run path
 	// none (the assign names the worker).
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		r, err := e.store.Run(sleeper)
 		return err == nil && r.Status == checkpoint.StatusRunning
 	}); err != nil {
@@ -468,7 +475,7 @@ func TestOwnRunWithoutItsLeaseIsHandedBack(t *testing.T) {
 	apply(t, e, workflow.ChainYAML("chain", 2))
 	ctx := ctxT(t, 60*time.Second)
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-held")
-	if err := waitFor(ctx, e.clog.Applier, func() bool {
+	if err := e.waitFor(ctx, func() bool {
 		r, err := e.store.Run("r-held")
 		return err == nil && len(r.Epochs) >= 2
 	}); err != nil {
@@ -517,7 +524,7 @@ func TestTaskWithItsLeaseHeldIsRetried(t *testing.T) {
 	squatter := startWithItsLeaseHeld(t, ctx, e, "chain", "r-wait")
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for e.stats.TasksDeferred.Load() == 0 {
+	for e.workers.Stats().TasksDeferred.Load() == 0 {
 		select {
 		case <-ctx.Done():
 			t.Fatal("the task never met the held lease")

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -10,7 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // waitLeading waits until e leads with a term above min.
@@ -49,8 +51,10 @@ const oneStepWorkflow = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
 // forged entry) would make every entry of the leader stale for good, and its scheduler
 // spin on its own rejections. The leader steps down, raises the bucket's terms above the
 // applied one, wins a term above it and schedules again: a run started after succeeds.
-// Negative control: with raising off the node keeps winning terms below the applied one,
-// says so in LeadershipProblem, and a run started then is never scheduled.
+// Negative control (Hooks.NoTermRaise): the node keeps winning terms below the applied
+// one and says so in LeadershipProblem; a run started then is never scheduled: after
+// three more such terms it is still pending, with no epoch and no assign in its history
+// (not even a rejected one: no term led), and a wait for it ends only at its deadline.
 func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 	for _, raise := range []bool{true, false} {
 		t.Run(map[bool]string{true: "raise", false: "no-raise"}[raise], func(t *testing.T) {
@@ -61,33 +65,62 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 			waitLeading(t, e, 0, 20*time.Second)
 			const forged = 1 << 40
 			forgeTerm(t, e, forged)
-			if !raise {
-				deadline := time.Now().Add(20 * time.Second)
-				for !strings.Contains(e.LeadershipProblem(), "below the applied term") {
-					if time.Now().After(deadline) {
-						t.Fatalf("no leadership problem reported (leading %v)", e.Leading())
-					}
-					time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
+			if raise {
+				term := waitLeading(t, e, forged, 30*time.Second)
+				if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded || v.Run.Epochs[0].Term != term.Term() {
+					t.Fatalf("run after the raise: %+v", v.Run)
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				defer cancel()
-				id, err := e.StartRun(ctxT(t, 10*time.Second), "one", nil, RunOptions{ID: "stuck"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := e.WaitRun(ctx, id); err == nil {
-					t.Fatal("control: a run was scheduled with every leader term below the applied one: the test shows nothing")
+				if p := e.LeadershipProblem(); p != "" {
+					t.Fatalf("a problem is still reported: %q", p)
 				}
 				return
 			}
-			term := waitLeading(t, e, forged, 30*time.Second)
-			if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded || v.Run.Epochs[0].Term != term.Term() {
-				t.Fatalf("run after the raise: %+v", v.Run)
+			before := waitStaleTerm(t, e, 0)
+			id, err := e.StartRun(ctxT(t, 10*time.Second), "one", nil, RunOptions{ID: "stuck"})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if p := e.LeadershipProblem(); p != "" {
-				t.Fatalf("a problem is still reported: %q", p)
+			// Three terms won after the run was submitted, each below the applied term.
+			won := before
+			for range 3 {
+				won = waitStaleTerm(t, e, won)
 			}
+			v, err := e.Run(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Run.Status != checkpoint.StatusPending || v.Run.Epoch != 0 || len(v.Run.Epochs) != 0 || len(v.Events) != 1 || v.Events[0].Kind != checkpoint.KindSubmit {
+				t.Fatalf("control: after terms %d to %d below the applied one the run is %s, epoch %d, epochs %+v, events %+v; want it pending and never assigned: the control shows nothing",
+					before, won, v.Run.Status, v.Run.Epoch, v.Run.Epochs, v.Events)
+			}
+			if stale, err := e.store.StaleTerms(); err != nil || len(stale) != 0 {
+				t.Fatalf("control: stale-term rejections %+v %v; want none (no term below the applied one leads)", stale, err)
+			}
+			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if _, err := e.WaitRun(wctx, id); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("control: a wait for the unscheduled run ended with %v; want its deadline", err)
+			}
+			t.Logf("control: terms %d to %d won below the applied term; the run is pending, never assigned (%q)", before, won, e.LeadershipProblem())
 		})
+	}
+}
+
+// waitStaleTerm waits until e reports, in LeadershipProblem, a term it won below the
+// applied term that is above after, and returns it.
+func waitStaleTerm(t *testing.T, e *Engine, after int64) int64 {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var won, applied int64
+		if _, err := fmt.Sscanf(e.LeadershipProblem(), "won term %d, below the applied term %d", &won, &applied); err == nil && won > after {
+			return won
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no term above %d won below the applied term within 20s (problem %q, leading %v, applied term %d): a node leading above the applied term raised it",
+				after, e.LeadershipProblem(), e.Leading(), e.store.HighestTerm())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}
 }
 

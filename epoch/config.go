@@ -8,9 +8,9 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Defaults.
@@ -65,10 +65,10 @@ type Config struct {
 	Counters *Counters
 	// Logger, if set, receives ownership changes (default: discard).
 	Logger *slog.Logger
-	// Supervisor keeps the lease watcher's KV watch alive (internal/supervise); default:
+	// Supervisor keeps the lease watcher's KV watch alive (internal/base/supervise); default:
 	// one of the watcher's own.
 	Supervisor *supervise.Supervisor
-	// Hooks are tests' switches (internal/testhooks: NoRenew, NoKillSwitch); nil in
+	// Hooks are tests' switches (internal/base/testhooks: NoRenew, NoKillSwitch); nil in
 	// production, and for elections.
 	Hooks *testhooks.Hooks
 }

@@ -13,8 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/flowrun/flow/internal/backoff"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 var fastBackoff = backoff.Policy{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}
@@ -94,7 +95,7 @@ func TestElectionAndResign(t *testing.T) {
 	if l, err := b.Leader(ctx); err != nil || l.Node != "node-a" || l.Term != ta.Term() {
 		t.Fatalf("leader = %+v, %v; want node-a at term %d", l, err, ta.Term())
 	}
-	if l := <-seen; l.Node != "node-a" || l.Term != ta.Term() {
+	if l := within.Recv(t, 10*time.Second, seen, "node-a's term observed"); l.Node != "node-a" || l.Term != ta.Term() {
 		t.Fatalf("observed %+v", l)
 	}
 	// b campaigns while a leads; a renews through several TTLs.
@@ -119,7 +120,7 @@ func TestElectionAndResign(t *testing.T) {
 	if err := ta.Check(); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("check after resign: %v", err)
 	}
-	r := <-won
+	r := within.Recv(t, 10*time.Second, won, "node-b's campaign after node-a resigned")
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -429,7 +430,7 @@ func TestStartStopStress(t *testing.T) {
 		}
 		cancel()
 	}
-	wg.Wait()
+	within.Group(t, 30*time.Second, &wg, "the holders and the campaigners")
 }
 
 // A takeover (the key now holds another owner's value) ends the holder's lease at its

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // The holder's timing on a fake clock. A keeper (the goroutine of a Lease or Term)
@@ -566,7 +566,7 @@ func TestCheckReadsTheClockItself(t *testing.T) {
 	}
 }
 
-// The lease guards' switches (internal/testhooks), as the negative controls of
+// The lease guards' switches (internal/base/testhooks), as the negative controls of
 // docs/testing.md use them: without renewals the kill switch still fires at the trust
 // deadline; without the kill switch an unrenewed holder never notices, and stops
 // trying once its window has closed (no spin); with neither it does nothing at all.

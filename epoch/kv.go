@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // openBucket creates or updates a bucket whose keys lapse TTL after their last write,

@@ -183,6 +183,21 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 	}
 }
 
+// Holder reads run's lease through the bucket stream's leader (not a replica's possibly
+// older copy): its value, and whether it is held (live: not deleted, not lapsed). The
+// leader reads it before a reclaim (engine/internal/leader).
+func (ls *Leases) Holder(ctx context.Context, run string) (LeaseValue, bool, error) {
+	cur, err := readLatest(ctx, ls.js, LeaseBucket, run)
+	if err != nil || !cur.found || cur.deleted {
+		return LeaseValue{}, false, err
+	}
+	var v LeaseValue
+	if err := json.Unmarshal(cur.value, &v); err != nil {
+		return LeaseValue{}, false, fmt.Errorf("epoch: lease of %s: %w", run, err)
+	}
+	return v, true, nil
+}
+
 func (ls *Leases) start(ctx context.Context, val LeaseValue, raw []byte, rev uint64, sent time.Time) *Lease {
 	ls.cfg.Counters.LeasesAcquired.Add(1)
 	what := fmt.Sprintf("lease of run %s at epoch %d (%s)", val.Run, val.Epoch, val.Owner)

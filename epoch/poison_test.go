@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/proctest"
+	"github.com/flowrun/flow/internal/testkit/proctest"
 	"github.com/flowrun/flow/steps"
 )
 

@@ -20,7 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -175,7 +176,7 @@ func (c *cluster) signal(node string, sig syscall.Signal) {
 		c.t.Fatal(err)
 	}
 	if sig == syscall.SIGKILL {
-		_ = cmd.Wait()
+		_ = within.Cmd(c.t, 30*time.Second, cmd, node+" after its SIGKILL")
 		c.mu.Lock()
 		delete(c.procs, node)
 		c.mu.Unlock()
@@ -187,11 +188,11 @@ func (c *cluster) stopAll() {
 	for _, cmd := range c.procs {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		_ = within.Cmd(c.t, 30*time.Second, cmd, "a node after its SIGKILL")
 	}
 	c.procs = map[string]*exec.Cmd{}
 	c.mu.Unlock()
-	c.wg.Wait()
+	within.Group(c.t, 30*time.Second, &c.wg, "the nodes' output readers")
 }
 
 // await returns the first event matching, or fails after d.

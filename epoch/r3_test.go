@@ -10,8 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
-	"github.com/flowrun/flow/internal/streams"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // On a replicated (R3) bucket, kv.Get may be answered by a replica with an older
@@ -80,7 +81,7 @@ func TestR3LeasesSurviveStaleReadsAndSpuriousConflicts(t *testing.T) {
 	want := ls.cfg.Counters.RenewalsOK.Load() + 16*int64(3*ls.cfg.TTL/ls.cfg.RenewInterval)
 	waitFor(t, 20*time.Second, "three TTLs of renewals", func() bool { return ls.cfg.Counters.RenewalsOK.Load() >= want })
 	stopLoad()
-	wg.Wait()
+	within.Group(t, 30*time.Second, &wg, "the load")
 	for _, l := range leases {
 		if err := l.Check(); err != nil {
 			t.Fatalf("lease lost on R3 under load: %v", err)

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -50,7 +50,11 @@ func (w *scenarioWorker) work(ctx context.Context, pauseBefore string) string {
 			if w.entered != nil {
 				close(w.entered)
 			}
-			<-w.paused
+			select { // the test wakes it
+			case <-w.paused:
+			case <-ctx.Done():
+				return "never woken: " + ctx.Err().Error()
+			}
 		}
 		if err := w.lease.Check(); err != nil {
 			return "lease-lost"

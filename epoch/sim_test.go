@@ -14,7 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // The TTL trade-off (docs/leases.md): a lease holder in its own process is SIGSTOPped for
@@ -74,7 +75,7 @@ func startHolder(t *testing.T, url string, ttl time.Duration, run string) *pause
 		t.Fatal(err)
 	}
 	h := &pausedHolder{cmd: cmd, lines: make(chan string, 8)}
-	t.Cleanup(h.kill)
+	t.Cleanup(func() { h.kill(t) })
 	go func() { // ends when the child's stdout closes (it exits or is killed)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -93,11 +94,17 @@ func startHolder(t *testing.T, url string, ttl time.Duration, run string) *pause
 	return h
 }
 
-func (h *pausedHolder) kill() {
+func (h *pausedHolder) kill(t *testing.T) {
 	_ = h.cmd.Process.Signal(syscall.SIGCONT)
 	_ = h.cmd.Process.Kill()
-	_ = h.cmd.Wait()
-	for range h.lines { // drained: the reader goroutine has ended
+	_ = within.Cmd(t, 30*time.Second, h.cmd, "the lease holder after its SIGKILL")
+	deadline := time.After(30 * time.Second)
+	for open := true; open; { // drained: the reader goroutine has ended
+		select {
+		case _, open = <-h.lines:
+		case <-deadline:
+			t.Fatal("the killed holder's output did not end within 30s")
+		}
 	}
 }
 
@@ -187,7 +194,7 @@ func TestLeaseTTLTradeoff(t *testing.T) {
 		if lost := h.pause(t, js, run, ttl, c.offset, c.f); lost != c.lost {
 			t.Fatalf("a pause of %.2f TTL (TTL %s) %s after a renewal: lease lost = %v, want %v (kept below TTL/3, lost past 2/3 TTL)", c.f, ttl, c.offset, lost, c.lost)
 		}
-		h.kill()
+		h.kill(t)
 	}
 }
 
@@ -233,7 +240,7 @@ func measureLeaseTTLTradeoff(t *testing.T) {
 				}
 				// Recovery: kill it; the leader's watcher reports the lapse, and a newer
 				// epoch's acquire follows.
-				h.kill()
+				h.kill(t)
 				killed := time.Now()
 				event(run)
 				l, err := ls.Acquire(context.Background(), run, 2, "next")

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // A lease's TrustUntil (what exec steps' inits hold as their deadline: steps.Input.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/supervise"
+	"github.com/flowrun/flow/internal/base/supervise"
 )
 
 // LeaseEventKind says how a lease ended.
@@ -80,6 +80,18 @@ func (lw *LeaseWatcher) Live(run string) (LeaseValue, bool) {
 	defer lw.mu.Unlock()
 	w, ok := lw.live[run]
 	return w.value, ok
+}
+
+// Current reports whether the watch has shown, within a renewal interval, that it is
+// caught up with the bucket (the sweep's own rule). Only then does Live tell a lease that
+// lapsed from one this watcher has not heard of yet: a watch that lags (its replies lost
+// or late) misses every lease taken since it fell behind, and a reconcile acting on its
+// word would take a run from a live owner (found by the deterministic simulation,
+// engine/internal/sim; docs/testing.md).
+func (lw *LeaseWatcher) Current() bool {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.readyDone && lw.ls.cfg.Clock.Now().Sub(lw.current) <= lw.ls.cfg.RenewInterval
 }
 
 // Stop stops the watcher and waits for its goroutines. Safe to call twice.

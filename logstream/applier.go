@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Applier applies the log to this node's Store in order: a supervised consumer
@@ -30,7 +30,7 @@ type Applier struct {
 	subject      string
 	stallTimeout time.Duration
 	sup          *supervise.Supervisor // nil: one of its own, made at Start
-	hooks        *testhooks.Hooks      // Deaf, FailApply (production's zero value unless a test's)
+	hooks        *testhooks.Hooks      // Deaf, FailApply, HoldApply, NoLogCheck (production's zero value unless a test's)
 	log          *slog.Logger
 
 	mu struct {
@@ -298,7 +298,7 @@ func (a *Applier) probeCaughtUp(ctx context.Context, alive func()) error {
 	defer cancel()
 	before := a.store.Applied()
 	s, err := a.js.Stream(pctx, a.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
+	if errors.Is(err, jetstream.ErrStreamNotFound) && !a.hooks.NoLogCheck {
 		return a.wrongLog("the stream %s was deleted", a.stream)
 	}
 	if err != nil || a.hooks.Deaf.Load() {
@@ -363,6 +363,19 @@ func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, 
 		if a.hooks.Deaf.Load() {
 			<-ctx.Done() // the test's silent consumer: hears nothing until replaced
 			return ctx.Err()
+		}
+		if a.hooks.HoldApply.Load() {
+			// The test's lagging node: it applies nothing until released, then opens its
+			// consumer again from the first unapplied sequence (dropping what this one
+			// fetched meanwhile, as a node that had not fetched it would).
+			for a.hooks.HoldApply.Load() {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+			return errors.New("logstream: released from Hooks.HoldApply: opening the consumer again")
 		}
 		meta, err := msg.Metadata()
 		if err != nil {

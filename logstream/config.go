@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/ident"
-	"github.com/flowrun/flow/internal/supervise"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/ident"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Defaults of Config (DefaultConfig).
@@ -53,7 +53,7 @@ type Config struct {
 	// that it has applied the stream's last one before its consumer is presumed silent
 	// and recreated (default 10s).
 	StallTimeout time.Duration
-	// Supervisor keeps the applier's consumer alive (internal/supervise); nil: a
+	// Supervisor keeps the applier's consumer alive (internal/base/supervise); nil: a
 	// supervisor of the Applier's own.
 	Supervisor *supervise.Supervisor
 	// NoOwnApply leaves every message to the applier, including this node's own (for
@@ -65,7 +65,7 @@ type Config struct {
 	NoteDelay time.Duration
 	// PublishTimeout bounds the retries of one publish (default 10s).
 	PublishTimeout time.Duration
-	// Hooks are tests' switches (internal/testhooks: PassQueue, Deaf, FailApply); nil in
+	// Hooks are tests' switches (internal/base/testhooks: PassQueue, NoLogCheck, Deaf, FailApply, HoldApply); nil in
 	// production.
 	Hooks *testhooks.Hooks
 	// Logger; nil discards.

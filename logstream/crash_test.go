@@ -19,7 +19,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
 const crashHelperEnv = "FLOW_CHECKPOINT_CRASH_HELPER"
@@ -150,7 +150,10 @@ func TestCrashDuringApply(t *testing.T) {
 	kills := 0
 	for round := 0; round < 21; round++ {
 		_, from := dumpDirApplied(t, dir)
-		cmd := exec.Command(exe, "-test.run=^$")
+		// Each helper's life has a deadline: past it the helper is killed, its output
+		// ends and the round fails on its state.
+		hctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cmd := exec.CommandContext(hctx, exe, "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashHelperEnv+"="+dir, crashHelperEnv+"_LAST="+strconv.Itoa(total))
 		stdout, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
@@ -174,6 +177,10 @@ func TestCrashDuringApply(t *testing.T) {
 			}
 		}
 		_ = cmd.Wait()
+		cancel()
+		if hctx.Err() == context.DeadlineExceeded {
+			t.Fatalf("round %d: the helper did not end within its deadline", round)
+		}
 		if killed {
 			kills++
 		}

@@ -10,7 +10,7 @@
 //     message to [checkpoint.Store.Apply] (the Writer's own, from memory, to
 //     [checkpoint.Store.ApplyIfNext]), resolves Futures with the verdicts this node
 //     computed, and refuses a log the state cannot continue from. Its consumer is a
-//     supervised part ("log-consumer", internal/supervise): opened again whenever it
+//     supervised part ("log-consumer", internal/base/supervise): opened again whenever it
 //     ends, or falls silent while the stream moves on.
 //   - [Snapshots] (snapshots.go): the state in the FLOW_SNAPSHOTS object store, and
 //     [PrepareState], the restore a joining node starts from.

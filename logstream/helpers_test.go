@@ -13,7 +13,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/natsnode"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 func TestMain(m *testing.M) {
@@ -27,7 +28,13 @@ func TestMain(m *testing.M) {
 // memStore is a real Pebble on an in-memory file system.
 func memStore(t testing.TB) *checkpoint.Store {
 	t.Helper()
-	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem()})
+	return memStoreWith(t, nil)
+}
+
+// memStoreWith is memStore with the store's test switches h (nil: production's).
+func memStoreWith(t testing.TB, h *testhooks.Hooks) *checkpoint.Store {
+	t.Helper()
+	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/streams"
-	"github.com/flowrun/flow/internal/testhooks"
+	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Log is one node's log, as Open wires it: three parts, each with its own methods, and

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // escapeScript writes a script into dir that starts two processes that leave the
@@ -138,11 +140,11 @@ func TestContainmentStopsEscapedProcesses(t *testing.T) {
 				if event == "cancel" {
 					stopped = time.Now()
 					cancel()
-					if err := <-done; !errors.Is(err, context.Canceled) {
+					if err := within.Recv(t, 30*time.Second, done, "the cancelled step"); !errors.Is(err, context.Canceled) {
 						t.Fatalf("step: %v; want it cancelled", err)
 					}
 				} else {
-					if err := <-done; err != nil {
+					if err := within.Recv(t, 30*time.Second, done, "the step whose command exits"); err != nil {
 						t.Fatalf("step: %v", err)
 					}
 					stopped = time.Now()
@@ -196,7 +198,7 @@ func startHelperParent(t *testing.T, m Mode, trust bool) (*exec.Cmd, string, []i
 	t.Cleanup(func() {
 		_ = parent.Process.Signal(syscall.SIGCONT)
 		_ = parent.Process.Kill()
-		_ = parent.Wait()
+		_ = within.Cmd(t, 30*time.Second, parent, "the step's parent after its SIGKILL")
 	})
 	return parent, dir, escapees(t, dir)
 }
@@ -212,7 +214,7 @@ func TestContainedStepsDieWithTheirParent(t *testing.T) {
 			parent, dir, pids := startHelperParent(t, m, false)
 			killed := time.Now()
 			_ = parent.Process.Kill()
-			_ = parent.Wait()
+			_ = within.Cmd(t, 30*time.Second, parent, "the step's parent after its SIGKILL")
 			checkStopped(t, m == ModeProcessGroup, dir, pids, killed, time.Second)
 		})
 	}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // The kill -9 of flowd, at the level of this package: a process running an exec step is
@@ -34,7 +36,7 @@ func TestStepDiesWithItsProcess(t *testing.T) {
 			pid := readPid(t, filepath.Join(dir, "pid"))
 			t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // the control's survivor
 			_ = parent.Process.Kill()
-			_ = parent.Wait()
+			_ = within.Cmd(t, 30*time.Second, parent, "the step's parent after its SIGKILL")
 			marker := filepath.Join(dir, "after-parent-died")
 			if control {
 				waitUntil(t, 10*time.Second, "the orphaned step to act", func() bool { _, err := os.Stat(marker); return err == nil })
@@ -94,14 +96,14 @@ func TestStepSurvivesGoThreadsEnding(t *testing.T) {
 			runtime.LockOSThread() // and return locked: the runtime ends this thread
 		}()
 	}
-	wg.Wait()
+	within.Group(t, 30*time.Second, &wg, "the goroutines that end their threads")
 	if !alive(pid) {
 		t.Fatalf("the step's process %d died with a Go thread", pid)
 	}
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	if err := within.Recv(t, 10*time.Second, done, "the released step"); err != nil {
 		t.Fatalf("the step did not finish on its own: %v (its forking thread's end killed it?)", err)
 	}
 
@@ -111,7 +113,10 @@ func TestStepSurvivesGoThreadsEnding(t *testing.T) {
 		hold := make(chan struct{})
 		defer close(hold)
 		var cmd *exec.Cmd
-		for cmd == nil {
+		for deadline := time.Now().Add(10 * time.Second); cmd == nil; {
+			if time.Now().After(deadline) {
+				t.Fatal("no goroutine off the main thread within 10s")
+			}
 			c := exec.Command("sleep", "60")
 			c.SysProcAttr = procAttr(nil)
 			started := make(chan error, 1)
@@ -126,15 +131,15 @@ func TestStepSurvivesGoThreadsEnding(t *testing.T) {
 				onMain <- false
 				started <- c.Start()
 			}()
-			if <-onMain {
+			if within.Recv(t, 10*time.Second, onMain, "the forking goroutine's thread") {
 				continue
 			}
-			if err := <-started; err != nil {
+			if err := within.Recv(t, 10*time.Second, started, "the child's start"); err != nil {
 				t.Fatal(err)
 			}
 			cmd = c
 		}
-		err := cmd.Wait()
+		err := within.Cmd(t, 30*time.Second, cmd, "the child of an ended thread")
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("child of an ended thread: %v; want killed by SIGKILL", err)

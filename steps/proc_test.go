@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/flowrun/flow/internal/testkit/within"
 )
 
 // alive reports whether pid is a live process: a zombie (dead, not yet reaped by
@@ -70,8 +72,10 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 		min  time.Duration
 		max  time.Duration
 	}{
-		{"stop-grace-wins", Exec{MaxOutput: 1 << 10}, 100 * time.Millisecond, 100 * time.Millisecond, KillGrace / 2},
-		{"exec-grace-is-shorter", Exec{MaxOutput: 1 << 10, KillGrace: 150 * time.Millisecond}, time.Hour, 150 * time.Millisecond, KillGrace / 2},
+		// The short graces end the step well before the 2 s default: under 3/4 of it, a
+		// margin of over a second on a loaded machine.
+		{"stop-grace-wins", Exec{MaxOutput: 1 << 10}, 100 * time.Millisecond, 100 * time.Millisecond, KillGrace * 3 / 4},
+		{"exec-grace-is-shorter", Exec{MaxOutput: 1 << 10, KillGrace: 150 * time.Millisecond}, time.Hour, 150 * time.Millisecond, KillGrace * 3 / 4},
 		{"control-default", Exec{MaxOutput: 1 << 10}, 0, KillGrace, KillGrace + 2*time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -85,7 +89,7 @@ func TestExecStopGraceCutsTheKillGrace(t *testing.T) {
 			pid := readPid(t, pidFile)
 			stopped := time.Now()
 			cancel()
-			err := <-done
+			err := within.Recv(t, 30*time.Second, done, "the stopped step")
 			took := time.Since(stopped)
 			if !errors.Is(err, context.Canceled) || took < tc.min || took > tc.max {
 				t.Fatalf("err %v after %s; want the cancel after %s..%s", err, took, tc.min, tc.max)
@@ -126,7 +130,7 @@ func TestKillProcessGroupsKillsStepsAndTheirChildren(t *testing.T) {
 					t.Fatalf("process %d alive after KillProcessGroups returned", pid)
 				}
 			}
-			wg.Wait()
+			within.Group(t, 30*time.Second, &wg, "the killed steps to return")
 			for _, err := range errs {
 				if err == nil || !strings.Contains(err.Error(), "killed") {
 					t.Fatalf("step: %v; want it killed", err)

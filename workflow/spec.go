@@ -8,7 +8,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/flowrun/flow/internal/ident"
+	"github.com/flowrun/flow/internal/base/ident"
 
 	"go.yaml.in/yaml/v3"
 )

@@ -4,7 +4,7 @@ package main
 import (
 	"os"
 
-	"github.com/flowrun/flow/internal/cli"
+	"github.com/flowrun/flow/internal/app/cli"
 )
 
 func main() {

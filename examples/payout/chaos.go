@@ -10,10 +10,10 @@ import (
 	"syscall"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/internal/natsnode"
 )
 
 // chaosCluster is three payout nodes (child processes running `payout node`, that is
@@ -22,7 +22,7 @@ import (
 type chaosCluster struct {
 	o       options
 	dir     string
-	nats    *natsnode.Server
+	nats    *natsserver.Server
 	natsURL string
 	nc      *nats.Conn
 	client  *client.Client
@@ -98,8 +98,7 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 			c.stop()
 		}
 	}()
-	c.nats, err = natsnode.Start(natsnode.Config{DataDir: filepath.Join(c.dir, "nats"), Listen: "127.0.0.1:0"})
-	if err != nil {
+	if c.nats, err = startNATS(filepath.Join(c.dir, "nats")); err != nil {
 		return c, err
 	}
 	c.natsURL = c.nats.ClientURL()
@@ -114,7 +113,7 @@ func startChaosCluster(ctx context.Context, o options) (c *chaosCluster, err err
 		c.nodes = append(c.nodes, n)
 	}
 	c.lockStolen() // a reused --data-dir: count only what this run's nodes log
-	if c.nc, err = natsnode.Connect(c.natsURL, "payout-chaos"); err != nil {
+	if c.nc, err = nats.Connect(c.natsURL, nats.Name("payout-chaos")); err != nil {
 		return c, err
 	}
 	ready := client.New(c.nc)
@@ -255,6 +254,7 @@ func (c *chaosCluster) stop() {
 	}
 	if c.nats != nil {
 		c.nats.Shutdown()
+		c.nats.WaitForShutdown()
 	}
 }
 
@@ -278,4 +278,24 @@ func waitFor(ctx context.Context, d time.Duration, what string, cond func() (boo
 		case <-time.After(50 * time.Millisecond): // polling other processes' state
 		}
 	}
+}
+
+// startNATS starts the NATS JetStream server the chaos nodes share, in this process, on
+// a free loopback port, fsyncing every write as flowd's embedded server does (a node
+// killed mid-run must find every acknowledged entry), with bounded storage.
+func startNATS(dir string) (*natsserver.Server, error) {
+	srv, err := natsserver.NewServer(&natsserver.Options{
+		ServerName: "payout-chaos", Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoSigs: true,
+		JetStream: true, StoreDir: dir, SyncAlways: true,
+		JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20, MaxPayload: 8 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: NATS server: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("chaos: the NATS server did not start within 10s")
+	}
+	return srv, nil
 }

@@ -13,13 +13,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -31,11 +31,8 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/engine"
-	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/examples/payout/wallet"
-	"github.com/flowrun/flow/internal/apiserver"
-	"github.com/flowrun/flow/internal/flowd"
+	"github.com/flowrun/flow/flowd"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -94,7 +91,7 @@ func runNode(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	return flowd.Main(args, reg)
+	return flowd.Main(args, flowd.WithSteps(reg))
 }
 
 func (o *options) validate() error {
@@ -217,32 +214,22 @@ func run(ctx context.Context, o options) ([]round, error) {
 	return rounds, nil
 }
 
-// startSingleNode starts one engine in this process on the embedded defaults and serves
-// the API on it.
+// startSingleNode starts one flow node in this process (as flowd would, with the
+// payout's step kinds), its NATS embedded on a free loopback port.
 func startSingleNode(ctx context.Context, o options) (func(), *client.Client, error) {
 	reg := steps.NewRegistry(0)
 	if err := registerSteps(reg); err != nil {
 		return nil, nil, err
 	}
-	e, err := engine.New(engine.Config{NodeID: "payout-demo", DataDir: filepath.Join(o.dataDir, "flow"), NATSListen: "-",
-		Workers: 4, Registry: reg, Lease: epoch.Config{TTL: o.leaseTTL}, Logger: slog.New(slog.DiscardHandler), Now: o.now})
+	var logs bytes.Buffer // shown only if the node does not start
+	node, err := flowd.Start(ctx, []string{"--node-id", "payout-demo", "--data-dir", filepath.Join(o.dataDir, "flow"),
+		"--nats-listen", "127.0.0.1:0", "--http", "off", "--workers", "4", "--lease-ttl", o.leaseTTL.String(),
+		"--log-level", "error", "--log-format", "text"},
+		flowd.WithSteps(reg), flowd.WithNow(o.now), flowd.WithLogOutput(&logs))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(logs.String()))
 	}
-	if err := e.Start(ctx); err != nil {
-		return nil, nil, err
-	}
-	stopEngine := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = e.Stop(sctx)
-	}
-	srv, err := apiserver.Serve(apiserver.Config{Engine: e, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
-	if err != nil {
-		stopEngine()
-		return nil, nil, err
-	}
-	return func() { srv.Stop(); stopEngine() }, client.New(e.Conn()), nil
+	return node.Stop, node.Client(), nil
 }
 
 // payOnce runs one payout for date ("" = the workflow's default) and prints its summary.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -26,7 +27,7 @@ func serve(t *testing.T, opts ...Option) (creditFunc, func() Ledger) {
 		req, _ := http.NewRequest("POST", srv.URL+"/credit", bytes.NewReader(body))
 		req.Header.Set("Flow-Epoch", epoch)
 		req.Header.Set("Idempotency-Key", key)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +35,7 @@ func serve(t *testing.T, opts ...Option) (creditFunc, func() Ledger) {
 		return resp.StatusCode
 	}
 	ledger := func() Ledger {
-		resp, err := http.Get(srv.URL + "/ledger?date=2026-11-28")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(srv.URL + "/ledger?date=2026-11-28")
 		if err != nil {
 			t.Fatal(err)
 		}

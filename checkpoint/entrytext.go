@@ -1,0 +1,261 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The text form of entries and verdicts that transcripts are written in: this
+// package's (testdata/*.txt), the leader's and the workers' decisions', and the
+// simulation's. It is for people to read and write; the log never carries it.
+//
+// An entry is "<kind> key=value...": run, epoch, term, owner, step, item (default -1,
+// the whole step), worker, reason, actor, out (JSON, as written), error, attempt,
+// items, status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
+// foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf),
+// version (default 1), trigger (default manual). A value with spaces is written in
+// double quotes. epoch=@R is run R's current epoch; an assign without epoch= carries
+// the run's current epoch (what a scheduler reading the state writes).
+
+// ParseEntryText reads one entry in the text form. at is its At; epochOf gives a run's
+// current epoch (for epoch=@R and an assign without epoch=).
+func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, bool)) (Entry, error) {
+	toks, err := tokenizeEntry(line)
+	if err != nil {
+		return Entry{}, err
+	}
+	e := Entry{Kind: Kind(toks[0].key), Item: ItemWhole, At: at}
+	if toks[0].val != "" {
+		return Entry{}, fmt.Errorf("an entry starts with its kind")
+	}
+	if e.Kind == KindSubmit {
+		e.Submit = &Submit{Workflow: "wf", Version: 1, Trigger: TriggerManual}
+	}
+	epochSet := false
+	for _, tok := range toks[1:] {
+		k, v := tok.key, tok.val
+		num := func() (int64, error) { return strconv.ParseInt(v, 10, 64) }
+		var n int64
+		switch k {
+		case "run":
+			e.Run = v
+		case "owner":
+			e.Owner = v
+		case "actor":
+			e.Actor = v
+		case "step":
+			e.Step = v
+		case "worker":
+			e.Worker = v
+		case "reason":
+			e.Reason = v
+		case "error":
+			e.Error = v
+		case "status":
+			e.Status = RunStatus(v)
+		case "out": // JSON, as written: out="text" is a JSON string
+			e.Output = json.RawMessage(tok.raw)
+		case "final":
+			e.Final, err = flagValue(v)
+		case "skipped":
+			e.Skipped, err = flagValue(v)
+		case "epoch":
+			epochSet = true
+			if run, ok := strings.CutPrefix(v, "@"); ok {
+				ep, found := epochOf(run)
+				if !found {
+					return Entry{}, fmt.Errorf("epoch=%s: no run %s", v, run)
+				}
+				e.Epoch = ep
+			} else {
+				e.Epoch, err = num()
+			}
+		case "term":
+			e.Term, err = num()
+		case "item":
+			n, err = num()
+			e.Item = int(n)
+		case "attempt":
+			n, err = num()
+			e.Attempt = int(n)
+		case "items":
+			n, err = num()
+			e.Items = int(n)
+		case "steps", "max_epochs", "workflow", "version", "trigger":
+			if e.Submit == nil {
+				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
+			}
+			switch k {
+			case "steps":
+				for name := range strings.SplitSeq(v, ",") {
+					base, foreach := strings.CutSuffix(name, "*")
+					e.Submit.Steps = append(e.Submit.Steps, StepSpec{Name: base, Foreach: foreach})
+				}
+			case "max_epochs":
+				n, err = num()
+				e.Submit.MaxEpochs = int(n)
+			case "workflow":
+				e.Submit.Workflow = v
+			case "version":
+				n, err = num()
+				e.Submit.Version = int(n)
+			case "trigger":
+				e.Submit.Trigger = v
+			}
+		default:
+			return Entry{}, fmt.Errorf("unknown key %q", k)
+		}
+		if err != nil {
+			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
+		}
+	}
+	if e.Kind == KindAssign && !epochSet {
+		if ep, ok := epochOf(e.Run); ok {
+			e.Epoch = ep
+		}
+	}
+	return e, nil
+}
+
+// VerdictText prints an entry's outcome, as the store at seq gave it, in a stable form:
+// ok (an accepted assign adds the epoch it began and why), fenced: <reason> (epoch E,
+// run's C), rejected: stale term ..., conflict: ..., invalid: ..., dead-lettered: ...,
+// not found: ..., run exists: ..., tick exists: ....
+func VerdictText(s *Store, seq uint64, e Entry, err error) string {
+	var fe *FencedError
+	var st *StaleTermError
+	switch {
+	case err == nil:
+		if e.Kind == KindAssign {
+			if r, rerr := s.Run(e.Run); rerr == nil {
+				for _, ep := range r.Epochs {
+					if ep.Epoch == int64(seq) {
+						s := fmt.Sprintf("ok, epoch %d (%s)", ep.Epoch, ep.Reason)
+						if e.Worker != "" {
+							s += ", claimed by " + e.Worker
+						}
+						return s
+					}
+				}
+			}
+		}
+		return "ok"
+	case errors.As(err, &fe):
+		return fmt.Sprintf("fenced: %s (epoch %d, run's %d)", fe.Reason, fe.Epoch, fe.CurrentEpoch)
+	case errors.As(err, &st):
+		return fmt.Sprintf("rejected: stale term (term %d < highest %d)", st.Term, st.HighestTerm)
+	}
+	for _, s := range []struct {
+		label    string
+		sentinel error
+	}{
+		{"dead-lettered", ErrDeadLettered},
+		{"conflict", ErrConflict},
+		{"invalid", ErrInvalidEntry},
+		{"not found", ErrNotFound},
+		{"run exists", ErrRunExists},
+		{"tick exists", ErrTickExists},
+	} {
+		if errors.Is(err, s.sentinel) {
+			return s.label + ": " + strings.TrimPrefix(err.Error(), s.sentinel.Error()+": ")
+		}
+	}
+	return "error: " + err.Error()
+}
+
+func flagValue(v string) (bool, error) {
+	if v == "" {
+		return true, nil
+	}
+	return strconv.ParseBool(v)
+}
+
+// entryToken is key=val; raw is the value as written (a JSON output keeps its quotes).
+type entryToken struct{ key, val, raw string }
+
+// tokenizeEntry splits "kind k=v k2="a b" k3={"x": 1} flag" into tokens. A value is a
+// quoted Go string, a JSON object or array (up to its closing bracket), or runs to the
+// next space.
+func tokenizeEntry(line string) ([]entryToken, error) {
+	var toks []entryToken
+	i := 0
+	for {
+		for i < len(line) && line[i] == ' ' {
+			i++
+		}
+		if i == len(line) {
+			break
+		}
+		start := i
+		for i < len(line) && line[i] != ' ' && line[i] != '=' {
+			i++
+		}
+		tok := entryToken{key: line[start:i]}
+		if i < len(line) && line[i] == '=' {
+			i++
+			n, err := valueLen(line[i:])
+			if err != nil {
+				return nil, fmt.Errorf("%s=: %w", tok.key, err)
+			}
+			tok.val = line[i : i+n]
+			tok.raw = tok.val
+			if strings.HasPrefix(tok.val, `"`) {
+				if tok.val, err = strconv.Unquote(tok.val); err != nil {
+					return nil, fmt.Errorf("%s=: %w", tok.key, err)
+				}
+			}
+			i += n
+		}
+		toks = append(toks, tok)
+	}
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("empty entry")
+	}
+	return toks, nil
+}
+
+func valueLen(s string) (int, error) {
+	if s == "" {
+		return 0, nil
+	}
+	switch s[0] {
+	case '"':
+		for i := 1; i < len(s); i++ {
+			switch s[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1, nil
+			}
+		}
+		return 0, fmt.Errorf("unterminated string")
+	case '{', '[':
+		depth, inStr := 0, false
+		for i := 0; i < len(s); i++ {
+			c := s[i]
+			switch {
+			case inStr && c == '\\':
+				i++
+			case c == '"':
+				inStr = !inStr
+			case inStr:
+			case c == '{' || c == '[':
+				depth++
+			case c == '}' || c == ']':
+				depth--
+				if depth == 0 {
+					return i + 1, nil
+				}
+			}
+		}
+		return 0, fmt.Errorf("unbalanced JSON value")
+	}
+	if n := strings.IndexByte(s, ' '); n >= 0 {
+		return n, nil
+	}
+	return len(s), nil
+}

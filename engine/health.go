@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/logstream"
+)
+
+// Health is what a node can say of its own readiness, taken at one moment (Health).
+type Health struct {
+	// Connected: the NATS connection is up.
+	Connected bool
+	// Parts are the supervised long-lived NATS interactions (log-consumer, election,
+	// lease-watcher, tasks, api) and whether each heard from NATS within its limit.
+	Parts []PartHealth
+	// Problems say, one line each, why the node is not ready (empty: it is).
+	Problems []string
+	// Applied is the log sequence the state has applied; LastSeq the log's last one
+	// (0 if it could not be read: a problem says why).
+	Applied, LastSeq uint64
+	// ApplierErr is why the applier stopped for good (nil while it runs).
+	ApplierErr error
+}
+
+// PartHealth is one supervised part's health.
+type PartHealth struct {
+	Name     string
+	Healthy  bool
+	Problem  string // why not healthy
+	Restarts int64
+}
+
+func (e *Engine) partHealth() []PartHealth {
+	st := e.sup.Status()
+	out := make([]PartHealth, len(st))
+	for i, p := range st {
+		out[i] = PartHealth{Name: p.Name, Healthy: p.Healthy, Problem: p.Problem, Restarts: p.Restarts}
+	}
+	return out
+}
+
+// ReadyLag is how far behind the log a node may be and still call itself ready.
+const ReadyLag = 1000
+
+// Health reports the node's readiness: NATS reachable, every supervised part heard
+// from within its silence limit (a node cut off by a silent partition is not ready
+// until every part works again), a term it can lead with, the applier running and
+// caught up with the log to within ReadyLag.
+func (e *Engine) Health(ctx context.Context) Health {
+	h := Health{Connected: e.nc != nil && e.nc.IsConnected(), Parts: e.partHealth(), Applied: e.store.Applied()}
+	if !h.Connected {
+		h.Problems = append(h.Problems, "NATS is not reachable")
+	}
+	h.Problems = append(h.Problems, e.sup.Problems()...)
+	if e.leader != nil {
+		if p := e.leader.Problem(); p != "" {
+			h.Problems = append(h.Problems, "leadership: "+p)
+		}
+	}
+	if h.ApplierErr = e.clog.Applier.Err(); h.ApplierErr != nil {
+		h.Problems = append(h.Problems, "the applier stopped: "+h.ApplierErr.Error())
+	}
+	last, err := e.clog.Applier.LastSeq(ctx)
+	switch {
+	case err != nil:
+		h.Problems = append(h.Problems, "cannot read the log: "+err.Error())
+	case last > h.Applied+ReadyLag:
+		h.LastSeq = last
+		h.Problems = append(h.Problems, fmt.Sprintf("applier behind: %d of %d", h.Applied, last))
+	default:
+		h.LastSeq = last
+	}
+	return h
+}
+
+// ApplierFailed is closed when the applier stops for good; Health's ApplierErr then
+// says why (a logstream.ErrWrongLog means the node must not serve at all).
+func (e *Engine) ApplierFailed() <-chan struct{} { return e.clog.Applier.Failed() }
+
+// Metrics are the node's counters and gauges, taken at one moment (Metrics): what
+// flowd's /metrics exports.
+type Metrics struct {
+	// The applier's counters (the whole log's verdicts as this node applied them).
+	CommitsAccepted, CommitsFenced, EpochChanges, StaleTerms, LogRejected, RunsRetired int64
+	// HighestTerm is the highest leader term applied (or this node's, if it leads with
+	// a higher one); Leading says whether it leads.
+	HighestTerm int64
+	Leading     bool
+	// Lease and election counters of this node.
+	RenewalsOK, RenewalsFailed, LeasesLost, LeasesAcquired, TermsWon int64
+	LeaseDegraded                                                    time.Duration
+	// Runs by status, in this node's state.
+	Runs map[checkpoint.RunStatus]int
+	// Queued are the runs waiting for an epoch (admission); Assigned those holding one
+	// and not yet claimed.
+	Queued, Assigned int
+	// ApplyLag is how many log messages this node has not applied (-1: unknown).
+	ApplyLag int64
+	// Workers' counters.
+	Stolen, HandedBack, TasksDeferred, StepAttempts, StepFailures int64
+	// NATSReconnects counts the connection's reconnects; PartRestarts the supervised
+	// parts' restarts; Parts their health.
+	NATSReconnects uint64
+	PartRestarts   int64
+	Parts          []PartHealth
+}
+
+// Metrics reads the node's counters.
+func (e *Engine) Metrics(ctx context.Context) Metrics {
+	c := e.store.Counters()
+	m := Metrics{CommitsAccepted: c.CommitsAccepted.Load(), CommitsFenced: c.CommitsFenced.Load(), EpochChanges: c.EpochChanges.Load(),
+		StaleTerms: c.StaleTerms.Load(), LogRejected: c.LogRejected.Load(), RunsRetired: c.Retired.Load(),
+		HighestTerm: e.store.HighestTerm(), Runs: map[checkpoint.RunStatus]int{}, Queued: e.store.QueuedRuns(), ApplyLag: -1}
+	if t := e.Leading(); t != nil {
+		m.HighestTerm, m.Leading = max(m.HighestTerm, t.Term()), true
+	}
+	lc := e.leases.Config().Counters
+	m.RenewalsOK, m.RenewalsFailed, m.LeasesLost = lc.RenewalsOK.Load(), lc.RenewalsFailed.Load(), lc.LeasesLost.Load()
+	m.LeasesAcquired, m.TermsWon, m.LeaseDegraded = lc.LeasesAcquired.Load(), lc.TermsWon.Load(), lc.Degraded()
+	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
+		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
+		n, _ := e.store.CountRuns(st)
+		m.Runs[st] = n
+	}
+	m.Assigned, _ = e.store.Held()
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if last, err := e.clog.Applier.LastSeq(ctx); err == nil {
+		m.ApplyLag = int64(last - min(last, e.store.Applied()))
+	}
+	s := e.workers.Stats()
+	m.Stolen, m.HandedBack, m.TasksDeferred = s.Stolen.Load(), s.HandedBack.Load(), s.TasksDeferred.Load()
+	m.StepAttempts, m.StepFailures = s.StepAttempts.Load(), s.StepFailures.Load()
+	m.NATSReconnects = e.nc.Stats().Reconnects
+	m.PartRestarts, m.Parts = e.sup.Restarts(), e.partHealth()
+	return m
+}
+
+// Conn is the node's NATS connection, on which the daemon serves the API service
+// (internal/app/apiserver) beside the engine.
+func (e *Engine) Conn() *nats.Conn { return e.nc }
+
+// Supervisor keeps the node's long-lived NATS interactions alive; the API service is
+// added to it.
+func (e *Engine) Supervisor() *supervise.Supervisor { return e.sup }
+
+// Store is this node's state. For tests and tools that must look inside (flowd reads
+// Health and Metrics); never write to it.
+func (e *Engine) Store() *checkpoint.Store { return e.store }
+
+// Log is this node's log. For tests and tools that must write entries of their own
+// (forgeries, drills); flowd reads Health and Metrics.
+func (e *Engine) Log() *logstream.Log { return e.clog }
+
+// JetStream is this node's JetStream context. For tests and tools (reading FLOW_DLQ,
+// publishing what a forger would); flowd reads Health and Metrics.
+func (e *Engine) JetStream() jetstream.JetStream { return e.js }

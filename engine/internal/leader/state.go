@@ -1,0 +1,34 @@
+package leader
+
+import (
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
+)
+
+// State is what the leader reads of this node's applied state: a *checkpoint.Store.
+// The leader never writes to it; its entries reach it through the log.
+type State interface {
+	Run(id string) (*checkpoint.Run, error)
+	EachRun(opts checkpoint.ListOptions, fn func(*checkpoint.Run) bool) error
+	EachQueued(fn func(*checkpoint.Run) checkpoint.QueueVerdict) error
+	ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string, error)
+	// Held counts the runs holding an epoch: assigned and unclaimed, and running.
+	Held() (assigned, running int)
+	HeldByWorkflow() map[string]int
+	QueuedRuns() int
+	AssignedRuns() []string
+	Workflows() ([]checkpoint.WorkflowVersion, error)
+	Ticks(workflow string) ([]checkpoint.Tick, error)
+	HighestTerm() int64
+	Applied() uint64
+	// ScheduleChanged is closed when a workflow or a tick is applied (cron wakes).
+	ScheduleChanged() <-chan struct{}
+}
+
+var _ State = (*checkpoint.Store)(nil)
+
+// Specs gives the decoded workflow versions (engine/internal/specs).
+type Specs interface {
+	Workflow(name string, version int) (*workflow.Workflow, error)
+	OfRun(r *checkpoint.Run) (*workflow.Workflow, error)
+}

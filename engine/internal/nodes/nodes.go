@@ -1,0 +1,132 @@
+// Package nodes is what each live node says of itself where the others can read it:
+// its applied log sequence, in the FLOW_NODES bucket, renewed every few seconds and
+// lapsing a minute after the node stops. The leader's compaction keeps every message a
+// live node still needs; a node that was away longer restores a snapshot when it
+// comes back.
+package nodes
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/base/streams"
+)
+
+// Bucket holds each live node's report.
+const Bucket = "FLOW_NODES"
+
+const (
+	// ReportEvery is how often a node reports.
+	ReportEvery = 5 * time.Second
+	// ReportTTL is how long a report lives: a node silent that long is not live.
+	ReportTTL = time.Minute
+)
+
+// Report is what a node says of itself.
+type Report struct {
+	Applied uint64    `json:"applied"`
+	At      time.Time `json:"at"`
+}
+
+// Open creates the bucket if needed.
+func Open(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	return streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: Bucket, TTL: ReportTTL,
+		Description: "flow nodes' applied log sequences (compaction keeps what they need)", Storage: jetstream.MemoryStorage, Replicas: replicas})
+}
+
+// Reporter puts this node's report in the bucket now and every ReportEvery.
+type Reporter struct {
+	kv      jetstream.KeyValue
+	node    string
+	applied func() uint64
+	clock   clockwork.Clock
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewReporter reports node's applied sequence (applied) into kv.
+func NewReporter(kv jetstream.KeyValue, node string, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
+	return &Reporter{kv: kv, node: node, applied: applied, clock: clock, log: log}
+}
+
+// Report puts the report once.
+func (r *Reporter) Report(ctx context.Context) {
+	b, _ := json.Marshal(Report{Applied: r.applied(), At: r.clock.Now().UTC()})
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := r.kv.Put(pctx, r.node, b); err != nil {
+		r.log.Debug("report the applied sequence", "err", err)
+	}
+}
+
+// Start reports now and then every ReportEvery until Stop. Safe to call once.
+func (r *Reporter) Start(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done != nil {
+		return
+	}
+	ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		tick := r.clock.NewTicker(ReportEvery)
+		defer tick.Stop()
+		for {
+			r.Report(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.Chan():
+			}
+		}
+	}()
+}
+
+// Stop stops the reports and waits. Safe twice and before Start.
+func (r *Reporter) Stop() {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+}
+
+// LiveApplied is the lowest applied sequence a live node other than self reported,
+// and whether any did.
+func LiveApplied(ctx context.Context, kv jetstream.KeyValue, self string) (uint64, bool, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	low, any := uint64(0), false
+	for k := range keys.Keys() {
+		if k == self {
+			continue // a node's own applied sequence is read directly
+		}
+		entry, err := kv.Get(ctx, k)
+		if err != nil {
+			continue // expired meanwhile
+		}
+		var r Report
+		if json.Unmarshal(entry.Value(), &r) != nil {
+			continue
+		}
+		if !any || r.Applied < low {
+			low, any = r.Applied, true
+		}
+	}
+	return low, any, nil
+}

@@ -1,0 +1,224 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/flowrun/flow/internal/base/testhooks"
+)
+
+var (
+	seedsFlag   = flag.Int("sim.seeds", 0, "how many seeds TestSimulation runs (0: the default, fewer under -race)")
+	seedFlag    = flag.Uint64("sim.seed", 0, "replay exactly this seed, printing its event trace")
+	firstFlag   = flag.Uint64("sim.first", 1, "the first seed TestSimulation runs")
+	rescanFlag  = flag.Bool("sim.rescan", false, "TestSimulationControls scans every control from seed 1 (to renew the table of docs/testing.md)")
+	controlFlag = flag.String("sim.control", "", "TestSimulationControls runs only this control")
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func defaultSeeds() int {
+	if raceEnabled {
+		return 30
+	}
+	return 300
+}
+
+// TestSimulation runs many seeds, each a cluster of three nodes with its own workload
+// and faults, checking the invariants after every event; -sim.seed=S replays one seed
+// and prints its trace.
+func TestSimulation(t *testing.T) {
+	if *seedFlag != 0 {
+		var b strings.Builder
+		s := New(*seedFlag, Switches{})
+		s.Trace(func(line string) { b.WriteString(line); b.WriteByte('\n') })
+		err := s.Run()
+		t.Logf("seed %d: %+v\n%s", *seedFlag, s.Config(), b.String())
+		t.Logf("stats: %+v", s.Stats())
+		if err != nil {
+			t.Fatalf("seed %d: %v", *seedFlag, err)
+		}
+		return
+	}
+	n := *seedsFlag
+	if n == 0 {
+		n = defaultSeeds()
+	}
+	start := time.Now()
+	seed, total, err := runSeeds(*firstFlag, n, Switches{})
+	el := time.Since(start)
+	if err != nil {
+		t.Fatalf("seed %d: %v\nreplay: go test ./engine/internal/sim -run 'TestSimulation$' -sim.seed=%d -v", seed, err, seed)
+	}
+	t.Logf("%d seeds in %s (%.0f seeds/s): %+v", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total)
+}
+
+// runSeeds runs seeds first, first+1, ... (n of them) on GOMAXPROCS goroutines, each
+// seed a simulation of its own, and returns the lowest seed that failed, with its error
+// (0, nil if none did), and the stats of the seeds run. Seeds are handed out in order
+// and none above a failure is started, so the lowest failing seed is the same whatever
+// the goroutines' timing.
+func runSeeds(first uint64, n int, sw Switches) (uint64, Stats, error) {
+	var (
+		mu      sync.Mutex
+		next    = first
+		failed  uint64
+		failErr error
+		total   Stats
+		wg      sync.WaitGroup
+	)
+	end := first + uint64(n)
+	for w := 0; w < runtime.GOMAXPROCS(0); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				seed := next
+				if seed >= end || (failErr != nil && seed > failed) {
+					mu.Unlock()
+					return
+				}
+				next++
+				mu.Unlock()
+				s := New(seed, sw)
+				err := s.Run()
+				mu.Lock()
+				add(&total, s.Stats())
+				if err != nil && (failErr == nil || seed < failed) {
+					failed, failErr = seed, err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return failed, total, failErr
+}
+
+func add(t *Stats, s Stats) {
+	t.Events += s.Events
+	t.Messages += s.Messages
+	t.Partitions += s.Partitions
+	t.Pauses += s.Pauses
+	t.Kills += s.Kills
+	t.Drains += s.Drains
+	t.Lost += s.Lost
+	t.Dups += s.Dups
+	t.Terms += s.Terms
+	t.Assigns += s.Assigns
+	t.Reclaims += s.Reclaims
+	t.Fenced += s.Fenced
+	t.Stale += s.Stale
+	t.SideEffects += s.SideEffects
+	t.Commits += s.Commits
+	t.DeadLettered += s.DeadLettered
+	t.Ticks += s.Ticks
+	t.Succeeded += s.Succeeded
+	t.Failed += s.Failed
+	t.Cancelled += s.Cancelled
+	t.KillSwitches += s.KillSwitches
+}
+
+// TestSimulationIsDeterministic: a seed is a replay. The same seed twice gives the
+// identical trace, event for event, and a different seed a different one.
+func TestSimulationIsDeterministic(t *testing.T) {
+	trace := func(seed uint64) (string, error) {
+		var b strings.Builder
+		s := New(seed, Switches{})
+		s.Trace(func(line string) { b.WriteString(line); b.WriteByte('\n') })
+		err := s.Run()
+		return b.String(), err
+	}
+	for _, seed := range []uint64{7, 192, 300} {
+		a, errA := trace(seed)
+		b, errB := trace(seed)
+		if fmt.Sprint(errA) != fmt.Sprint(errB) {
+			t.Fatalf("seed %d: %v, then %v", seed, errA, errB)
+		}
+		if a != b {
+			t.Fatalf("seed %d: two runs differ: %s", seed, firstDiff(a, b))
+		}
+		if strings.Count(a, "\n") < 100 {
+			t.Fatalf("seed %d: a trace of %d lines", seed, strings.Count(a, "\n"))
+		}
+	}
+	a, _ := trace(7)
+	b, _ := trace(8)
+	if a == b {
+		t.Fatalf("seeds 7 and 8 gave the same trace")
+	}
+}
+
+// control is a guard switched off, and the invariants whose break shows the damage it
+// prevents.
+type control struct {
+	name  string
+	sw    Switches
+	want  []string // any one of these invariants
+	first uint64   // the first seed that breaks it (docs/testing.md): the scan starts there
+}
+
+var controls = []control{
+	{"no epoch check", Switches{Hooks: &testhooks.Hooks{NoEpochCheck: true}}, []string{"2"}, 173},
+	{"no checkpoint check", Switches{Hooks: &testhooks.Hooks{NoCheckpointCheck: true}}, []string{"1", "3"}, 8},
+	{"no start check", Switches{Hooks: &testhooks.Hooks{NoStartCheck: true}}, []string{"3", "1"}, 8},
+	{"no term check", Switches{Hooks: &testhooks.Hooks{NoTermCheck: true}}, []string{"term"}, 388},
+	{"no claim-once check", Switches{Hooks: &testhooks.Hooks{NoClaimOnceCheck: true}}, []string{"8"}, 137},
+	{"no kill switch", Switches{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, []string{"8"}, 30},
+	{"no containment watchdog", Switches{NoWatchdog: true}, []string{"8"}, 342},
+	{"no reconcile", Switches{NoReconcile: true}, []string{"liveness"}, 1},
+	{"a reclaim without reading the lease", Switches{NoLeaseRead: true}, []string{"8"}, 1091},
+	{"a lapse reclaims whoever owns the run", Switches{NoLeaseRead: true, LapseIgnoresOwner: true}, []string{"8"}, 1091},
+	{"reconcile on a lagging lease watch", Switches{NoLeaseRead: true, ReconcileOnStaleWatch: true}, []string{"8"}, 566},
+}
+
+// controlSeeds bounds the seeds a control may try before it must have failed.
+const controlSeeds = 3000
+
+// TestSimulationControls: with each guard off, some seed breaks the invariant the guard
+// keeps. A control that finds nothing within controlSeeds seeds fails the test: the
+// simulation could not tell the guard is needed. Each scan starts at the first failing
+// seed docs/testing.md lists (-sim.rescan: from seed 1, to renew the table), so that the
+// controls take seconds; the seed found is logged. -sim.control=NAME runs one. Under
+// -race they are skipped (thousands of seeds): CI runs them without it (.ci/run).
+func TestSimulationControls(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the controls scan thousands of seeds: run without -race (.ci/run does)")
+	}
+	for _, c := range controls {
+		if *controlFlag != "" && c.name != *controlFlag {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			from := c.first
+			if *rescanFlag || from == 0 {
+				from = 1
+			}
+			seed, _, err := runSeeds(from, controlSeeds, c.sw)
+			if err == nil {
+				t.Fatalf("with %s no seed of %d from %d broke %v: the guard is not shown to matter", c.name, controlSeeds, from, c.want)
+			}
+			if seed != c.first {
+				t.Logf("the first failing seed moved: %d (docs/testing.md's table says %d)", seed, c.first)
+			}
+			f, ok := err.(*Failure)
+			if !ok {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			if !slices.Contains(c.want, f.Invariant) {
+				t.Fatalf("with %s, seed %d broke invariant %s, not %v: %v\nreplay: go test ./engine/internal/sim -run 'TestSimulationControls' -sim.control=%q -v",
+					c.name, seed, f.Invariant, c.want, err, c.name)
+			}
+			t.Logf("with %s: seed %d breaks invariant %s: %s", c.name, seed, f.Invariant, f.Msg)
+		})
+	}
+}

@@ -1,0 +1,707 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/worker"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/workflow"
+)
+
+// pool is a node's workers (engine/internal/worker's Pool), carried out
+// deterministically: it fetches a task while a slot is free and no lease is degraded,
+// judges it (worker.JudgeTask), takes the run's lease for the task's epoch, claims the
+// epoch, and runs the DAG (worker.ReadySteps, worker.DecideEnd). Each step attempt is a
+// process of its own that takes a random time, does its side effect at a random moment
+// of it, and dies at its lease's trust deadline (the containment watchdog) or with its
+// node.
+type pool struct {
+	n        *node
+	free     int
+	fetching bool
+	stopping bool // draining: no new task, every run handed back
+	runs     map[string]*runExec
+}
+
+var (
+	errStolen   = errors.New(worker.ReasonStolen)
+	errRunEnded = worker.ErrRunEnded
+)
+
+func newPool(n *node) *pool {
+	return &pool{n: n, free: n.s.cfg.Slots, runs: map[string]*runExec{}}
+}
+
+func (p *pool) start() { p.fetch() }
+
+// degraded: a lease this node holds goes unrenewed; it takes no new task.
+func (p *pool) degraded() bool {
+	for _, id := range p.sortedRuns() {
+		if p.runs[id].lease.trust.Degraded() && !p.runs[id].lease.ended {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) sortedRuns() []string {
+	ids := make([]string, 0, len(p.runs))
+	for id := range p.runs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// fetch is the fetch loop: one fetch in flight while a slot is free.
+func (p *pool) fetch() {
+	n := p.n
+	if p.fetching || p.free == 0 || p.stopping {
+		return
+	}
+	if p.degraded() {
+		n.on(50*time.Millisecond, p.fetch)
+		return
+	}
+	p.fetching = true
+	q := n.s.srv.tasks
+	n.call(pollWait+time.Second, func(reply func(any)) { q.fetch(pollWait, reply) }, func(v any, err error) {
+		p.fetching = false
+		if err != nil {
+			n.on(backoffDelay(n.s, 3, 50*time.Millisecond, time.Second), p.fetch)
+			return
+		}
+		if d, ok := v.(taskDelivery); ok {
+			p.free--
+			p.handleTask(d)
+		}
+		p.fetch()
+	})
+}
+
+func (p *pool) slotFree() {
+	p.free++
+	p.fetch()
+}
+
+func (p *pool) ack(d taskDelivery) {
+	q := p.n.s.srv.tasks
+	p.n.call(time.Second, func(reply func(any)) { q.ack(d.id); reply(nil) }, func(any, error) {})
+}
+
+// nak puts the task back for a quarter of the TTL (Pool.retryDelay).
+func (p *pool) nak(d taskDelivery) {
+	q := p.n.s.srv.tasks
+	delay := max(p.n.s.cfg.TTL/4, 50*time.Millisecond)
+	p.n.call(time.Second, func(reply func(any)) { q.nak(d.id, delay); reply(nil) }, func(any, error) {})
+}
+
+func (p *pool) read(id string) *checkpoint.Run {
+	r, err := p.n.store.Run(id)
+	if err != nil {
+		return nil
+	}
+	return r
+}
+
+// handleTask takes a task (Pool.handleTask).
+func (p *pool) handleTask(d taskDelivery) {
+	n := p.n
+	t := d.task
+	n.s.tracef(n.name, "task %s epoch %d", t.Run, t.Epoch)
+	deadline := n.s.now.Add(5 * time.Second)
+	var judge func()
+	judge = func() {
+		switch worker.JudgeTask(p.read(t.Run), t) {
+		case worker.TaskNotYet:
+			if !n.s.now.Before(deadline) {
+				p.nak(d)
+				p.slotFree()
+				return
+			}
+			// Look again when this node applies more, or at the deadline.
+			fired := false
+			again := func() {
+				if !fired {
+					fired = true
+					judge()
+				}
+			}
+			n.onChange(again)
+			n.on(deadline.Sub(n.s.now), again)
+		case worker.TaskStale:
+			p.ack(d)
+			p.slotFree()
+		case worker.TaskTake:
+			p.acquire(t.Run, t.Epoch, func(h *holder, err error) {
+				if err != nil {
+					n.s.tracef(n.name, "task %s epoch %d not taken: %v", t.Run, t.Epoch, err)
+					p.nak(d)
+					p.slotFree()
+					return
+				}
+				p.claim(d, h)
+			})
+		}
+	}
+	judge()
+}
+
+var errLeaseHeld = errors.New("epoch: lease held by another owner")
+
+// acquire takes the run's lease for the epoch (Leases.Acquire): Create; on a key that
+// exists, adopt it if it is ours, give up if a newer or equal epoch holds it, and try
+// again with backoff while an older one has not lapsed, for up to 2 TTL.
+func (p *pool) acquire(run string, ep int64, done func(*holder, error)) {
+	n := p.n
+	val, _ := json.Marshal(epoch.LeaseValue{Run: run, Epoch: ep, Owner: n.name})
+	b := n.s.srv.kv[leaseBucket]
+	giveUp := n.s.now.Add(2 * n.s.cfg.TTL)
+	what := fmt.Sprintf("lease of %s epoch %d", run, ep)
+	var try func(attempt int)
+	try = func(attempt int) {
+		sent := n.s.now
+		n.call(time.Second, func(reply func(any)) {
+			rev, err := b.create(run, val)
+			if err == nil {
+				reply(acquireReply{rev: rev})
+				return
+			}
+			l := b.latest(run)
+			if !l.live {
+				reply(acquireReply{err: err}) // lapsed meanwhile: try again
+				return
+			}
+			var held epoch.LeaseValue
+			_ = json.Unmarshal(l.value, &held)
+			switch {
+			case string(l.value) == string(val):
+				rev, err := b.update(run, val, l.rev) // ours already (a retried acquire): adopt it
+				reply(acquireReply{rev: rev, err: err})
+			case held.Epoch >= ep:
+				reply(acquireReply{err: fmt.Errorf("%w: %s holds epoch %d", errLeaseHeld, held.Owner, held.Epoch)})
+			default:
+				reply(acquireReply{err: err})
+			}
+		}, func(v any, err error) {
+			if err == nil {
+				ar := v.(acquireReply)
+				if ar.err == nil {
+					var h *holder
+					h = newHolder(n, b, run, val, ar.rev, sent, what, false, func(cause error) {
+						if x := p.runs[run]; x != nil && x.lease == h {
+							x.leaseLost(cause)
+						}
+					})
+					done(h, nil)
+					return
+				}
+				err = ar.err
+			}
+			if errors.Is(err, errLeaseHeld) || !n.s.now.Before(giveUp) {
+				done(nil, err)
+				return
+			}
+			n.on(backoffDelay(n.s, min(attempt, 8), 50*time.Millisecond, 2*time.Second), func() { try(attempt + 1) })
+		})
+	}
+	try(0)
+}
+
+type acquireReply struct {
+	rev uint64
+	err error
+}
+
+// claim writes the claim of the epoch; accepted, the task is acked and the epoch runs.
+func (p *pool) claim(d taskDelivery, h *holder) {
+	n := p.n
+	t := d.task
+	n.write([]checkpoint.Entry{{Kind: checkpoint.KindClaim, Run: t.Run, Epoch: t.Epoch, Owner: n.name}}, func(_ uint64, errs []error) {
+		if err := errs[0]; err != nil {
+			h.release()
+			if errors.Is(err, checkpoint.ErrFenced) || worker.IsVerdict(err) {
+				p.ack(d) // the log said no: this task's epoch will not run
+			} else {
+				p.nak(d) // unknown: if it landed, the task comes back stale
+			}
+			p.slotFree()
+			return
+		}
+		p.ack(d)
+		p.execute(t.Run, t.Epoch, h)
+	})
+}
+
+// drain hands every run back (Pool.Drain) and reports when none is left.
+func (p *pool) drain(done func()) {
+	p.stopping = true
+	for _, id := range p.sortedRuns() {
+		p.runs[id].cancel(worker.ErrDrain)
+	}
+	deadline := p.n.s.now.Add(5 * time.Second)
+	var wait func()
+	wait = func() {
+		if (len(p.runs) == 0 && p.free == p.n.s.cfg.Slots) || !p.n.s.now.Before(deadline) {
+			done()
+			return
+		}
+		p.n.on(50*time.Millisecond, wait)
+	}
+	wait()
+}
+
+// killAll kills every step process of this node (the node dies with them).
+func (p *pool) killAll() {
+	for _, id := range p.sortedRuns() {
+		for _, pr := range p.runs[id].procs {
+			pr.alive = false
+		}
+	}
+}
+
+// runEnded stops the execution of a run the log ended from outside (Pool.RunEnded).
+func (p *pool) runEnded(run string, status checkpoint.RunStatus) {
+	if status != checkpoint.StatusCancelled && status != checkpoint.StatusDeadLettered {
+		return
+	}
+	if x := p.runs[run]; x != nil {
+		p.n.on(0, func() { x.end(fmt.Errorf("%w: %s", errRunEnded, status)) })
+	}
+}
+
+// runExec is one epoch of one run on this node.
+type runExec struct {
+	p      *pool
+	run    *checkpoint.Run
+	wf     *workflow.Workflow
+	epoch  int64
+	lease  *holder
+	done   map[string]bool
+	active map[string]bool // steps running now
+	procs  []*proc
+	// how the epoch ends
+	stolen, completed, ended, finished bool
+	cause                              error // why the epoch's context ended
+	leaseCause                         error
+	failedStep                         string
+	failedErr                          error
+}
+
+// proc is one step attempt's process.
+type proc struct {
+	alive bool
+	kill  func(cause error) // stop it: its step returns with the cause
+}
+
+func (p *pool) execute(run string, ep int64, h *holder) {
+	n := p.n
+	r, err := n.store.Run(run)
+	var wf *workflow.Workflow
+	if err == nil {
+		wf, err = n.specs.OfRun(r)
+	}
+	if err != nil {
+		n.s.fail("sim", "%s: cannot run %s: %v", n.name, run, err)
+		return
+	}
+	x := &runExec{p: p, run: r, wf: wf, epoch: ep, lease: h, done: map[string]bool{}, active: map[string]bool{}}
+	p.runs[run] = x
+	n.s.tracef(n.name, "runs %s epoch %d", run, ep)
+	if p.stopping { // claimed while the node drains: handed back at once
+		x.cancel(worker.ErrDrain)
+		return
+	}
+	if endedFromOutside(r.Status) { // ended before this execution was registered (checkEnded)
+		x.end(fmt.Errorf("%w: %s", errRunEnded, r.Status))
+		return
+	}
+	steps, err := n.store.Steps(run)
+	if err != nil {
+		n.s.fail("sim", "%s: read steps of %s: %v", n.name, run, err)
+		return
+	}
+	for _, st := range steps {
+		if st.Status == checkpoint.StepSucceeded || st.Status == checkpoint.StepSkipped {
+			x.done[st.Name] = true
+		}
+	}
+	x.schedule()
+}
+
+func endedFromOutside(s checkpoint.RunStatus) bool {
+	return s == checkpoint.StatusCancelled || s == checkpoint.StatusDeadLettered
+}
+
+func (x *runExec) n() *node { return x.p.n }
+
+// cancel ends the epoch's context with cause (the first one stays) and kills its step
+// processes: their steps return with it (a step in a write returns once it settles).
+func (x *runExec) cancel(cause error) {
+	if x.cause == nil {
+		x.cause = cause
+	}
+	procs := x.procs
+	x.procs = nil
+	for _, pr := range procs {
+		pr.kill(x.cause)
+	}
+	if len(x.active) == 0 {
+		x.schedule()
+	}
+}
+
+func (x *runExec) steal(cause error) error {
+	if !x.stolen {
+		x.stolen = true
+		x.n().s.tracef(x.n().name, "%s epoch %d: %s (%v)", x.run.ID, x.epoch, worker.ReasonStolen, cause)
+	}
+	x.cancel(errStolen)
+	return errStolen
+}
+
+func (x *runExec) leaseLost(cause error) {
+	x.leaseCause = cause
+	if !x.finished {
+		x.cancel(cause)
+	}
+}
+
+func (x *runExec) end(cause error) {
+	if x.ended || x.finished {
+		return
+	}
+	x.ended = true
+	x.cancel(cause)
+}
+
+// write appends entries of this epoch after the local trust check; an unknown outcome
+// or a fenced one steals the run (runExec.writeAll).
+func (x *runExec) write(entries []checkpoint.Entry, done func([]error)) {
+	fail := func(err error) {
+		errs := make([]error, len(entries))
+		for i := range errs {
+			errs[i] = err
+		}
+		done(errs)
+	}
+	switch {
+	case x.stolen:
+		fail(errStolen)
+		return
+	case x.ended:
+		fail(errRunEnded)
+		return
+	}
+	if !x.n().s.cfg.Switches.NoTrustCheck {
+		if err := x.lease.check(); err != nil {
+			fail(x.steal(err))
+			return
+		}
+	}
+	for i := range entries {
+		entries[i].Run, entries[i].Epoch, entries[i].Owner = x.run.ID, x.epoch, x.n().name
+	}
+	x.n().write(entries, func(_ uint64, errs []error) {
+		for i, err := range errs {
+			if err != nil && !worker.IsVerdict(err) {
+				errs[i] = x.steal(err)
+			}
+		}
+		done(errs)
+	})
+}
+
+// note appends an entry without waiting for its outcome (a step's start).
+func (x *runExec) note(e checkpoint.Entry) {
+	if x.stolen || x.ended || x.lease.check() != nil {
+		return
+	}
+	e.Run, e.Epoch, e.Owner = x.run.ID, x.epoch, x.n().name
+	x.n().write([]checkpoint.Entry{e}, nil)
+}
+
+func (x *runExec) isDone(step string) bool { return x.done[step] }
+
+// schedule starts the ready steps, or ends the epoch when nothing runs.
+func (x *runExec) schedule() {
+	if x.finished {
+		return
+	}
+	ready := worker.ReadySteps(x.wf, x.isDone, x.active, 8, x.failedErr != nil || x.cause != nil)
+	for _, st := range ready {
+		x.active[st.Name] = true
+		x.runStep(st)
+	}
+	if len(x.active) == 0 {
+		x.finish()
+	}
+}
+
+// stepDone is a step's return: nil, or the error that ends the epoch.
+func (x *runExec) stepDone(st *workflow.Step, err error) {
+	if !x.active[st.Name] {
+		return // cancelled meanwhile: it already returned with the cause
+	}
+	delete(x.active, st.Name)
+	if err == nil {
+		x.done[st.Name] = true
+	} else {
+		if x.failedErr == nil {
+			x.failedStep, x.failedErr = st.Name, err
+		}
+		x.cancel(err) // siblings stop: the run fails (or was stolen)
+		return
+	}
+	x.schedule()
+}
+
+func (x *runExec) runStep(st *workflow.Step) {
+	if st.Foreach != "" {
+		x.runForeach(st)
+		return
+	}
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole})
+	x.attempt(st, checkpoint.ItemWhole, 1, func(err error) {
+		if err != nil {
+			x.stepDone(st, err)
+			return
+		}
+		out, _ := json.Marshal(map[string]any{"by": x.n().name, "epoch": x.epoch})
+		x.commit(st, out)
+	})
+}
+
+// commit writes a whole step's checkpoint, with the run's completion when it is the last.
+func (x *runExec) commit(st *workflow.Step, out json.RawMessage) {
+	entries := []checkpoint.Entry{{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out}}
+	last := true
+	for _, s := range x.wf.Steps {
+		if s.Name != st.Name && !x.done[s.Name] {
+			last = false
+		}
+	}
+	if last {
+		entries = append(entries, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
+	}
+	x.write(entries, func(errs []error) {
+		if last && errs[0] == nil && errs[1] == nil {
+			x.completed = true
+		}
+		x.stepDone(st, errs[0])
+	})
+}
+
+// attempt runs a step (or an item) with its retry policy; done gets nil or the error.
+// The attempt is a process: it takes a random time and does its side effect at a
+// random moment of it; it is killed with its epoch's context, with its node, and by its
+// containment watchdog at the lease's trust deadline (which only the node moves, by
+// renewing: a paused node's process dies at the deadline it had).
+func (x *runExec) attempt(st *workflow.Step, item, k int, done func(error)) {
+	n := x.n()
+	s := n.s
+	if x.cause != nil {
+		done(x.cause)
+		return
+	}
+	if err := x.lease.check(); err != nil {
+		done(x.steal(err))
+		return
+	}
+	d := time.Duration(s.rng.Int64N(int64(s.cfg.StepMax))) + time.Millisecond
+	side := time.Duration(s.rng.Int64N(int64(d)))
+	fails := s.rng.Float64() < s.cfg.StepFail
+	start := s.now
+	watchdog := !s.cfg.Switches.NoWatchdog && !s.cfg.Switches.hooks().NoKillSwitch
+	exited := false
+	exit := func(err error) { // the node learns the process ended
+		if exited {
+			return
+		}
+		exited = true
+		switch {
+		case err != nil:
+			done(err)
+		case !fails:
+			done(nil)
+		case k < max(st.Retry.MaxAttempts, 1):
+			x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: "boom", Attempt: k})
+			n.on(time.Duration(st.Retry.InitialInterval), func() { x.attempt(st, item, k+1, done) })
+		default:
+			x.failStep(st, item, k, done)
+		}
+	}
+	pr := &proc{alive: true}
+	pr.kill = func(cause error) {
+		pr.alive = false
+		n.on(0, func() { exit(cause) })
+	}
+	x.procs = append(x.procs, pr)
+	// dead: the process was killed, or its watchdog kills it now, past the deadline.
+	dead := func() bool {
+		if pr.alive && watchdog && !s.now.Before(x.lease.deadline()) {
+			pr.alive = false
+			n.on(0, func() { exit(fmt.Errorf("%w: the step process was killed at its trust deadline", epoch.ErrLeaseLost)) })
+		}
+		return !pr.alive
+	}
+	n.onProc(start.Add(side), func() {
+		if !dead() {
+			s.sideEffect(n, x.run.ID, st.Name, item, x.epoch)
+		}
+	})
+	n.onProc(start.Add(d), func() {
+		if dead() {
+			return
+		}
+		pr.alive = false
+		for i, q := range x.procs {
+			if q == pr {
+				x.procs = append(x.procs[:i:i], x.procs[i+1:]...)
+				break
+			}
+		}
+		n.on(0, func() { exit(nil) }) // the node learns of the exit when it runs
+	})
+}
+
+// failStep records a step's final failure (runExec.failStep).
+func (x *runExec) failStep(st *workflow.Step, item, attempts int, done func(error)) {
+	if x.stolen {
+		done(errStolen)
+		return
+	}
+	if x.cause != nil {
+		done(x.cause)
+		return
+	}
+	x.write([]checkpoint.Entry{{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: "boom", Final: true, Attempt: attempts}}, func(errs []error) {
+		if errs[0] != nil {
+			done(errs[0])
+			return
+		}
+		done(fmt.Errorf("step %s: boom", st.Name))
+	})
+}
+
+// runForeach runs the items that have no checkpoint yet, each checkpointed on its own,
+// then checkpoints the step with the list of their outputs.
+func (x *runExec) runForeach(st *workflow.Step) {
+	n := x.n()
+	var inputs map[string]any
+	_ = json.Unmarshal(x.run.Inputs, &inputs)
+	items, _ := inputs["items"].([]any)
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
+	have, err := n.store.Items(x.run.ID, st.Name)
+	if err != nil {
+		n.s.fail("sim", "%s: items: %v", n.name, err)
+		return
+	}
+	doneItems := map[int]bool{}
+	for _, it := range have {
+		doneItems[it.Index] = true
+	}
+	var todo []int
+	for i := range items {
+		if !doneItems[i] {
+			todo = append(todo, i)
+		}
+	}
+	par := max(st.Parallelism, 1)
+	running := 0
+	var failed error
+	var next func()
+	next = func() {
+		for running < par && len(todo) > 0 && failed == nil && x.cause == nil {
+			i := todo[0]
+			todo = todo[1:]
+			running++
+			x.attempt(st, i, 1, func(err error) {
+				if err != nil {
+					running--
+					if failed == nil {
+						failed = err
+					}
+					next()
+					return
+				}
+				out, _ := json.Marshal(map[string]any{"item": i, "epoch": x.epoch})
+				x.write([]checkpoint.Entry{{Kind: checkpoint.KindCommit, Step: st.Name, Item: i, Output: out}}, func(errs []error) {
+					running--
+					if errs[0] != nil && failed == nil {
+						failed = errs[0]
+					}
+					next()
+				})
+			})
+		}
+		if running > 0 {
+			return
+		}
+		switch {
+		case failed != nil:
+			x.stepDone(st, failed)
+		case x.cause != nil:
+			x.stepDone(st, x.cause)
+		case len(todo) > 0:
+		default:
+			all, err := n.store.Items(x.run.ID, st.Name)
+			if err != nil {
+				n.s.fail("sim", "%s: items: %v", n.name, err)
+				return
+			}
+			outs := make([]json.RawMessage, len(all))
+			for i, it := range all {
+				outs[i] = it.Output
+			}
+			agg, _ := json.Marshal(outs)
+			x.commit(st, agg)
+		}
+	}
+	next()
+}
+
+// finish is what the epoch does once no step runs (worker.DecideEnd), and then the
+// lease goes back and the slot is free.
+func (x *runExec) finish() {
+	if x.finished {
+		return
+	}
+	x.finished = true
+	n := x.n()
+	end := worker.EndState{Stolen: x.stolen, Completed: x.completed, Ended: x.ended, Cause: x.cause,
+		LeaseCause: x.leaseCause, FailedStep: x.failedStep, FailedErr: x.failedErr, Done: len(x.done), Total: len(x.wf.Steps)}
+	d := worker.DecideEnd(end)
+	release := func() {
+		x.lease.release()
+		if x.p.runs[x.run.ID] == x {
+			delete(x.p.runs, x.run.ID)
+		}
+		x.p.slotFree()
+	}
+	switch d.Action {
+	case worker.EndSteal:
+		_ = x.steal(d.Cause)
+	case worker.EndHandBack:
+		// runExec.handBack: a requeue (the next epoch is not counted), then the lease.
+		if x.lease.check() == nil {
+			e := checkpoint.Entry{Kind: checkpoint.KindRequeue, Run: x.run.ID, Epoch: x.epoch, Owner: n.name}
+			n.write([]checkpoint.Entry{e}, func(uint64, []error) { release() })
+			return
+		}
+	case worker.EndFailed, worker.EndSucceeded:
+		x.write([]checkpoint.Entry{{Kind: checkpoint.KindComplete, Status: d.Status(), Step: d.Step, Error: d.Msg}}, func([]error) {
+			release()
+		})
+		return
+	}
+	if x.completed && !x.stolen {
+		n.s.tracef(n.name, "%s epoch %d: finished", x.run.ID, x.epoch)
+	}
+	release()
+}

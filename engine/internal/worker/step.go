@@ -1,0 +1,328 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
+)
+
+// scope is what st's templates see.
+func (x *runExec) scope(st *workflow.Step) map[string]any {
+	inputs, _ := decodeJSON(x.run.Inputs).(map[string]any)
+	if inputs == nil {
+		inputs = map[string]any{}
+	}
+	stepsScope := map[string]any{}
+	x.mu.Lock()
+	for _, n := range x.wf.Reads(st.Name) { // not Ancestors: quadratic per run in a chain
+		stepsScope[n] = map[string]any{"output": x.outputs[n]}
+	}
+	x.mu.Unlock()
+	return map[string]any{
+		"inputs": inputs,
+		"steps":  stepsScope,
+		"run":    map[string]any{"id": x.run.ID, "epoch": x.epoch},
+	}
+}
+
+// runStep runs one step (all its items) and checkpoints it.
+func (x *runExec) runStep(st *workflow.Step) error {
+	scope := x.scope(st)
+	if st.If != "" {
+		v, err := render(st.If, scope)
+		if err != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("if: %w", err))
+		}
+		if !workflow.Truthy(v) {
+			if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Skipped: true, Output: json.RawMessage(`{}`)}); err != nil {
+				return err
+			}
+			x.finish(st.Name, map[string]any{})
+			return nil
+		}
+	}
+	if st.Foreach != "" {
+		return x.runForeach(st, scope)
+	}
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole})
+	out, attempts, err := x.attempts(st, checkpoint.ItemWhole, scope)
+	if err != nil {
+		return x.failStep(st, checkpoint.ItemWhole, attempts, err)
+	}
+	if err := x.commit(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out, Attempt: attempts}); err != nil {
+		return err
+	}
+	x.finish(st.Name, decodeOutput(out))
+	return nil
+}
+
+func (x *runExec) finish(step string, out any) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.done[step] = true
+	x.outputs[step] = out
+}
+
+// failStep records a step's final failure and returns it. When the epoch itself is
+// ending (stolen, drained, a sibling failed, the run timed out), the step did not fail
+// on its own: nothing is recorded and the epoch's cause is returned.
+func (x *runExec) failStep(st *workflow.Step, item, attempts int, cause error) error {
+	if x.isStolen() {
+		return errStolen
+	}
+	if c := context.Cause(x.ctx); c != nil {
+		return c
+	}
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: cause.Error(), Final: true, Attempt: attempts}); err != nil {
+		return err
+	}
+	return fmt.Errorf("step %s: %w", st.Name, cause)
+}
+
+type stepTimeout struct{ d time.Duration }
+
+func (e stepTimeout) Error() string { return fmt.Sprintf("step timeout %s", e.d) }
+
+// attempts runs a step (or one item) with its retry policy.
+func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (json.RawMessage, int, error) {
+	kind, ok := x.p.cfg.Registry.Get(st.Uses)
+	if !ok {
+		return nil, 0, steps.Permanentf("unknown step kind %q on this node", st.Uses)
+	}
+	with, err := renderWith(st.With, scope)
+	if err != nil {
+		return nil, 0, steps.Permanent(err)
+	}
+	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
+	for attempt := 1; ; attempt++ {
+		if err := x.lease.Check(); err != nil {
+			return nil, attempt, x.steal(err)
+		}
+		sctx, cancel := x.ctx, context.CancelFunc(func() {})
+		if st.Timeout > 0 {
+			sctx, cancel = context.WithTimeoutCause(x.ctx, time.Duration(st.Timeout), stepTimeout{time.Duration(st.Timeout)})
+		}
+		x.p.stats.StepAttempts.Add(1)
+		began := x.p.clock.Now()
+		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
+			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
+			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil})
+		if obs := x.p.cfg.StepObserver; obs != nil {
+			obs(st.Uses, x.p.clock.Since(began), err)
+		}
+		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
+		cancel()
+		if err == nil {
+			if len(out) == 0 {
+				out = json.RawMessage(`{}`)
+			}
+			if !json.Valid(out) {
+				return nil, attempt, steps.Permanentf("step %s returned output that is not JSON", st.Name)
+			}
+			return out, attempt, nil
+		}
+		x.p.stats.StepFailures.Add(1)
+		if x.ctx.Err() != nil {
+			return nil, attempt, context.Cause(x.ctx)
+		}
+		if timedOut {
+			err = fmt.Errorf("%w: %v", stepTimeout{time.Duration(st.Timeout)}, err)
+		}
+		if steps.IsPermanent(err) || attempt >= st.Retry.MaxAttempts {
+			return nil, attempt, err
+		}
+		x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: err.Error(), Attempt: attempt})
+		x.log.Info("step failed; retrying", "step", st.Name, "item", item, "attempt", attempt, "err", err)
+		if serr := policy.Sleep(x.ctx, attempt-1); serr != nil {
+			return nil, attempt, context.Cause(x.ctx)
+		}
+	}
+}
+
+// runForeach runs the items that have no checkpoint yet, each checkpointed on its own,
+// then checkpoints the step with the list of item outputs.
+func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
+	v, err := render(st.Foreach, scope)
+	if err != nil {
+		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %w", err))
+	}
+	items, ok := v.([]any)
+	if !ok && v != nil {
+		return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %s is %s, not a list", st.Foreach, jsonKind(v)))
+	}
+	// null (a nil slice marshalled by a Go step) is an empty list, as ranging over a nil
+	// slice is in Go: zero items, and the step succeeds with an empty output list.
+	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
+	done, err := x.p.cfg.State.Items(x.run.ID, st.Name)
+	if err != nil {
+		return err
+	}
+	have := make(map[int]bool, len(done))
+	for _, it := range done {
+		have[it.Index] = true
+	}
+	sem := make(chan struct{}, max(st.Parallelism, 1))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for i, item := range items {
+		if have[i] {
+			continue
+		}
+		if x.ctx.Err() != nil {
+			break
+		}
+		mu.Lock()
+		stop := firstErr != nil
+		mu.Unlock()
+		if stop {
+			break
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-x.ctx.Done():
+		}
+		if x.ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func(i int, item any) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			itemScope := make(map[string]any, len(scope)+1)
+			for k, v := range scope {
+				itemScope[k] = v
+			}
+			itemScope["item"] = item
+			out, attempts, err := x.attempts(st, i, itemScope)
+			if err == nil {
+				err = x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: i, Output: out})
+			} else {
+				err = x.failStep(st, i, attempts, fmt.Errorf("item %d: %w", i, err))
+			}
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}(i, item)
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if x.ctx.Err() != nil {
+		return context.Cause(x.ctx)
+	}
+	all, err := x.p.cfg.State.Items(x.run.ID, st.Name)
+	if err != nil {
+		return err
+	}
+	outs := make([]json.RawMessage, len(all))
+	for i, it := range all {
+		outs[i] = it.Output
+	}
+	agg, _ := json.Marshal(outs)
+	if len(agg) > x.p.cfg.MaxOutputBytes {
+		agg, _ = json.Marshal(map[string]any{"items": len(all), "truncated": true})
+	}
+	if err := x.commit(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: agg}); err != nil {
+		return err
+	}
+	x.finish(st.Name, decodeOutput(agg))
+	return nil
+}
+
+// jsonKind names a decoded JSON value's kind for error messages.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "an object"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	case float64, json.Number, int, int64:
+		return "a number"
+	}
+	return fmt.Sprintf("a %T", v)
+}
+
+func render(src string, scope map[string]any) (any, error) {
+	t, err := workflow.ParseTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	return t.Render(scope)
+}
+
+// renderWith renders every string of a step's `with`, recursively.
+func renderWith(with map[string]any, scope map[string]any) (map[string]any, error) {
+	out, err := renderValue(with, scope)
+	if err != nil {
+		return nil, err
+	}
+	m, _ := out.(map[string]any)
+	return m, nil
+}
+
+func renderValue(v any, scope map[string]any) (any, error) {
+	switch x := v.(type) {
+	case string:
+		return render(x, scope)
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			r, err := renderValue(e, scope)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", k, err)
+			}
+			out[k] = r
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			r, err := renderValue(e, scope)
+			if err != nil {
+				return nil, fmt.Errorf("[%d]: %w", i, err)
+			}
+			out[i] = r
+		}
+		return out, nil
+	}
+	return v, nil
+}
+
+func decodeOutput(raw json.RawMessage) any {
+	if v := decodeJSON(raw); v != nil {
+		return v
+	}
+	return map[string]any{}
+}
+
+// decodeJSON decodes inputs and outputs for templates with numbers as json.Number, so
+// that an int64 (an ID, an amount in cents) reaches the next step exactly: through
+// float64, 9007199254740993 became ...992. nil for empty or invalid JSON.
+func decodeJSON(raw []byte) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil
+	}
+	return v
+}

@@ -1,0 +1,357 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/workflow"
+)
+
+// API is the engine in the terms of its wire API: package client's types in and out,
+// what the API service (internal/app/apiserver) answers requests with. The library API
+// (StartRun, Run, WaitRun, ...) stays in the engine's own types; API maps them to
+// client's, so that the API service knows nothing of checkpoint, epoch or logstream.
+//
+// Errors the API answers with a code of their own are a *client.Error with that code
+// (not_found, bad_request, conflict) and the message the client gets; any other error
+// is the API's internal error, with its own message.
+type API struct{ e *Engine }
+
+// API is e in its wire API's terms (flowd serves it: internal/app/apiserver).
+func (e *Engine) API() *API { return &API{e: e} }
+
+// Status is this node as cluster status lists it: its ID, the log sequence its state
+// has applied, whether it leads, and whether a lease it holds goes unrenewed.
+func (a *API) Status() client.Node {
+	e := a.e
+	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.IsLeader(), LeasesDegraded: e.LeasesDegraded()}
+}
+
+// Cluster is what this node reads of the cluster: the leader the leader key names with
+// its term, the log's first and last sequences and the newest snapshot's. What cannot
+// be read is left zero; Nodes is left to the caller (the API gathers every node's
+// Status).
+func (a *API) Cluster(ctx context.Context) client.ClusterStatus {
+	var st client.ClusterStatus
+	if l, err := a.e.Leader(ctx); err == nil {
+		st.Leader, st.Term = l.Node, l.Term
+	}
+	if first, last, snap, err := a.e.LogBounds(ctx); err == nil {
+		st.FirstSeq, st.LastSeq, st.SnapshotSeq = first, last, snap
+	}
+	return st
+}
+
+// CatchUp waits until this node has applied the log as it is now.
+func (a *API) CatchUp(ctx context.Context) error { return a.e.CatchUp(ctx) }
+
+// Changed is closed when this node has applied more of the log.
+func (a *API) Changed() <-chan struct{} { return a.e.Changed() }
+
+// ValidateWorkflow parses a workflow file with this engine's step kinds; its error says
+// why the file is not valid.
+func (a *API) ValidateWorkflow(file string, yaml []byte) (client.Workflow, error) {
+	w, err := a.e.ValidateWorkflow(file, yaml)
+	if err != nil {
+		return client.Workflow{}, err
+	}
+	return wireWorkflow(w, false), nil
+}
+
+// ApplyWorkflow validates a workflow file and records it (ApplyWorkflow).
+func (a *API) ApplyWorkflow(ctx context.Context, file string, yaml []byte) (client.Workflow, error) {
+	w, err := a.e.ApplyWorkflow(ctx, file, yaml)
+	if err != nil {
+		return client.Workflow{}, wireError(err)
+	}
+	return wireWorkflow(w, false), nil
+}
+
+// Workflows are the latest version of every workflow, by name, each with the time it
+// was applied and without its source.
+func (a *API) Workflows() ([]client.Workflow, error) {
+	vs, err := a.e.Workflows()
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := []client.Workflow{}
+	for _, v := range vs {
+		w, err := a.e.Workflow(v.Name, v.Version)
+		if err != nil {
+			return nil, wireError(err)
+		}
+		ww := wireWorkflow(w, false)
+		ww.AppliedAt = ts(v.At)
+		out = append(out, ww)
+	}
+	return out, nil
+}
+
+// Workflow is a workflow version (0: the latest), with its source.
+func (a *API) Workflow(name string, version int) (client.Workflow, error) {
+	w, err := a.e.Workflow(name, version)
+	if err != nil {
+		return client.Workflow{}, wireError(err)
+	}
+	return wireWorkflow(w, true), nil
+}
+
+// WorkflowSteps calls step with each step of a workflow version (0: the latest), in the
+// file's order: its name, its kind, the steps it needs, and whether it runs per foreach
+// item. (The wire's Workflow counts the steps; the web UI draws their graph.)
+func (a *API) WorkflowSteps(name string, version int, step func(name, uses string, needs []string, foreach bool)) error {
+	w, err := a.e.Workflow(name, version)
+	if err != nil {
+		return wireError(err)
+	}
+	for _, st := range w.Steps {
+		step(st.Name, st.Uses, st.Needs, st.Foreach != "")
+	}
+	return nil
+}
+
+// Schedules are the workflows with a schedule (the latest version of each), each with
+// its next three fire times from now and its last five recorded ticks.
+func (a *API) Schedules() ([]client.CronEntry, error) {
+	vs, err := a.e.Workflows()
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := []client.CronEntry{}
+	for _, v := range vs {
+		w, err := a.e.Workflow(v.Name, v.Version)
+		if err != nil || w.Schedule == nil {
+			continue
+		}
+		c := client.CronEntry{Workflow: w.Name, Cron: w.Schedule.Cron, Timezone: w.Schedule.Timezone, Overlap: w.Schedule.Overlap,
+			Catchup: w.Schedule.Catchup, Next: []string{}, Last: []client.Tick{}}
+		if sched, err := workflow.CronParser.Parse(w.Schedule.Cron); err == nil {
+			loc, _ := time.LoadLocation(w.Schedule.Timezone)
+			t := time.Now().In(loc)
+			for i := 0; i < 3; i++ {
+				t = sched.Next(t)
+				c.Next = append(c.Next, t.Format(time.RFC3339))
+			}
+		}
+		ticks, _ := a.e.Ticks(w.Name)
+		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
+			c.Last = append(c.Last, wireTick(ticks[i]))
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Ticks are the recorded fire times of a workflow's schedule, oldest first.
+func (a *API) Ticks(workflow string) ([]client.Tick, error) {
+	ticks, err := a.e.Ticks(workflow)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := make([]client.Tick, 0, len(ticks))
+	for _, t := range ticks {
+		out = append(out, wireTick(t))
+	}
+	return out, nil
+}
+
+// StartRun submits a run of the latest version of a workflow (StartRun), its inputs as
+// the wire gives them (strings, converted to the declared types).
+func (a *API) StartRun(ctx context.Context, workflow string, opts client.StartOptions) (string, error) {
+	inputs := map[string]any{}
+	for k, v := range opts.Inputs {
+		inputs[k] = v
+	}
+	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID})
+	return id, wireError(err)
+}
+
+// Run is a run with its steps, epochs and fenced commits.
+func (a *API) Run(id string) (client.Run, error) {
+	v, err := a.e.Run(id)
+	if err != nil {
+		return client.Run{}, wireError(err)
+	}
+	return wireRun(&v.Run, v), nil
+}
+
+// History is a run's history, in log order.
+func (a *API) History(id string) ([]client.Event, error) {
+	v, err := a.e.Run(id)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := []client.Event{}
+	for _, e := range v.Events {
+		out = append(out, client.Event{Seq: e.Seq, Kind: string(e.Kind), Epoch: e.Epoch, Term: e.Term, Owner: e.Owner, Actor: e.Actor,
+			Step: e.Step, Item: e.Item, Outcome: e.Outcome, Detail: e.Detail, At: tsNano(e.At)})
+	}
+	return out, nil
+}
+
+// Verify re-checks a run's invariants from the state (VerifyRun).
+func (a *API) Verify(id string) (client.Verification, error) {
+	v, err := a.e.Run(id)
+	if err != nil {
+		return client.Verification{}, wireError(err)
+	}
+	return VerifyRun(v), nil
+}
+
+// Runs lists runs without their steps, in the order of their IDs (ListRuns); opts.Status
+// must be a run status or "".
+func (a *API) Runs(opts client.ListOptions) ([]client.Run, error) {
+	runs, _, err := a.e.ListRuns(checkpoint.ListOptions{Workflow: opts.Workflow, Status: checkpoint.RunStatus(opts.Status),
+		After: opts.After, Limit: opts.Limit})
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return wireRuns(runs), nil
+}
+
+// RunsNewest is a page of runs newest first, filtered by workflow and status ("" for
+// any), after the cursor before; and the next page's cursor ("" at the end).
+func (a *API) RunsNewest(workflow, status, before string, limit int) ([]client.Run, string, error) {
+	runs, next, err := a.e.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
+	if err != nil {
+		return nil, "", wireError(err)
+	}
+	return wireRuns(runs), next, nil
+}
+
+// RunsWithIDPrefix are the runs whose ID starts with prefix.
+func (a *API) RunsWithIDPrefix(prefix string, limit int) ([]client.Run, error) {
+	runs, err := a.e.RunsWithIDPrefix(prefix, limit)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return wireRuns(runs), nil
+}
+
+// WaitRun waits until a run ends (nil), or ctx does (an error).
+func (a *API) WaitRun(ctx context.Context, id string) error {
+	_, err := a.e.WaitRun(ctx, id)
+	return wireError(err)
+}
+
+// Retry sends a failed, dead-lettered or cancelled run back to pending (Retry).
+func (a *API) Retry(ctx context.Context, id string) error { return wireError(a.e.Retry(ctx, id)) }
+
+// Cancel cancels a pending or running run, for the default reason (Cancel).
+func (a *API) Cancel(ctx context.Context, id string) error {
+	return wireError(a.e.Cancel(ctx, id, ""))
+}
+
+// Purge takes a dead-lettered run out of the dead-letter queue for good (Purge).
+func (a *API) Purge(ctx context.Context, id string) error { return wireError(a.e.Purge(ctx, id)) }
+
+// DrillZombie runs the zombie drill (DrillZombie): the run once it ended, and its
+// verification.
+func (a *API) DrillZombie(ctx context.Context) (client.Drill, error) {
+	v, err := a.e.DrillZombie(ctx)
+	if err != nil {
+		return client.Drill{}, wireError(err)
+	}
+	return client.Drill{Run: wireRun(&v.Run, v), Verify: VerifyRun(v)}, nil
+}
+
+// Snapshot writes a snapshot of this node's state now.
+func (a *API) Snapshot(ctx context.Context) (client.Snapshot, error) {
+	snap, err := a.e.Snapshot(ctx)
+	if err != nil {
+		return client.Snapshot{}, wireError(err)
+	}
+	return client.Snapshot{Name: snap.Name, Seq: snap.Seq, Bytes: snap.Size}, nil
+}
+
+// wireError is err as the API answers it: a *client.Error with the code of the API's
+// own (the thing not found, the input refused, the state in conflict), or err itself
+// (the API's internal error).
+func wireError(err error) error {
+	var nf *checkpoint.NotFoundError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &nf):
+		return &client.Error{Code: client.CodeNotFound, Message: nf.Error()} // the thing, without the layers it passed through
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return &client.Error{Code: client.CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
+		return &client.Error{Code: client.CodeBadRequest, Message: strings.TrimPrefix(err.Error(), ErrBadInput.Error()+": ")}
+	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, checkpoint.ErrRunExists):
+		return &client.Error{Code: client.CodeConflict, Message: err.Error()}
+	}
+	return err
+}
+
+// tsNano is ts with the fraction of the second (history events: steps take less than one).
+func tsNano(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// ts is a time as the wire has it ("" for none).
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// wireRun is a run as the wire has it (with steps and fenced commits when v has them).
+func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
+	out := client.Run{ID: r.ID, Workflow: r.Workflow, Version: r.Version, Status: string(r.Status), Trigger: r.Trigger,
+		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs,
+		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
+		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []client.Epoch{}, Fenced: []client.Fenced{}}
+	if len(r.Inputs) > 0 && json.Valid(r.Inputs) {
+		out.Inputs = r.Inputs // as stored: decoding into any would round an int64 through float64
+	}
+	for _, e := range r.Epochs {
+		out.Epochs = append(out.Epochs, client.Epoch{Epoch: e.Epoch, Owner: e.Owner, Reason: e.Reason, At: ts(e.At)})
+	}
+	if v != nil {
+		out.Steps = []client.Step{}
+		for _, s := range v.Steps {
+			out.Steps = append(out.Steps, client.Step{Name: s.Name, Status: string(s.Status), Attempts: s.Attempts, Epoch: s.Epoch,
+				Items: s.Items, ItemsDone: s.ItemsDone, Output: s.Output, Error: s.Error})
+		}
+		for _, f := range v.Fenced {
+			out.Fenced = append(out.Fenced, client.Fenced{Step: f.Step, Item: f.Item, Epoch: f.Epoch, CurrentEpoch: f.CurrentEpoch,
+				Owner: f.Owner, Reason: f.Reason, At: ts(f.At)})
+		}
+	}
+	return out
+}
+
+// wireRuns are runs as the wire has them, without their steps.
+func wireRuns(runs []checkpoint.Run) []client.Run {
+	out := make([]client.Run, 0, len(runs))
+	for i := range runs {
+		out = append(out, wireRun(&runs[i], nil))
+	}
+	return out
+}
+
+// wireWorkflow is a workflow version as the wire has it (with its YAML if source).
+func wireWorkflow(w *workflow.Workflow, source bool) client.Workflow {
+	out := client.Workflow{Name: w.Name, Version: w.Version, Description: w.Description, Steps: len(w.Steps)}
+	if w.Schedule != nil {
+		out.Schedule = w.Schedule.Cron + " " + w.Schedule.Timezone
+	}
+	if source {
+		out.Source = w.Source
+	}
+	return out
+}
+
+func wireTick(t checkpoint.Tick) client.Tick {
+	return client.Tick{At: ts(t.At), Outcome: t.Outcome, RunID: t.RunID, Term: t.Term, Owner: t.Owner}
+}

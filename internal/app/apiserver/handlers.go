@@ -1,0 +1,283 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/ident"
+)
+
+// maxWait bounds one run.wait (below the 2m every request gets); a client wanting
+// longer asks again.
+const maxWait = time.Minute
+
+// runWait answers with the run once it has ended, or as it is when the wait (default
+// 30s) passes or the server stops: the client looks at the status and may ask again.
+func (s *Server) runWait(ctx context.Context, r *client.Request) (any, error) {
+	d := 30 * time.Second
+	if r.Wait != "" {
+		var err error
+		if d, err = time.ParseDuration(r.Wait); err != nil || d <= 0 || d > maxWait {
+			return nil, badRequest("wait %q: use a duration from 1ms to %s, such as 30s", r.Wait, maxWait)
+		}
+	}
+	if _, err := s.run(r); err != nil { // unknown runs fail now, not after the wait
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	stop := context.AfterFunc(s.waitCtx, cancel)
+	defer stop()
+	if err := s.n.WaitRun(wctx, r.ID); err != nil && wctx.Err() == nil {
+		return nil, err
+	}
+	return s.runGet(ctx, r)
+}
+
+func needID(r *client.Request) error {
+	if r.ID == "" {
+		return badRequest("a run ID is required")
+	}
+	if !ident.ValidID(r.ID) {
+		return badRequest("%q is not a run ID: %s", r.ID, ident.IDRule)
+	}
+	return nil
+}
+
+func (s *Server) workflowValidate(_ context.Context, r *client.Request) (any, error) {
+	w, err := s.n.ValidateWorkflow(r.File, []byte(r.YAML))
+	if err != nil {
+		return nil, badRequest("%v", err)
+	}
+	return w, nil
+}
+
+func (s *Server) workflowApply(ctx context.Context, r *client.Request) (any, error) {
+	if r.YAML == "" {
+		return nil, badRequest("the workflow file is empty")
+	}
+	w, err := s.n.ApplyWorkflow(ctx, r.File, []byte(r.YAML))
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (s *Server) workflowList(context.Context, *client.Request) (any, error) {
+	ws, err := s.n.Workflows()
+	if err != nil {
+		return nil, err
+	}
+	return ws, nil
+}
+
+func (s *Server) workflowShow(_ context.Context, r *client.Request) (any, error) {
+	if r.Name == "" {
+		return nil, badRequest("a workflow name is required")
+	}
+	w, err := s.n.Workflow(r.Name, 0)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (s *Server) runStart(ctx context.Context, r *client.Request) (any, error) {
+	if r.Workflow == "" {
+		return nil, badRequest("a workflow name is required")
+	}
+	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": id}, nil
+}
+
+// run is the run r names.
+func (s *Server) run(r *client.Request) (client.Run, error) {
+	if err := needID(r); err != nil {
+		return client.Run{}, err
+	}
+	return s.n.Run(r.ID)
+}
+
+func (s *Server) runGet(_ context.Context, r *client.Request) (any, error) {
+	run, err := s.run(r)
+	if err != nil {
+		return nil, err
+	}
+	return run, nil
+}
+
+// runStatuses are the statuses a run can have on the wire (checkpoint.RunStatus's
+// values; TestRunStatusesAreTheStates checks they agree).
+var runStatuses = []string{"pending", "running", "succeeded", "failed", "cancelled", "dead_lettered"}
+
+func (s *Server) runList(_ context.Context, r *client.Request) (any, error) {
+	if r.Status != "" && !slices.Contains(runStatuses, r.Status) {
+		return nil, badRequest("status %q: use pending, running, succeeded, failed, cancelled or dead_lettered", r.Status)
+	}
+	if r.Limit < 0 || r.Limit > 10000 {
+		return nil, badRequest("limit %d: use 1 to 10000", r.Limit)
+	}
+	runs, err := s.n.Runs(client.ListOptions{Workflow: r.Workflow, Status: r.Status, After: r.After, Limit: r.Limit})
+	if err != nil {
+		return nil, err
+	}
+	return runs, nil
+}
+
+func (s *Server) runHistory(_ context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	events, err := s.n.History(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+func (s *Server) runVerify(_ context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	v, err := s.n.Verify(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+func (s *Server) runRetry(ctx context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	if err := s.n.Retry(ctx, r.ID); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "pending"}, nil
+}
+
+func (s *Server) runCancel(ctx context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	if err := s.n.Cancel(ctx, r.ID); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
+}
+
+func (s *Server) dlqList(ctx context.Context, r *client.Request) (any, error) {
+	r.Status = deadLettered
+	return s.runList(ctx, r)
+}
+
+// deadLettered is the status of the runs in the dead-letter queue.
+const deadLettered = "dead_lettered"
+
+func (s *Server) dlqRun(r *client.Request) (client.Run, error) {
+	run, err := s.run(r)
+	if err != nil {
+		return client.Run{}, err
+	}
+	if run.Status != deadLettered {
+		return client.Run{}, &client.Error{Code: client.CodeNotFound, Message: fmt.Sprintf("run %s is not in the dead-letter queue (it is %s)", r.ID, run.Status)}
+	}
+	return run, nil
+}
+
+func (s *Server) dlqShow(_ context.Context, r *client.Request) (any, error) {
+	run, err := s.dlqRun(r)
+	if err != nil {
+		return nil, err
+	}
+	return run, nil
+}
+
+func (s *Server) dlqRetry(ctx context.Context, r *client.Request) (any, error) {
+	if _, err := s.dlqRun(r); err != nil {
+		return nil, err
+	}
+	return s.runRetry(ctx, r)
+}
+
+// dlqPurge removes a run from the queue for good: it ends cancelled, history kept.
+func (s *Server) dlqPurge(ctx context.Context, r *client.Request) (any, error) {
+	if _, err := s.dlqRun(r); err != nil {
+		return nil, err
+	}
+	if err := s.n.Purge(ctx, r.ID); err != nil {
+		return nil, err
+	}
+	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
+}
+
+func (s *Server) cronList(context.Context, *client.Request) (any, error) {
+	cron, err := s.n.Schedules()
+	if err != nil {
+		return nil, err
+	}
+	return cron, nil
+}
+
+func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error) {
+	d, err := s.n.DrillZombie(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (s *Server) nodeInfo() client.Node {
+	n := s.n.Status()
+	if s.sup != nil {
+		n.Problems = s.sup.Problems()
+	}
+	return n
+}
+
+// clusterStatus asks every node (a scatter of node requests) and the leader key.
+func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, error) {
+	st := s.n.Cluster(ctx)
+	st.Nodes = []client.Node{}
+	nc := s.nc
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(nodeSubject, inbox, nil); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(300 * time.Millisecond) // gather the nodes' answers
+	for {
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break
+		}
+		var n client.Node
+		if json.Unmarshal(m.Data, &n) == nil {
+			st.Nodes = append(st.Nodes, n)
+		}
+	}
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
+	return st, nil
+}
+
+func (s *Server) clusterSnapshot(ctx context.Context, _ *client.Request) (any, error) {
+	snap, err := s.n.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return snap, nil
+}

@@ -1,0 +1,63 @@
+package apiserver
+
+import (
+	"context"
+
+	"github.com/flowrun/flow/client"
+)
+
+// Node is what the API needs of the node it answers for, and all it may use, in the
+// wire's own types (package client's) and plain Go ones: the engine's API adapter
+// (*engine.API, from engine.Engine.API) implements it. Reads come from the node's state
+// once CatchUp has returned; writes go through the engine, which writes them to the log.
+//
+// An error the API answers with a code of its own (not_found, bad_request, conflict) is
+// a *client.Error with that code and message; any other error is answered as internal,
+// with its own message.
+type Node interface {
+	// Status is this node as cluster status lists it (without its Problems: the
+	// server's supervisor has those).
+	Status() client.Node
+	// Cluster is the leader, its term and the log's bounds as this node reads them
+	// (zero when it cannot), without the Nodes.
+	Cluster(ctx context.Context) client.ClusterStatus
+	// CatchUp waits until this node has applied the log as it is now.
+	CatchUp(ctx context.Context) error
+	// Changed is closed when this node has applied more of the log.
+	Changed() <-chan struct{}
+
+	// ValidateWorkflow's error, if any, says why the file is not valid.
+	ValidateWorkflow(file string, yaml []byte) (client.Workflow, error)
+	ApplyWorkflow(ctx context.Context, file string, yaml []byte) (client.Workflow, error)
+	// Workflows are the latest version of each workflow, with AppliedAt, without Source.
+	Workflows() ([]client.Workflow, error)
+	// Workflow is a version (0: the latest), with its Source.
+	Workflow(name string, version int) (client.Workflow, error)
+	// WorkflowSteps calls step with each step of a version (0: the latest), in order.
+	WorkflowSteps(name string, version int, step func(name, uses string, needs []string, foreach bool)) error
+	// Schedules are cron.list's answer: each next three fire times and last five ticks.
+	Schedules() ([]client.CronEntry, error)
+	// Ticks are a workflow's recorded fire times, oldest first.
+	Ticks(workflow string) ([]client.Tick, error)
+
+	StartRun(ctx context.Context, workflow string, opts client.StartOptions) (string, error)
+	// Run is a run with its steps, epochs and fenced commits.
+	Run(id string) (client.Run, error)
+	History(id string) ([]client.Event, error)
+	Verify(id string) (client.Verification, error)
+	// Runs are runs without their steps, in the order of their IDs; opts.Status is a
+	// run status or "".
+	Runs(opts client.ListOptions) ([]client.Run, error)
+	// RunsNewest is a page of runs newest first and the next page's cursor.
+	RunsNewest(workflow, status, before string, limit int) ([]client.Run, string, error)
+	RunsWithIDPrefix(prefix string, limit int) ([]client.Run, error)
+	// WaitRun returns nil once the run has ended, an error if ctx ends first.
+	WaitRun(ctx context.Context, id string) error
+	Retry(ctx context.Context, id string) error
+	Cancel(ctx context.Context, id string) error
+	Purge(ctx context.Context, id string) error
+	DrillZombie(ctx context.Context) (client.Drill, error)
+
+	// Snapshot writes a snapshot of this node's state now.
+	Snapshot(ctx context.Context) (client.Snapshot, error)
+}

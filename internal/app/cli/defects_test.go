@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/flowrun/flow/internal/app/daemon"
+)
+
+// Run IDs that are no valid KV key or subject token ("a.", "a..b", ".a") are refused at
+// the door with exit 2 and nothing written: such a run once stayed pending forever, its
+// task redelivered without pause. Errors name the thing, not the package.
+func TestIDsAndNotFoundAtTheDoor(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("hello.yaml", "name: hello\nsteps:\n  - name: a\n    uses: noop\n")
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatalf("apply: %d %s", code, errOut)
+	}
+	applied := e.d.Engine().Store().Applied()
+	for _, id := range []string{"a.", "a..b", ".a", "a b", "a:b", "a*", strings.Repeat("x", 129)} {
+		code, _, errOut := e.flowctl("run", "start", "hello", "--id", id)
+		if code != 2 || !strings.Contains(errOut, "two in a row") {
+			t.Errorf("run start --id %q: exit %d %q, want 2 and the ID rule", id, code, errOut)
+		}
+		if code, _, _ := e.flowctl("run", "get", id); code != 2 {
+			t.Errorf("run get %q: exit %d, want 2", id, code)
+		}
+	}
+	if got := e.d.Engine().Store().Applied(); got != applied {
+		t.Fatalf("refused IDs wrote to the log: applied %d -> %d", applied, got)
+	}
+	if code, out, errOut := e.flowctl("run", "start", "hello", "--id", "a.b-c_d", "--wait"); code != 0 {
+		t.Fatalf("a valid dotted ID: %d %s %s", code, out, errOut)
+	}
+	code, _, errOut := e.flowctl("run", "get", "nope")
+	if code != 2 || strings.TrimSpace(errOut) != `flowctl: run "nope" not found` {
+		t.Fatalf("run get nope: exit %d %q, want 2 and `run \"nope\" not found`", code, errOut)
+	}
+	if _, _, errOut := e.flowctl("workflow", "show", "nope"); strings.Contains(errOut, "checkpoint") || !strings.Contains(errOut, `workflow "nope" not found`) {
+		t.Fatalf("workflow show nope: %q", errOut)
+	}
+}
+
+// An int input keeps every digit from flowctl to the stored run and back: through
+// float64 9007199254740993 arrived as ...992.
+func TestIntInputExactThroughFlowctl(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("n.yaml", "name: n\ninputs:\n  n: {type: int}\nsteps:\n  - name: a\n    uses: noop\n    with: {n: \"{{ inputs.n }}\"}\n")
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatalf("apply: %d %s", code, errOut)
+	}
+	code, out, errOut := e.flowctl("run", "start", "n", "--input", "n=9007199254740993", "--wait", "-o", "json")
+	if code != 0 {
+		t.Fatalf("start: %d %s %s", code, out, errOut)
+	}
+	var started struct{ ID string }
+	if err := json.Unmarshal([]byte(out), &started); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	code, out, _ = e.flowctl("run", "get", started.ID, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"n": 9007199254740993`) || strings.Count(out, "9007199254740993") != 2 {
+		t.Fatalf("run get: %d, want the input and the step's output exact:\n%s", code, out)
+	}
+}
+
+// A node ID that is no valid KV key or subject token is refused at start, naming the flag.
+func TestNodeIDRule(t *testing.T) {
+	for _, id := range []string{"a.", "a..b", "-a"} {
+		_, err := daemon.Load([]string{"--node-id", id}, nil)
+		if err == nil || !strings.Contains(err.Error(), "node-id") {
+			t.Errorf("--node-id %q: %v, want an error naming --node-id", id, err)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/steps"
+)
+
+// metrics reads the engine's counters at scrape time (a prometheus.Collector), plus a
+// step duration histogram fed by the engine.
+type metrics struct {
+	engine       *engine.Engine
+	stepDuration *prometheus.HistogramVec
+	descs        map[string]*prometheus.Desc
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "flow_step_duration_seconds", Help: "Duration of step attempts, by kind and result.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"kind", "result"}),
+		descs: map[string]*prometheus.Desc{},
+	}
+	for name, help := range map[string]string{
+		"flow_commits_total":                "Commits decided by this node's applier, by result (accepted, fenced).",
+		"flow_epoch_changes_total":          "New epochs given to runs (assigns applied).",
+		"flow_stale_term_rejections_total":  "Scheduler entries rejected for a stale leader term.",
+		"flow_log_rejected_total":           "Log messages this node's applier could not decode and recorded as rejected.",
+		"flow_runs_retired_total":           "Runs removed from this node's state at the end of their retention.",
+		"flow_leader_term":                  "Highest leader term applied.",
+		"flow_is_leader":                    "1 if this node leads the scheduler.",
+		"flow_lease_renewals_total":         "Lease and term renewals, by result (ok, failed).",
+		"flow_leases_lost_total":            "Run leases lost (not released).",
+		"flow_terms_won_total":              "Leader terms won by this node.",
+		"flow_lease_degraded_seconds_total": "Time run leases spent degraded.",
+		"flow_runs":                         "Runs by status, in this node's state.",
+		"flow_runs_waiting":                 "Pending runs waiting for an epoch (the backlog admission holds back), in this node's state.",
+		"flow_runs_assigned":                "Runs assigned an epoch and waiting for a worker to claim it.",
+		"flow_dlq_size":                     "Runs in the dead-letter queue.",
+		"flow_apply_lag_messages":           "Log messages not yet applied by this node.",
+		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
+		"flow_handed_back_total":            "Runs handed back on drain.",
+		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
+		"flow_step_attempts_total":          "Step attempts started by this node's workers (retries included).",
+		"flow_step_failures_total":          "Step attempts on this node that failed (an error, a timeout, a lost lease).",
+		"flow_leases_acquired_total":        "Run leases this node's workers acquired.",
+		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
+		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log consumer, election, lease watcher, tasks, API) was started again after it failed or fell silent.",
+		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
+		"flow_step_containment":             "1 for how this node contains exec steps' processes: pid-namespace, user-pid-namespace, subreaper or process-group (none).",
+	} {
+		var labels []string
+		switch name {
+		case "flow_commits_total", "flow_lease_renewals_total":
+			labels = []string{"result"}
+		case "flow_runs":
+			labels = []string{"status"}
+		case "flow_part_healthy":
+			labels = []string{"part"}
+		case "flow_step_containment":
+			labels = []string{"mode"}
+		}
+		m.descs[name] = prometheus.NewDesc(name, help, labels, nil)
+	}
+	return m
+}
+
+func (m *metrics) observeStep(kind string, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.stepDuration.WithLabelValues(kind, result).Observe(d.Seconds())
+}
+
+// Describe sends the descriptors.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range m.descs {
+		ch <- d
+	}
+}
+
+// Collect reads the counters.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	e := m.engine
+	if e == nil {
+		return
+	}
+	m0 := e.Metrics(context.Background())
+	counter := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(m.descs[name], prometheus.GaugeValue, v, labels...)
+	}
+	counter("flow_commits_total", float64(m0.CommitsAccepted), "accepted")
+	counter("flow_commits_total", float64(m0.CommitsFenced), "fenced")
+	counter("flow_epoch_changes_total", float64(m0.EpochChanges))
+	counter("flow_stale_term_rejections_total", float64(m0.StaleTerms))
+	counter("flow_log_rejected_total", float64(m0.LogRejected))
+	counter("flow_runs_retired_total", float64(m0.RunsRetired))
+	leader := 0.0
+	if m0.Leading {
+		leader = 1
+	}
+	gauge("flow_leader_term", float64(m0.HighestTerm))
+	gauge("flow_is_leader", leader)
+	counter("flow_lease_renewals_total", float64(m0.RenewalsOK), "ok")
+	counter("flow_lease_renewals_total", float64(m0.RenewalsFailed), "failed")
+	counter("flow_leases_lost_total", float64(m0.LeasesLost))
+	counter("flow_terms_won_total", float64(m0.TermsWon))
+	counter("flow_lease_degraded_seconds_total", m0.LeaseDegraded.Seconds())
+	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
+		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
+		n := m0.Runs[st]
+		gauge("flow_runs", float64(n), string(st))
+		if st == checkpoint.StatusDeadLettered {
+			gauge("flow_dlq_size", float64(n))
+		}
+	}
+	gauge("flow_runs_waiting", float64(m0.Queued))
+	gauge("flow_runs_assigned", float64(m0.Assigned))
+	if m0.ApplyLag >= 0 {
+		gauge("flow_apply_lag_messages", float64(m0.ApplyLag))
+	}
+	counter("flow_stolen_total", float64(m0.Stolen))
+	counter("flow_handed_back_total", float64(m0.HandedBack))
+	counter("flow_tasks_deferred_total", float64(m0.TasksDeferred))
+	counter("flow_step_attempts_total", float64(m0.StepAttempts))
+	counter("flow_step_failures_total", float64(m0.StepFailures))
+	counter("flow_leases_acquired_total", float64(m0.LeasesAcquired))
+	counter("flow_nats_reconnects_total", float64(m0.NATSReconnects))
+	counter("flow_part_restarts_total", float64(m0.PartRestarts))
+	gauge("flow_step_containment", 1, string(steps.Containment()))
+	for _, p := range m0.Parts {
+		up := 0.0
+		if p.Healthy {
+			up = 1
+		}
+		gauge("flow_part_healthy", up, p.Name)
+	}
+}

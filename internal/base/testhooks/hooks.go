@@ -1,0 +1,61 @@
+// Package testhooks is the one value through which tests reach into a node: switches
+// that turn a guard off (the negative controls of docs/testing.md), faults to inject,
+// and signals to wait on (as River's TestSignals). It is internal: no program outside
+// this module can turn a guard off, and flowd never does. The zero value, and a nil
+// *Hooks wherever a package takes one, is production: every guard on, nothing injected.
+package testhooks
+
+import "sync/atomic"
+
+// Hooks are one node's test switches. Packages read the fields of the parts they own:
+// checkpoint the store guards, epoch the lease guards, logstream the log's, engine the
+// rest. The plain bool fields are set before the part starts; the atomic ones may be
+// flipped while it runs.
+type Hooks struct {
+	// Guards of the state machine (checkpoint), tagged so that tests can find them all.
+	NoEpochCheck      bool `guard:"store"` // accept commits whatever their epoch
+	NoCheckpointCheck bool `guard:"store"` // accept a commit of a (step, item) that already has one
+	NoTermCheck       bool `guard:"store"` // accept scheduler entries of any term
+	NoStartCheck      bool `guard:"store"` // accept a step start of a step that is already checkpointed
+	NoClaimOnceCheck  bool `guard:"store"` // accept a claim of an epoch that was claimed before (and given up)
+	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (issue 14's spin)
+	StopOnUndecodable bool `guard:"store"` // an undecodable message stops the applier (an error) instead of being recorded as rejected
+
+	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
+	// without its heartbeat, which never renews and never notices it lost its lease.
+	NoRenew      bool // the holder never renews (its lease lapses after the TTL)
+	NoKillSwitch bool // the holder never notices its trust window has passed
+
+	// The log (logstream).
+	PassQueue  bool        // an inline write may go out ahead of queued ones (TestWritersKeepTheirOrder's control)
+	NoLogCheck bool        // the applier does not check the log's identity and continuity (a recreated stream, a purge past the applied sequence)
+	Deaf       atomic.Bool // the current consumer hears nothing until the supervisor replaces it
+	FailApply  atomic.Bool // the applier stops on the next message it consumes, as on a storage failure
+	HoldApply  atomic.Bool // the applier applies nothing while set; cleared, it consumes again from its applied sequence (a node lagging behind the log)
+
+	// The engine.
+	ForceDegraded    atomic.Bool  // this node's leases count as degraded
+	IgnoreDegraded   atomic.Bool  // the degraded guard is off (its control)
+	FastPathGivenIDs atomic.Bool  // submit and assign in one message for given run IDs too (unsafe)
+	NoOwnRuns        atomic.Bool  // the leader never assigns a run to itself
+	LostClaims       atomic.Int32 // this many claim writes are not made and fail as of unknown outcome
+	QueueAheadN      atomic.Int32 // overrides how many runs may wait assigned for a worker
+	NoAdmission      atomic.Bool  // the admission guard is off (its control)
+	AdmitPastWaiting atomic.Bool  // the short path may pass runs waiting for room (its control)
+	KeepEndedRunning atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
+	NoTermRaise      atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
+	NoSitOut         atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
+	CompactPastLive  atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
+
+	// Signals.
+	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen
+}
+
+// OrProduction returns h, or the production value when h is nil, so that callers
+// read fields without nil checks.
+func OrProduction(h *Hooks) *Hooks {
+	if h == nil {
+		return new(Hooks)
+	}
+	return h
+}
