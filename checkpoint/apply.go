@@ -28,6 +28,9 @@ type applyBatch struct {
 	// assigned holds runs given an epoch by this message: a second assign of the same
 	// run in one message would get the same epoch, so it is rejected.
 	assigned map[string]bool
+	// detail is what the history says of the entry being judged, set by its rule ("" for
+	// acceptedDetail's default).
+	detail string
 }
 
 // cachedRun is a decoded run and its steps. The applier is the only writer, so the
@@ -41,6 +44,7 @@ type cachedRun struct {
 	items      map[string]map[int]bool // checkpointed foreach items, by step (loaded lazily)
 	touched    uint64                  // the sequence of the message that last touched it
 	retired    bool                    // a retire entry of this message removes it at commit
+	origAlarm  []byte                  // its key in the timer index in Pebble (wait.go), nil if none
 }
 
 // newApplyBatch starts the batch of message seq. indexed makes it a batch that reads its
@@ -72,6 +76,7 @@ func (tx *applyBatch) commit() error {
 				return err
 			}
 		}
+		tx.setAlarm(c)
 		for _, name := range c.run.Steps {
 			if c.dirtySteps[name] {
 				if err := tx.putJSON(keyStep(id, name), c.steps[name]); err != nil {
@@ -128,6 +133,7 @@ func (tx *applyBatch) commit() error {
 			tx.s.onStatus(c.run.ID, c.run.Status)
 		}
 		c.origStatus, c.runDirty = c.run.Status, false
+		c.origAlarm = alarmKey(c.run)
 		clear(c.dirtySteps)
 	}
 	tx.s.trimCache()
@@ -154,7 +160,7 @@ func (tx *applyBatch) load(id string) (*cachedRun, error) {
 		if err != nil || !found {
 			return nil, err
 		}
-		c = &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps)), dirtySteps: map[string]bool{}}
+		c = &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps)), dirtySteps: map[string]bool{}, origAlarm: alarmKey(&r)}
 		for _, name := range r.Steps {
 			var st Step
 			if _, err := getJSON(tx.s.db, keyStep(id, name), &st); err != nil {
@@ -226,6 +232,7 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 	if c == nil {
 		return fmt.Errorf("%w: run %q (%s at sequence %d)", ErrNotFound, e.Run, e.Kind, tx.seq)
 	}
+	tx.detail = ""
 	switch e.Kind {
 	case KindAssign:
 		err = tx.assign(c, e)
@@ -249,6 +256,14 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		err = tx.purge(c, e)
 	case KindRetire:
 		err = tx.retire(c, e)
+	case KindSignal:
+		err = tx.signal(c, e)
+	case KindDecide:
+		err = tx.decide(c, e)
+	case KindPark:
+		err = tx.park(c, e)
+	case KindWake:
+		err = tx.wake(c, e)
 	}
 	var fe *FencedError
 	switch {
@@ -264,7 +279,11 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		// An accepted item commit is its own history: the Item record carries its
 		// sequence, and View merges items into the events (one write less per item).
 		if e.Kind != KindCommit || e.Item == ItemWhole {
-			tx.event(c, idx, e, "accepted", acceptedDetail(c, e))
+			detail := acceptedDetail(c, e)
+			if tx.detail != "" {
+				detail = tx.detail
+			}
+			tx.event(c, idx, e, "accepted", detail)
 		}
 	case errors.As(err, &fe):
 		tx.event(c, idx, e, "fenced: "+fe.Reason, "")

@@ -285,7 +285,7 @@ func TestUndecodableMessagesAreRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := msg(t, Entry{Kind: KindCancel, Run: "r1", At: t0})
-	future := bytes.Replace(good, []byte(`"v":1`), []byte(`"v":3`), 1)
+	future := bytes.Replace(good, []byte(`"v":1`), fmt.Appendf(nil, `"v":%d`, FormatVersion+1), 1)
 	if _, err := s.Apply(s.Applied()+1, future); !errors.Is(err, ErrNewerFormat) || !strings.Contains(err.Error(), "upgrade flowd") {
 		t.Fatalf("a newer format: %v; want ErrNewerFormat saying to upgrade", err)
 	}
@@ -552,7 +552,7 @@ func TestRetireLeavesNothing(t *testing.T) {
 		t.Fatalf("Retired = %d", got)
 	}
 	// In format 1 the kind does not exist: such a message is rejected as undecodable.
-	if v, err := s.Apply(s.Applied()+1, msg(t, Entry{Kind: KindRetire, Run: "other", Term: 1, At: t0})); err != nil || len(v) != 0 {
+	if v, err := s.Apply(s.Applied()+1, EncodeEnvelopeVersion("test", 1, [][]byte{mustJSON(t, Entry{Kind: KindRetire, Run: "other", Term: 1, At: t0})})); err != nil || len(v) != 0 {
 		t.Fatalf("a retire in a format-1 message: %v %v; want the message rejected", v, err)
 	}
 }

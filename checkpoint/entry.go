@@ -30,13 +30,18 @@ const (
 	KindWorkflow   Kind = "workflow"    // apply a workflow: a new version if its source changed
 	KindPurge      Kind = "purge"       // take a dead-lettered run out of the DLQ for good (cancelled)
 	KindRetire     Kind = "retire"      // remove a run that ended longer ago than the retention (scheduler; format 2)
+	KindSignal     Kind = "signal"      // a person's signal to a run: kept in its inbox until a wait consumes it (format 3)
+	KindDecide     Kind = "decide"      // a person's approval or rejection of an approval step (format 3)
+	KindPark       Kind = "park"        // the owner ends its epoch cleanly to wait (a signal, approvals, a timer) (format 3)
+	KindWake       Kind = "wake"        // the scheduler wakes a parked run whose timer is due (format 3)
 )
 
 // FormatVersion is the newest version of the message envelope this code reads and
-// writes. Version 2 adds the retire entry; a message is written at the lowest version
+// writes. Version 2 adds the retire entry, version 3 the waits (signal, decide, park,
+// wake, and a commit's consumption of a signal); a message is written at the lowest version
 // that holds its entries (FormatFor). A message of a newer version stops the applier
 // (it was written by newer code): "upgrade flowd".
-const FormatVersion = 2
+const FormatVersion = 3
 
 // ItemWhole is the Item of an entry about a whole step rather than one foreach item.
 const ItemWhole = -1
@@ -73,6 +78,16 @@ type Entry struct {
 	Tick   *CronTick `json:"tick,omitempty"`   // cron_tick
 	// Workflow is the definition applied by a workflow entry.
 	Workflow *WorkflowDef `json:"workflow,omitempty"`
+
+	// The waits (wait.go). Signal: a signal entry's name, data and de-duplication key.
+	// Decision: a decide entry's verdict. Wait: what a park entry waits for. Consume, on
+	// a commit: the sequence of the inbox signal the step takes (once, fenced with the
+	// commit). ParkSeq, on a wake: the park it ends.
+	Signal   *Signal   `json:"signal,omitempty"`
+	Decision *Decision `json:"decision,omitempty"`
+	Wait     *Wait     `json:"wait,omitempty"`
+	Consume  uint64    `json:"consume,omitempty"`
+	ParkSeq  uint64    `json:"park_seq,omitempty"`
 
 	// At is the writer's wall clock. It is recorded for people to read and never
 	// used to decide anything.
@@ -184,6 +199,9 @@ func (e *Entry) Validate() error {
 		if e.Kind == KindCommit && len(e.Output) > 0 && !json.Valid(e.Output) {
 			return bad("output is not valid JSON")
 		}
+		if e.Consume > 0 && (e.Kind != KindCommit || e.Item != ItemWhole) {
+			return bad("only a whole step's commit consumes a signal")
+		}
 		if e.Items < 0 || e.Attempt < 0 {
 			return bad("negative items or attempt")
 		}
@@ -195,6 +213,8 @@ func (e *Entry) Validate() error {
 			return bad("status %q: use succeeded or failed", e.Status)
 		}
 	case KindCancel, KindRetry, KindPurge:
+	case KindSignal, KindDecide, KindPark, KindWake:
+		return e.validateWait(bad, needsEpoch, needsStep)
 	case KindWorkflow:
 		if e.Workflow == nil || !ident.ValidName(e.Workflow.Name) || e.Workflow.Digest == "" || !json.Valid(e.Workflow.Spec) {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
@@ -262,10 +282,23 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 // at the highest of its entries', so that a node that does not know a kind stops with
 // "upgrade" instead of rejecting the message that others apply.
 func FormatFor(kind Kind) int {
-	if kind == KindRetire {
+	switch kind {
+	case KindRetire:
 		return 2
+	case KindSignal, KindDecide, KindPark, KindWake:
+		return 3
 	}
 	return 1
+}
+
+// FormatOf is the format an entry needs: its kind's, or 3 for a commit that consumes a
+// signal (a reader of format 2 would drop the consumption and let the signal be taken
+// twice).
+func FormatOf(e *Entry) int {
+	if e.Consume > 0 {
+		return 3
+	}
+	return FormatFor(e.Kind)
 }
 
 // EncodeMessage encodes entries as one log message, at the lowest format version that
@@ -279,7 +312,7 @@ func EncodeMessage(node string, entries ...Entry) ([]byte, error) {
 			return nil, fmt.Errorf("%w: encode: %v", ErrInvalidEntry, err)
 		}
 		datas[i] = raw
-		version = max(version, FormatFor(entries[i].Kind))
+		version = max(version, FormatOf(&entries[i]))
 	}
 	return EncodeEnvelopeVersion(node, version, datas), nil
 }
@@ -342,6 +375,9 @@ func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 		if !knownKind(env.Entries[i].Kind, env.V) {
 			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q", i, env.Entries[i].Kind)}
 		}
+		if FormatOf(&env.Entries[i]) > env.V {
+			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d needs format %d, the message says %d", i, FormatOf(&env.Entries[i]), env.V)}
+		}
 	}
 	return env.Entries, nil
 }
@@ -353,6 +389,8 @@ func knownKind(k Kind, version int) bool {
 		return true
 	case KindRetire:
 		return version >= 2
+	case KindSignal, KindDecide, KindPark, KindWake:
+		return version >= 3
 	}
 	return false
 }

@@ -18,7 +18,10 @@ import (
 // items, status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
 // foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf),
 // version (default 1), trigger (default manual). A value with spaces is written in
-// double quotes. epoch=@R is run R's current epoch; an assign without epoch= carries
+// double quotes. The waits' keys (wait.go): signal=NAME id=KEY data=JSON (signal);
+// approve, reject, comment=TEXT (decide); wait=signal|approval|timer name=SIGNAL
+// until=RFC3339 need=N exclude=USER (park); consume=SEQ (commit); park=SEQ (wake).
+// epoch=@R is run R's current epoch; an assign without epoch= carries
 // the run's current epoch (what a scheduler reading the state writes).
 
 // ParseEntryText reads one entry in the text form. at is its At; epochOf gives a run's
@@ -57,6 +60,51 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			e.Error = v
 		case "status":
 			e.Status = RunStatus(v)
+		case "signal", "id", "data":
+			if e.Signal == nil {
+				e.Signal = &Signal{}
+			}
+			switch k {
+			case "signal":
+				e.Signal.Name = v
+			case "id":
+				e.Signal.ID = v
+			case "data":
+				e.Signal.Data = json.RawMessage(tok.raw)
+			}
+		case "approve", "reject", "comment":
+			if e.Decision == nil {
+				e.Decision = &Decision{}
+			}
+			switch k {
+			case "approve":
+				e.Decision.Approve = true
+			case "comment":
+				e.Decision.Comment = v
+			}
+		case "wait", "name", "until", "need", "exclude":
+			if e.Wait == nil {
+				e.Wait = &Wait{}
+			}
+			switch k {
+			case "wait":
+				e.Wait.Kind = v
+			case "name":
+				e.Wait.Name = v
+			case "until":
+				e.Wait.Until, err = time.Parse(time.RFC3339, v)
+			case "need":
+				n, err = num()
+				e.Wait.Need = int(n)
+			case "exclude":
+				e.Wait.Exclude = v
+			}
+		case "consume":
+			n, err = num()
+			e.Consume = uint64(n)
+		case "park":
+			n, err = num()
+			e.ParkSeq = uint64(n)
 		case "out": // JSON, as written: out="text" is a JSON string
 			e.Output = json.RawMessage(tok.raw)
 		case "final":

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"encoding/json"
 	"os"
 	"testing"
 	"time"
@@ -33,15 +32,11 @@ func memStore(t testing.TB, h *testhooks.Hooks) *Store {
 
 // msg encodes entries as one log message.
 func msg(t interface{ Fatal(...any) }, entries ...Entry) []byte {
-	var datas [][]byte
-	for _, e := range entries {
-		b, err := json.Marshal(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		datas = append(datas, b)
+	b, err := EncodeMessage("test", entries...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return EncodeEnvelope("test", datas)
+	return b
 }
 
 // applyOne applies one entry as its own message at the next sequence.

@@ -40,7 +40,7 @@ func (s *Store) Run(id string) (*Run, error) {
 
 // Status returns a run's status from the status index, without decoding the run.
 func (s *Store) Status(id string) (RunStatus, error) {
-	for _, st := range []RunStatus{StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered, StatusRunning, StatusPending} {
+	for _, st := range []RunStatus{StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered, StatusRunning, StatusPending, StatusWaiting} {
 		_, closer, err := s.db.Get(keyByStatus(st, id))
 		if err == nil {
 			closer.Close()

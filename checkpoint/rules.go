@@ -25,6 +25,7 @@ func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 		ID: e.Run, Workflow: sub.Workflow, Version: sub.Version, Status: StatusPending,
 		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
 		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
+		StartedBy: e.Actor,
 	}
 	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), runDirty: true, dirtySteps: map[string]bool{}}
 	for _, st := range sub.Steps {
@@ -115,6 +116,8 @@ func (tx *applyBatch) assign(c *cachedRun, e *Entry) error {
 		reason = ReasonAssigned
 	case r.RetryRequested:
 		reason = ReasonRetried
+	case r.Resume:
+		reason = ReasonResumed // woke from a park: nobody lost ownership
 	case r.HandedBack:
 		reason = ReasonReleased
 	case r.Owner != "":
@@ -146,7 +149,7 @@ func (tx *applyBatch) assign(c *cachedRun, e *Entry) error {
 	r.Epoch = int64(tx.seq)
 	r.Status = StatusPending
 	r.Owner = ""
-	r.HandedBack, r.RetryRequested = false, false
+	r.HandedBack, r.RetryRequested, r.Resume = false, false, false
 	r.Epochs = append(r.Epochs, EpochRecord{Epoch: r.Epoch, Reason: reason, At: e.At, Term: e.Term})
 	if e.Worker != "" { // assigned and claimed at once
 		r.Status = StatusRunning
@@ -295,6 +298,11 @@ func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
 			Index: e.Item, Epoch: e.Epoch, Owner: e.Owner, Output: e.Output, Seq: tx.seq, Entry: idx, At: e.At,
 		})
 	}
+	if e.Consume > 0 {
+		if err := tx.consume(c, e); err != nil {
+			return err
+		}
+	}
 	st.Status = StepSucceeded
 	st.Attempts = max(st.Attempts, e.Attempt)
 	if e.Skipped {
@@ -398,6 +406,7 @@ func (tx *applyBatch) finishEarly(c *cachedRun, e *Entry, status RunStatus) erro
 	c.reset()
 	r.Status = status
 	r.Owner = ""
+	r.Waiting, r.Resume = nil, false
 	if status == StatusDeadLettered {
 		r.DeadLetter = e.Reason
 	} else {
@@ -440,8 +449,10 @@ func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 		if st := c.steps[name]; st.Status == StepFailed {
 			st.Status, st.Error = StepPending, ""
 			c.dirtySteps[name] = true
+			delete(r.Timers, name) // a retried wait waits again for its whole timeout
 		}
 	}
+	r.Waiting, r.Resume = nil, false
 	r.Status = StatusPending
 	r.Owner = ""
 	r.EpochChanges = 0

@@ -17,6 +17,9 @@ const (
 	StatusFailed       RunStatus = "failed"
 	StatusCancelled    RunStatus = "cancelled"
 	StatusDeadLettered RunStatus = "dead_lettered"
+	// StatusWaiting: parked on a wait (a signal, approvals, a timer): no epoch runs, no
+	// lease or worker is held (wait.go).
+	StatusWaiting RunStatus = "waiting"
 )
 
 // Terminal reports whether no worker acts on a run in this status.
@@ -27,7 +30,7 @@ func (s RunStatus) Terminal() bool {
 // ValidRunStatus reports whether s names a run status.
 func ValidRunStatus(s RunStatus) bool {
 	switch s {
-	case StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered:
+	case StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusCancelled, StatusDeadLettered, StatusWaiting:
 		return true
 	}
 	return false
@@ -59,6 +62,7 @@ const (
 	ReasonReleased     = "released"
 	ReasonRetried      = "retried"
 	ReasonReconciled   = "reconciled"
+	ReasonResumed      = "resumed" // a parked run woke: not counted toward max_epochs
 )
 
 // Run is the state of one run.
@@ -87,6 +91,21 @@ type Run struct {
 	// RetryRequested: an operator retried the run; the next epoch is not counted.
 	RetryRequested bool `json:"retry_requested,omitempty"`
 
+	// StartedBy is the person who started the run (the submit's actor): an approval
+	// step with not_the_starter does not count them.
+	StartedBy string `json:"started_by,omitempty"`
+	// Waiting is what a parked run waits for (status waiting); nil otherwise.
+	Waiting *Waiting `json:"waiting,omitempty"`
+	// Resume: the run woke from a park; its next epoch is not counted.
+	Resume bool `json:"resume,omitempty"`
+	// Inbox holds the run's signals in log order, consumed or not (wait.go).
+	Inbox []SignalRecord `json:"inbox,omitempty"`
+	// Decisions are the approvals and rejections given to its approval steps.
+	Decisions []DecisionRecord `json:"decisions,omitempty"`
+	// Timers are the deadlines of its waits, by step: set by the step's first park and
+	// kept by later ones, marked fired by the scheduler's wake.
+	Timers map[string]*Timer `json:"timers,omitempty"`
+
 	CreatedSeq uint64    `json:"created_seq"`
 	UpdatedSeq uint64    `json:"updated_seq"`
 	CreatedAt  time.Time `json:"created_at"`
@@ -96,7 +115,7 @@ type Run struct {
 // NeedsAssign reports a pending run without a usable epoch: never assigned, handed back
 // by its last owner, or retried by an operator. The scheduler gives these a new epoch.
 func (r *Run) NeedsAssign() bool {
-	return r.Status == StatusPending && (r.Epoch == 0 || r.HandedBack || r.RetryRequested)
+	return r.Status == StatusPending && (r.Epoch == 0 || r.HandedBack || r.RetryRequested || r.Resume)
 }
 
 // EpochRecord is one epoch of a run.
@@ -218,6 +237,7 @@ type WorkflowVersion struct {
 //	o/<status>/<seq:8><run>       index: the same, by status
 //	p/<workflow>/<seq:8><run>     index: the same, by workflow
 //	q/<workflow>/<status>/<seq:8><run>  index: the same, by workflow and status
+//	a/<unixnano:8><run>           index: parked runs by the time their timer is due (wait.go)
 //
 // (The n/ o/ p/ q/ indexes serve RunsNewest: newest.go says why and how.)
 var (

@@ -4,10 +4,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/datadriven"
 
@@ -73,6 +76,9 @@ var guardCatches = map[string][]guardCatch{
 		{"foreach.txt", "10.2 commit r1 b[1]: fenced: stale-epoch (epoch 2, run's 7)", "10.2 commit r1 b[1]: fenced: checkpoint-exists (epoch 2, run's 7)"},
 		{"reclaim.txt", "9.0 commit r1 a: fenced: stale-epoch (epoch 2, run's 5)", "9.0 commit r1 a: ok"},
 		{"requeue.txt", "9.0 requeue r1: fenced: stale-epoch (epoch 2, run's 7)", "9.0 requeue r1: ok"},
+		// The zombie's wait commit takes the signal: consumed by a fenced epoch, lost to
+		// the current one (whose commit is then refused as a second checkpoint).
+		{"waits.txt", "14.0 commit r2 w: fenced: stale-epoch (epoch 8, run's 12)", "14.0 commit r2 w: ok"},
 	},
 	"NoCheckpointCheck": {
 		{"fenced.txt", "9.0 commit r1 a: fenced: checkpoint-exists (epoch 4, run's 4)", "9.0 commit r1 a: ok"},
@@ -80,6 +86,7 @@ var guardCatches = map[string][]guardCatch{
 	},
 	"NoTermCheck": {
 		{"stale-term.txt", "3.0 assign r2: rejected: stale term (term 1 < highest 2)", "3.0 assign r2: ok, epoch 3 (assigned)"},
+		{"waits.txt", "24.0 wake r4 nap: rejected: stale term (term 1 < highest 2)", "24.0 wake r4 nap: ok"},
 	},
 	"NoStartCheck": {
 		{"cancel.txt", "13.0 start r2 a: fenced: checkpoint-exists (epoch 11, run's 11)", "13.0 start r2 a: ok"},
@@ -90,6 +97,12 @@ var guardCatches = map[string][]guardCatch{
 	},
 	"TermFromAnyEntry": {
 		{"stale-term.txt", "9.0 assign r2: ok, epoch 9 (reconciled)", "9.0 assign r2: rejected: stale term (term 4 < highest 5)"},
+	},
+	"NoSignalDedup": {
+		{"waits.txt", `7.0 signal: accepted (signal go: id "k1" was applied at sequence 6; applied once)`, "7.0 signal: accepted (signal go)"},
+	},
+	"NoConsumeOnce": {
+		{"waits.txt", `5.0 commit r1 b: conflict: commit of run r1 (status running, epoch 1): the signal at sequence 2 was consumed by step "ledger" (epoch 1)`, "5.0 commit r1 b: ok"},
 	},
 	"StopOnUndecodable": {
 		{"log.txt", `11: message rejected, undecodable: entry 1: unknown kind "teleport"`,
@@ -218,6 +231,27 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 		return tr.staleTerms(t, d)
 	case "applied":
 		return fmt.Sprintf("applied %d, highest term %d", tr.s.Applied(), tr.s.HighestTerm())
+	case "timers": // the parked runs whose timer is due at=RFC3339 (DueTimers)
+		var at string
+		d.ScanArgs(t, "at", &at)
+		now, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			d.Fatalf(t, "at=%s: %v", at, err)
+		}
+		due, next, err := tr.s.DueTimers(now, 100)
+		if err != nil {
+			d.Fatalf(t, "due timers: %v", err)
+		}
+		var b strings.Builder
+		for _, du := range due {
+			fmt.Fprintf(&b, "due: %s step %s park %d at %s\n", du.Run, du.Step, du.ParkSeq, du.Until.UTC().Format(time.RFC3339))
+		}
+		if next.IsZero() {
+			b.WriteString("next: none\n")
+		} else {
+			fmt.Fprintf(&b, "next: %s\n", next.UTC().Format(time.RFC3339))
+		}
+		return b.String()
 	}
 	d.Fatalf(t, "unknown command %q (apply, state, history, runs, stale-terms, applied)", d.Cmd)
 	return ""
@@ -317,7 +351,55 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 	if r.RetryRequested {
 		b.WriteString(", retry requested")
 	}
+	if r.Resume {
+		b.WriteString(", resume")
+	}
 	b.WriteString("\n")
+	if w := r.Waiting; w != nil {
+		fmt.Fprintf(b, "  waiting: %s on step %s (park seq %d)", w.Kind, w.Step, w.Seq)
+		if w.Name != "" {
+			fmt.Fprintf(b, ", signal %s", w.Name)
+		}
+		if w.Need > 0 {
+			fmt.Fprintf(b, ", need %d", w.Need)
+		}
+		if w.Exclude != "" {
+			fmt.Fprintf(b, ", not %s", w.Exclude)
+		}
+		if !w.Until.IsZero() {
+			fmt.Fprintf(b, ", until %s", w.Until.UTC().Format(time.RFC3339))
+		}
+		b.WriteString("\n")
+	}
+	for _, sg := range r.Inbox {
+		fmt.Fprintf(b, "  signal %d %s", sg.Seq, sg.Name)
+		if sg.ID != "" {
+			fmt.Fprintf(b, " id %s", sg.ID)
+		}
+		if len(sg.Data) > 0 {
+			fmt.Fprintf(b, " data %s", sg.Data)
+		}
+		fmt.Fprintf(b, " from %s", orDash(sg.Sender))
+		if sg.ConsumedBy != "" {
+			fmt.Fprintf(b, ", consumed by %s at epoch %d", sg.ConsumedBy, sg.ConsumedEpoch)
+		}
+		b.WriteString("\n")
+	}
+	for _, dc := range r.Decisions {
+		verdict := "rejects"
+		if dc.Approve {
+			verdict = "approves"
+		}
+		fmt.Fprintf(b, "  decision %d: %s %s %s\n", dc.Seq, orDash(dc.Actor), verdict, dc.Step)
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.Timers)) {
+		tm := r.Timers[name]
+		fmt.Fprintf(b, "  timer %s: %s", name, tm.Until.UTC().Format(time.RFC3339))
+		if tm.Fired {
+			b.WriteString(", fired")
+		}
+		b.WriteString("\n")
+	}
 	if len(r.Epochs) > 0 {
 		var eps []string
 		for _, ep := range r.Epochs {

@@ -125,7 +125,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	m.RenewalsOK, m.RenewalsFailed, m.LeasesLost = lc.RenewalsOK.Load(), lc.RenewalsFailed.Load(), lc.LeasesLost.Load()
 	m.LeasesAcquired, m.TermsWon, m.LeaseDegraded = lc.LeasesAcquired.Load(), lc.TermsWon.Load(), lc.Degraded()
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
-		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
+		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered, checkpoint.StatusWaiting} {
 		n, _ := e.store.CountRuns(st)
 		m.Runs[st] = n
 	}

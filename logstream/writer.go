@@ -198,7 +198,7 @@ func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 			return nil, fmt.Errorf("%w: %d entries of %d bytes together do not fit one log message (at most %d)", ErrOutputTooLarge, len(entries), r.size, w.maxBytes)
 		}
 		r.data = append(r.data, data)
-		r.version = max(r.version, checkpoint.FormatFor(e.Kind))
+		r.version = max(r.version, checkpoint.FormatOf(e))
 		r.note = r.note && isNote(e)
 		if e.Kind == checkpoint.KindAssign {
 			r.assigns = append(r.assigns, e.Run)

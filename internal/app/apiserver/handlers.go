@@ -118,7 +118,7 @@ func (s *Server) runGet(_ context.Context, r *client.Request) (any, error) {
 
 // runStatuses are the statuses a run can have on the wire (checkpoint.RunStatus's
 // values; TestRunStatusesAreTheStates checks they agree).
-var runStatuses = []string{"pending", "running", "succeeded", "failed", "cancelled", "dead_lettered"}
+var runStatuses = []string{"pending", "running", "waiting", "succeeded", "failed", "cancelled", "dead_lettered"}
 
 func (s *Server) runList(_ context.Context, r *client.Request) (any, error) {
 	if r.Status != "" && !slices.Contains(runStatuses, r.Status) {

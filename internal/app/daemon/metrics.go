@@ -117,7 +117,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_terms_won_total", float64(m0.TermsWon))
 	counter("flow_lease_degraded_seconds_total", m0.LeaseDegraded.Seconds())
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusSucceeded,
-		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered} {
+		checkpoint.StatusFailed, checkpoint.StatusCancelled, checkpoint.StatusDeadLettered, checkpoint.StatusWaiting} {
 		n := m0.Runs[st]
 		gauge("flow_runs", float64(n), string(st))
 		if st == checkpoint.StatusDeadLettered {

@@ -128,7 +128,7 @@ func badInput(format string, args ...any) error {
 }
 
 // statuses a run can have, for the filter.
-var runStatuses = []string{"pending", "running", "succeeded", "failed", "cancelled", "dead_lettered"}
+var runStatuses = []string{"pending", "running", "waiting", "succeeded", "failed", "cancelled", "dead_lettered"}
 
 type runsView struct {
 	Runs       []client.Run

@@ -20,6 +20,8 @@ type Hooks struct {
 	NoClaimOnceCheck  bool `guard:"store"` // accept a claim of an epoch that was claimed before (and given up)
 	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (issue 14's spin)
 	StopOnUndecodable bool `guard:"store"` // an undecodable message stops the applier (an error) instead of being recorded as rejected
+	NoSignalDedup     bool `guard:"store"` // a signal whose id was applied before is applied again
+	NoConsumeOnce     bool `guard:"store"` // a commit may consume a signal another step consumed
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.

@@ -1,0 +1,443 @@
+package checkpoint
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+	"unicode"
+
+	"github.com/flowrun/flow/internal/base/ident"
+)
+
+// Waits: a run that reaches a step that waits for the world (a signal, people's
+// approvals, a timer) parks. Its owner writes a park entry, which ends the epoch
+// cleanly: the run is waiting, holds no lease, no task and no worker. What it waits for
+// arrives as an entry of its own (a signal, a decide, the scheduler's wake of a due
+// timer); the applier then makes the run pending with Resume set, and the scheduler gives
+// it a new epoch with reason "resumed", which does not count toward max_epochs. The
+// resumed epoch runs the waiting step again, which now finds what it waited for in the
+// run's state and commits it.
+//
+// Fencing (docs/checkpoint.md, "Waits"): a park is a worker's write, judged by the same
+// guard as a commit (the run running, the writer's epoch the current one), so a zombie
+// cannot park a run another epoch owns. A signal is consumed by the commit of the step
+// that takes it (Entry.Consume), in the same entry: a zombie's commit is fenced and its
+// consumption with it, so the signal stays for the current epoch; a signal is consumed
+// once (a second consumption is a conflict). Signals and decisions are people's entries,
+// kept whatever the run's epoch; a wake names the park it ends (ParkSeq), so a wake
+// written twice (two leaders' passes, a retry) wakes once.
+
+// Wait kinds (public contract: run get's "waiting.kind").
+const (
+	WaitSignal   = "signal"
+	WaitApproval = "approval"
+	WaitTimer    = "timer"
+)
+
+// Limits of what people's entries may pile up on one run: beyond them a signal or a
+// decision is refused (a conflict), so no caller can grow a run record without bound.
+const (
+	MaxInbox       = 1000
+	MaxDecisions   = 1000
+	MaxSignalID    = 200
+	MaxCommentSize = 2000
+)
+
+// Signal is a signal entry's content.
+type Signal struct {
+	Name string          `json:"name"`
+	ID   string          `json:"id,omitempty"` // de-duplication key: a second signal with it is applied once
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Decision is a decide entry's content: an approval or a rejection.
+type Decision struct {
+	Approve bool   `json:"approve"`
+	Comment string `json:"comment,omitempty"`
+}
+
+// Wait is what a park entry waits for.
+type Wait struct {
+	Kind string `json:"kind"`           // signal | approval | timer
+	Name string `json:"name,omitempty"` // signal: its name
+	// Until is when the wait's timer is due (a timeout, or the time a sleep ends); zero:
+	// no timer. A step's first park sets it; later parks of the step keep the first.
+	Until time.Time `json:"until,omitzero"`
+	// Need, for an approval: distinct approvers that complete it. Exclude: a person whose
+	// approval does not count (the run's starter, with not_the_starter).
+	Need    int    `json:"need,omitempty"`
+	Exclude string `json:"exclude,omitempty"`
+	Role    string `json:"role,omitempty"` // for people to read: who may decide
+}
+
+// Waiting is a parked run's wait: the park's Wait, its step, and the park's sequence.
+type Waiting struct {
+	Wait
+	Step  string    `json:"step"`
+	Since time.Time `json:"since"`
+	Seq   uint64    `json:"seq"`
+}
+
+// SignalRecord is one signal in a run's inbox.
+type SignalRecord struct {
+	Seq    uint64          `json:"seq"`
+	Name   string          `json:"name"`
+	ID     string          `json:"id,omitempty"`
+	Data   json.RawMessage `json:"data,omitempty"`
+	Sender string          `json:"sender,omitempty"`
+	At     time.Time       `json:"at"`
+	// ConsumedBy is the step whose commit took it ("" while it waits), in epoch
+	// ConsumedEpoch.
+	ConsumedBy    string `json:"consumed_by,omitempty"`
+	ConsumedEpoch int64  `json:"consumed_epoch,omitempty"`
+}
+
+// DecisionRecord is one approval or rejection of an approval step.
+type DecisionRecord struct {
+	Seq     uint64    `json:"seq"`
+	Step    string    `json:"step"`
+	Actor   string    `json:"actor"`
+	Approve bool      `json:"approve"`
+	Comment string    `json:"comment,omitempty"`
+	At      time.Time `json:"at"`
+}
+
+// Timer is a wait's deadline.
+type Timer struct {
+	Until time.Time `json:"until"`
+	Fired bool      `json:"fired,omitempty"`
+}
+
+// NextSignal is the oldest signal named name that no step has consumed, or nil.
+func (r *Run) NextSignal(name string) *SignalRecord {
+	for i := range r.Inbox {
+		if s := &r.Inbox[i]; s.Name == name && s.ConsumedBy == "" {
+			return s
+		}
+	}
+	return nil
+}
+
+// Approvals is what the run's decisions say of an approval step: the distinct people who
+// approved it, in order, except exclude (and anonymous decisions, which never count);
+// their comments; and the first rejection, if any.
+func (r *Run) Approvals(step, exclude string) (approvers, comments []string, rejected *DecisionRecord) {
+	for i := range r.Decisions {
+		d := &r.Decisions[i]
+		if d.Step != step || d.Actor == "" {
+			continue
+		}
+		if !d.Approve {
+			if rejected == nil {
+				rejected = d
+			}
+			continue
+		}
+		if d.Actor == exclude || slices.Contains(approvers, d.Actor) {
+			continue
+		}
+		approvers = append(approvers, d.Actor)
+		if d.Comment != "" {
+			comments = append(comments, d.Comment)
+		}
+	}
+	return approvers, comments, rejected
+}
+
+// TimerFired reports whether step's wait timer fired.
+func (r *Run) TimerFired(step string) bool {
+	t := r.Timers[step]
+	return t != nil && t.Fired
+}
+
+// ready reports whether what the parked run waits for is there.
+func (r *Run) ready() bool {
+	w := r.Waiting
+	if w == nil {
+		return false
+	}
+	if r.TimerFired(w.Step) {
+		return true
+	}
+	switch w.Kind {
+	case WaitSignal:
+		return r.NextSignal(w.Name) != nil
+	case WaitApproval:
+		approvers, _, rejected := r.Approvals(w.Step, w.Exclude)
+		return rejected != nil || len(approvers) >= w.Need
+	}
+	return false
+}
+
+func (e *Entry) validateWait(bad func(string, ...any) error, needsEpoch, needsStep func() error) error {
+	switch e.Kind {
+	case KindSignal:
+		s := e.Signal
+		if s == nil || !ident.ValidName(s.Name) {
+			return bad("a signal needs a name of 1-64 of a-z, 0-9, '_' or '-'")
+		}
+		if len(s.ID) > MaxSignalID || !printable(s.ID) {
+			return bad("signal id: at most %d printable characters", MaxSignalID)
+		}
+		if len(s.Data) > 0 && !json.Valid(s.Data) {
+			return bad("signal data is not valid JSON")
+		}
+	case KindDecide:
+		if e.Decision == nil {
+			return bad("a decide entry needs its decision")
+		}
+		if len(e.Decision.Comment) > MaxCommentSize || !printable(e.Decision.Comment) {
+			return bad("comment: at most %d printable characters", MaxCommentSize)
+		}
+		if err := needsStep(); err != nil {
+			return err
+		}
+		if e.Item != ItemWhole {
+			return bad("a decision is about a whole step (item %d)", ItemWhole)
+		}
+	case KindPark:
+		if err := needsEpoch(); err != nil {
+			return err
+		}
+		if err := needsStep(); err != nil {
+			return err
+		}
+		w := e.Wait
+		switch {
+		case e.Item != ItemWhole:
+			return bad("a park is about a whole step (item %d)", ItemWhole)
+		case w == nil:
+			return bad("a park needs what it waits for")
+		case w.Kind == WaitSignal && !ident.ValidName(w.Name):
+			return bad("a signal wait needs the signal's name")
+		case w.Kind == WaitApproval && w.Need < 1:
+			return bad("an approval wait needs at least one approver")
+		case w.Kind == WaitTimer && w.Until.IsZero():
+			return bad("a timer wait needs its time")
+		case w.Kind != WaitSignal && w.Kind != WaitApproval && w.Kind != WaitTimer:
+			return bad("wait kind %q: use signal, approval or timer", w.Kind)
+		}
+	case KindWake:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+		if err := needsStep(); err != nil {
+			return err
+		}
+		if e.ParkSeq == 0 {
+			return bad("a wake names the park it ends (park_seq)")
+		}
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if !unicode.IsPrint(r) && r != '\n' {
+			return false
+		}
+	}
+	return true
+}
+
+// wakeRun makes a parked run pending for a resumed epoch.
+func (c *cachedRun) wakeRun() {
+	c.run.Status = StatusPending
+	c.run.Resume = true
+	c.run.Waiting = nil
+}
+
+func (tx *applyBatch) signal(c *cachedRun, e *Entry) error {
+	r := c.run
+	if r.Status.Terminal() {
+		return tx.conflict(c, e, "the run has ended: a signal reaches only a run that has not")
+	}
+	if e.Signal.ID != "" && !tx.s.hooks.NoSignalDedup {
+		for _, s := range r.Inbox {
+			if s.ID == e.Signal.ID {
+				tx.detail = fmt.Sprintf("signal %s: id %q was applied at sequence %d; applied once", e.Signal.Name, s.ID, s.Seq)
+				return nil
+			}
+		}
+	}
+	if len(r.Inbox) >= MaxInbox {
+		return tx.conflict(c, e, "the run holds %d signals, the most it keeps", MaxInbox)
+	}
+	c.touch(e)
+	r.Inbox = append(r.Inbox, SignalRecord{Seq: tx.seq, Name: e.Signal.Name, ID: e.Signal.ID, Data: e.Signal.Data, Sender: e.Actor, At: e.At})
+	tx.detail = "signal " + e.Signal.Name
+	if r.Status == StatusWaiting && r.ready() {
+		c.wakeRun()
+		tx.detail += "; the run wakes"
+	}
+	return nil
+}
+
+func (tx *applyBatch) decide(c *cachedRun, e *Entry) error {
+	r := c.run
+	if r.Status.Terminal() {
+		return tx.conflict(c, e, "the run has ended")
+	}
+	if _, err := tx.step(c, e); err != nil {
+		return err
+	}
+	if len(r.Decisions) >= MaxDecisions {
+		return tx.conflict(c, e, "the run holds %d decisions, the most it keeps", MaxDecisions)
+	}
+	c.touch(e)
+	r.Decisions = append(r.Decisions, DecisionRecord{Seq: tx.seq, Step: e.Step, Actor: e.Actor, Approve: e.Decision.Approve, Comment: e.Decision.Comment, At: e.At})
+	tx.detail = "reject"
+	if e.Decision.Approve {
+		tx.detail = "approve"
+	}
+	if r.Status == StatusWaiting && r.Waiting.Step == e.Step && r.ready() {
+		c.wakeRun()
+		tx.detail += "; the run wakes"
+	}
+	return nil
+}
+
+func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
+	if f := tx.guard(c, e); f != nil {
+		return f
+	}
+	st, err := tx.step(c, e)
+	if err != nil {
+		return err
+	}
+	switch st.Status {
+	case StepSucceeded, StepSkipped:
+		return tx.fenced(c, e, "checkpoint-exists")
+	case StepFailed:
+		return tx.conflict(c, e, "step %q already failed", st.Name)
+	}
+	r := c.run
+	c.touch(e)
+	c.reset()
+	w := *e.Wait
+	if !w.Until.IsZero() {
+		if r.Timers == nil {
+			r.Timers = map[string]*Timer{}
+		}
+		if t := r.Timers[e.Step]; t != nil {
+			w.Until = t.Until // the step's first park set its deadline
+		} else {
+			r.Timers[e.Step] = &Timer{Until: w.Until}
+		}
+	}
+	r.Status = StatusWaiting
+	r.Owner = ""
+	r.Waiting = &Waiting{Wait: w, Step: e.Step, Since: e.At, Seq: tx.seq}
+	tx.detail = fmt.Sprintf("waits for %s", w.Kind)
+	if r.ready() {
+		c.wakeRun() // what it waits for came while it parked: it resumes at once
+		tx.detail += "; ready: the run wakes"
+	}
+	return nil
+}
+
+func (tx *applyBatch) wake(c *cachedRun, e *Entry) error {
+	r := c.run
+	if r.Status != StatusWaiting || r.Waiting.Seq != e.ParkSeq || r.Waiting.Step != e.Step {
+		return tx.conflict(c, e, "the run is not parked at sequence %d on step %q", e.ParkSeq, e.Step)
+	}
+	t := r.Timers[e.Step]
+	if t == nil {
+		return tx.conflict(c, e, "step %q has no timer", e.Step)
+	}
+	c.touch(e)
+	t.Fired = true
+	c.wakeRun()
+	tx.detail = "timer fired"
+	return nil
+}
+
+// consume takes the inbox signal at seq for the commit of step (already judged by the
+// guard and the checkpoint check).
+func (tx *applyBatch) consume(c *cachedRun, e *Entry) error {
+	r := c.run
+	for i := range r.Inbox {
+		s := &r.Inbox[i]
+		if s.Seq != e.Consume {
+			continue
+		}
+		if s.ConsumedBy != "" && !tx.s.hooks.NoConsumeOnce {
+			return tx.conflict(c, e, "the signal at sequence %d was consumed by step %q (epoch %d)", s.Seq, s.ConsumedBy, s.ConsumedEpoch)
+		}
+		c.touch(e)
+		s.ConsumedBy, s.ConsumedEpoch = e.Step, e.Epoch
+		return nil
+	}
+	return fmt.Errorf("%w: run %s has no signal at sequence %d", ErrInvalidEntry, r.ID, e.Consume)
+}
+
+// alarmKey is a parked run's key in the timer index (nil: not parked on a timer that
+// has not fired).
+func alarmKey(r *Run) []byte {
+	if r == nil || r.Status != StatusWaiting || r.Waiting == nil || r.Waiting.Until.IsZero() || r.TimerFired(r.Waiting.Step) {
+		return nil
+	}
+	return append(binary.BigEndian.AppendUint64([]byte("a/"), uint64(r.Waiting.Until.UnixNano())), r.ID...)
+}
+
+var prefixAlarms = []byte("a/")
+
+// Due is a parked run whose timer is due: the scheduler writes its wake.
+type Due struct {
+	Run     string
+	Step    string
+	ParkSeq uint64
+	Until   time.Time
+}
+
+// DueTimers returns up to limit parked runs whose timer is due at now, earliest first,
+// and the time of the earliest timer not yet due (zero if none): the scheduler sleeps
+// until then. It reads an index, so 100,000 parked runs cost a pass only the due ones.
+func (s *Store) DueTimers(now time.Time, limit int) ([]Due, time.Time, error) {
+	var due []Due
+	var next time.Time
+	var ids []string
+	err := scan(s.db, prefixAlarms, nil, func(k, _ []byte) (bool, error) {
+		if len(k) < len(prefixAlarms)+8 {
+			return false, fmt.Errorf("checkpoint: timer key %q is corrupt", k)
+		}
+		at := time.Unix(0, int64(binary.BigEndian.Uint64(k[len(prefixAlarms):])))
+		if at.After(now) {
+			next = at
+			return false, nil
+		}
+		if len(ids) >= limit {
+			return false, nil
+		}
+		ids = append(ids, string(k[len(prefixAlarms)+8:]))
+		return true, nil
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	for _, id := range ids {
+		r, err := s.Run(id)
+		if err != nil || r.Waiting == nil {
+			continue // moved on since the index was read
+		}
+		due = append(due, Due{Run: id, Step: r.Waiting.Step, ParkSeq: r.Waiting.Seq, Until: r.Waiting.Until})
+	}
+	return due, next, nil
+}
+
+// setAlarm keeps the timer index in step with the run at commit.
+func (tx *applyBatch) setAlarm(c *cachedRun) {
+	now := alarmKey(c.run)
+	if bytes.Equal(now, c.origAlarm) {
+		return
+	}
+	if c.origAlarm != nil {
+		_ = tx.b.Delete(c.origAlarm, nil)
+	}
+	if now != nil {
+		_ = tx.b.Set(now, nil, nil)
+	}
+}
