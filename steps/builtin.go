@@ -247,12 +247,15 @@ func (h HTTP) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 
 // sleep waits `duration` (or until cancelled).
 func sleep(ctx context.Context, in Input) (json.RawMessage, error) {
-	s, _ := in.With["duration"].(string)
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return nil, Permanentf("sleep: with.duration %q is not a duration such as 1s", s)
+	var d time.Duration
+	if until, ok, err := SleepUntil(in.With); err != nil {
+		return nil, err
+	} else if ok {
+		d = time.Until(until) // the engine parks a sleep until a later time; this is what is left
+	} else if d, err = SleepDuration(in.With); err != nil {
+		return nil, err
 	}
-	t := time.NewTimer(d)
+	t := time.NewTimer(max(d, 0))
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -172,9 +172,26 @@ func (HTTP) CheckWith(with map[string]any) error {
 // checkSleep accepts what sleep accepts: duration, a non-negative Go duration as text.
 func checkSleep(with map[string]any) error {
 	const hint = "a Go duration such as 500ms, 30s or 10m"
-	d, ok := with["duration"]
-	if !ok {
-		return &WithError{Path: []string{"duration"}, Msg: "is required", Hint: hint}
+	if err := checkKeys(with, "duration", "until"); err != nil {
+		return err
+	}
+	d, hasDuration := with["duration"]
+	u, hasUntil := with["until"]
+	switch {
+	case hasDuration && hasUntil:
+		return &WithError{Path: []string{"until"}, Msg: "and duration are both given", Hint: "give one: duration (how long) or until (a time)"}
+	case hasUntil:
+		if IsTemplate(u) {
+			return nil
+		}
+		if s, ok := u.(string); !ok {
+			return &WithError{Path: []string{"until"}, Msg: fmt.Sprintf("%s is not a time", describe(u)), Hint: "an RFC 3339 time or a template giving one"}
+		} else if _, err := time.Parse(time.RFC3339, s); err != nil {
+			return &WithError{Path: []string{"until"}, Msg: fmt.Sprintf("%q is not an RFC 3339 time", s), Hint: "such as 2026-12-03T06:00:00+07:00"}
+		}
+		return nil
+	case !hasDuration:
+		return &WithError{Path: []string{"duration"}, Msg: "is required", Hint: hint + "; or until: a time"}
 	}
 	if IsTemplate(d) {
 		return nil

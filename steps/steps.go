@@ -132,6 +132,8 @@ func NewRegistry(maxOutput int, opts ...RegistryOption) *Registry {
 	r.kinds["http"] = HTTP{MaxOutput: maxOutput}
 	r.kinds["sleep"] = WithCheck(Func(sleep), checkSleep) // a Func cannot have CheckWith
 	r.kinds["noop"] = Func(noop)
+	r.kinds[KindWait] = WithCheck(Func(engineOnly), checkWait)
+	r.kinds[KindApproval] = WithCheck(Func(engineOnly), checkApproval)
 	return r
 }
 

@@ -37,7 +37,11 @@ func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
 	for _, st := range w.Steps {
 		if kinds != nil && st.Uses != "" && !kinds(st.Uses) {
 			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,
-				fmt.Sprintf("step %q uses unknown kind %q", st.Name, st.Uses), "built in: exec, http, sleep, noop; or register a Go step"))
+				fmt.Sprintf("step %q uses unknown kind %q", st.Name, st.Uses), "built in: exec, http, sleep, noop, wait, approval; or register a Go step"))
+		}
+		if steps.ParksItself(st.Uses) && st.Foreach != "" {
+			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,
+				fmt.Sprintf("step %q: a %s step cannot have foreach", st.Name, st.Uses), "wait once, in a step of its own, before or after the foreach step"))
 		}
 		for i, need := range st.Needs {
 			n := st.needsNodes[i]
