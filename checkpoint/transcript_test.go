@@ -101,6 +101,11 @@ var guardCatches = map[string][]guardCatch{
 	"NoSignalDedup": {
 		{"waits.txt", `7.0 signal: accepted (signal go: id "k1" was applied at sequence 6; applied once)`, "7.0 signal: accepted (signal go)"},
 	},
+	"NoEarlySignals": {
+		// The signal sent before the run reached its wait is dropped: the wait's commit
+		// finds nothing to take.
+		{"waits.txt", "4.0 commit r1 ledger: ok", "4.0 commit r1 ledger: invalid: run r1 has no signal at sequence 2"},
+	},
 	"NoConsumeOnce": {
 		{"waits.txt", `5.0 commit r1 b: conflict: commit of run r1 (status running, epoch 1): the signal at sequence 2 was consumed by step "ledger" (epoch 1)`, "5.0 commit r1 b: ok"},
 	},

@@ -263,6 +263,10 @@ func (tx *applyBatch) signal(c *cachedRun, e *Entry) error {
 			}
 		}
 	}
+	if tx.s.hooks.NoEarlySignals && (r.Status != StatusWaiting || r.Waiting.Kind != WaitSignal || r.Waiting.Name != e.Signal.Name) {
+		tx.detail = "signal " + e.Signal.Name + ": dropped, no wait for it (control)"
+		return nil
+	}
 	if len(r.Inbox) >= MaxInbox {
 		return tx.conflict(c, e, "the run holds %d signals, the most it keeps", MaxInbox)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -369,4 +370,95 @@ func (e *Engine) LeadershipProblem() string {
 		return ""
 	}
 	return e.leader.Problem()
+}
+
+// SignalOptions are a signal's data and de-duplication key.
+type SignalOptions struct {
+	Data json.RawMessage // JSON, or empty
+	ID   string          // a signal with an ID that was applied before is applied once
+}
+
+// Signal sends a signal to a run (checkpoint/wait.go): kept in its inbox until a wait
+// step consumes it; a run parked on it wakes. The sender is the server's word for who
+// asked (audit.Actor). A run that has ended is refused (checkpoint.ErrConflict).
+func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	entry := checkpoint.Entry{Kind: checkpoint.KindSignal, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID,
+		Signal: &checkpoint.Signal{Name: name, ID: opts.ID, Data: opts.Data}}
+	if err := entry.Validate(); err != nil {
+		return err
+	}
+	if r, err := e.store.Run(id); err != nil {
+		return err
+	} else if r.Status.Terminal() {
+		return fmt.Errorf("%w: run %s has ended (%s): a signal reaches only a run that has not", checkpoint.ErrConflict, id, r.Status)
+	}
+	return e.clog.Writer.Write(ctx, entry).Await(ctx)
+}
+
+// ErrNoIdentity: an approval or rejection from someone the server gave no name, or whose
+// role this node does not know (no --auth here): it would count nobody, so it is refused.
+var ErrNoIdentity = errors.New("engine: approvals need people with identities and roles: decide on a node started with --auth")
+
+// ErrNotApprover: the person's role is below the approval step's approvers role.
+var ErrNotApprover = errors.New("engine: not an approver of this step")
+
+// Decide approves (approve) or rejects an approval step of a run for the person the
+// server names (audit.Actor). step "" is the step the run waits on, or its only
+// approval step. The person's role must be the step's approvers role or above it.
+func (e *Engine) Decide(ctx context.Context, id, step string, approve bool, comment string) (string, error) {
+	if err := e.running(); err != nil {
+		return "", err
+	}
+	actor := audit.Actor(ctx)
+	role, known := e.people[actor]
+	if actor == "" || !known {
+		return "", ErrNoIdentity
+	}
+	r, err := e.store.Run(id)
+	if err != nil {
+		return "", err
+	}
+	if r.Status.Terminal() {
+		return "", fmt.Errorf("%w: run %s has ended (%s)", checkpoint.ErrConflict, id, r.Status)
+	}
+	wf, err := e.specs.OfRun(r)
+	if err != nil {
+		return "", err
+	}
+	var approvals []*workflow.Step
+	for _, st := range wf.Steps {
+		if st.Uses == steps.KindApproval && (step == "" || st.Name == step) {
+			approvals = append(approvals, st)
+		}
+	}
+	if step == "" && r.Waiting != nil && r.Waiting.Kind == checkpoint.WaitApproval {
+		approvals = []*workflow.Step{wf.Step(r.Waiting.Step)}
+	}
+	switch {
+	case len(approvals) == 0 && step != "":
+		return "", fmt.Errorf("%w: run %s has no approval step %q", checkpoint.ErrInvalidEntry, id, step)
+	case len(approvals) == 0:
+		return "", fmt.Errorf("%w: run %s has no approval step", checkpoint.ErrInvalidEntry, id)
+	case len(approvals) > 1:
+		return "", fmt.Errorf("%w: run %s has %d approval steps and waits on none: name one with --step", checkpoint.ErrInvalidEntry, id, len(approvals))
+	}
+	st := approvals[0]
+	want := "operator"
+	if m, ok := st.With["approvers"].(map[string]any); ok {
+		if r, ok := m["role"].(string); ok {
+			want = r
+		}
+	}
+	if !steps.RoleAtLeast(role, want) {
+		return "", fmt.Errorf("%w: %s is %s; step %s needs %s or above", ErrNotApprover, actor, role, st.Name, want)
+	}
+	entry := checkpoint.Entry{Kind: checkpoint.KindDecide, Actor: actor, Run: id, Owner: e.cfg.NodeID, Step: st.Name, Item: checkpoint.ItemWhole,
+		Decision: &checkpoint.Decision{Approve: approve, Comment: comment}}
+	if err := entry.Validate(); err != nil {
+		return "", err
+	}
+	return st.Name, e.clog.Writer.Write(ctx, entry).Await(ctx)
 }

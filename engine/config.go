@@ -53,6 +53,9 @@ type Config struct {
 	Workers int
 	// StepParallelism bounds the steps of one run running at once (default 8).
 	StepParallelism int
+	// ParkAfter is the shortest sleep step that parks its run (no lease, no worker)
+	// instead of holding a worker (default: three lease TTLs; docs/waits.md).
+	ParkAfter time.Duration
 	// Lease configures run leases and the election (TTL default 10s).
 	Lease epoch.Config
 	// Registry holds the step kinds (default: the built-ins, with ExecEnv and ExecUser).

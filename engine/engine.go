@@ -38,6 +38,9 @@ type Engine struct {
 	cfg   Config
 	log   *slog.Logger
 	hooks *testhooks.Hooks
+	// people are the roles of the people this node's embedded server knows (--auth), by
+	// name: approvals are counted only for them (Decide).
+	people map[string]string
 
 	// The node's I/O, opened by Start (node.go).
 	srv      *natsnode.Server // nil with an external NATS
@@ -88,6 +91,14 @@ func New(cfg Config) (*Engine, error) {
 	e.sup = supervise.New(supervise.WithLogger(e.log))
 	e.cfg.Lease.Supervisor = e.sup
 	e.mu.waiters = map[string][]chan struct{}{}
+	e.people = map[string]string{}
+	if cfg.NATSAuth {
+		for _, u := range cfg.NATSUsers {
+			if u.Role != "node" && u.Name != "" {
+				e.people[u.Name] = u.Role
+			}
+		}
+	}
 	return e, nil
 }
 
@@ -114,7 +125,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	log := nodeLog{e.clog}
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
-		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, Silence: e.Silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
+		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, Silence: e.Silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
 		StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err

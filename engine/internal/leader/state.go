@@ -1,6 +1,8 @@
 package leader
 
 import (
+	"time"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/workflow"
 )
@@ -20,6 +22,8 @@ type State interface {
 	Workflows() ([]checkpoint.WorkflowVersion, error)
 	Ticks(workflow string) ([]checkpoint.Tick, error)
 	HighestTerm() int64
+	// DueTimers gives the parked runs whose timer is due (checkpoint/wait.go).
+	DueTimers(now time.Time, limit int) ([]checkpoint.Due, time.Time, error)
 	Applied() uint64
 	// ScheduleChanged is closed when a workflow or a tick is applied (cron wakes).
 	ScheduleChanged() <-chan struct{}

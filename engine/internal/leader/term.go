@@ -50,11 +50,12 @@ func (t *termServices) run(parent context.Context) {
 		return
 	}
 	t.reconcile(ctx)
-	cronDone, snapDone, retireDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	cronDone, snapDone, retireDone, timersDone := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() { defer close(timersDone); t.runTimers(ctx) }()
 	go func() { defer close(cronDone); t.runCron(ctx) }()
 	go func() { defer close(snapDone); t.runSnapshots(ctx) }()
 	go func() { defer close(retireDone); t.runRetention(ctx) }()
-	defer func() { cancel(); <-cronDone; <-snapDone; <-retireDone }()
+	defer func() { cancel(); <-cronDone; <-snapDone; <-retireDone; <-timersDone }()
 	reconcile := s.clock.NewTicker(s.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {

@@ -54,6 +54,7 @@ const (
 	EndSteal                      // the lease was lost: stop as lock-stolen-mid-run
 	EndFailed                     // write the run's failure
 	EndSucceeded                  // write the run's success
+	EndPark                       // a step waits for the world: write the park (wait.go)
 )
 
 // EndState is what the epoch knows when its steps have stopped.
@@ -63,6 +64,7 @@ type EndState struct {
 	LeaseCause               error // why the lease's context ended (nil if it did not)
 	FailedStep               string
 	FailedErr                error // the first step error, nil if none failed
+	Parked                   bool  // a step asked to park the run
 	Done, Total              int   // steps checkpointed, steps in the workflow
 }
 
@@ -90,6 +92,10 @@ func DecideEnd(s EndState) EndDecision {
 			return EndDecision{Action: EndSteal, Cause: s.LeaseCause}
 		}
 		return EndDecision{Action: EndFailed, Step: s.FailedStep, Msg: s.FailedErr.Error()}
+	case s.Parked && s.Cause == nil:
+		// Every step that could run has run: the run waits (a failure above wins; a lost
+		// lease or a drain, which cancel the epoch, are handled as without the wait).
+		return EndDecision{Action: EndPark}
 	case s.Done < s.Total:
 		if errors.Is(s.Cause, epoch.ErrLeaseLost) {
 			return EndDecision{Action: EndSteal, Cause: s.Cause}

@@ -241,8 +241,9 @@ func (x *runExec) execute() {
 	results := make(chan stepResult)
 	running := map[string]bool{}
 	var failed *stepResult
+	var parked *parkRequest // the first step that asked to park: nothing new starts
 	for {
-		ready := ReadySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || x.ctx.Err() != nil)
+		ready := ReadySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || parked != nil || x.ctx.Err() != nil)
 		var res stepResult
 		if len(ready) == 1 && len(running) == 0 {
 			// A lone step runs on this goroutine: a chain's steps then cost no goroutine
@@ -260,6 +261,12 @@ func (x *runExec) execute() {
 			res = <-results
 			delete(running, res.step)
 		}
+		if p := asPark(res.err); p != nil {
+			if parked == nil {
+				parked = p // the running siblings finish; the run parks once none runs
+			}
+			continue
+		}
 		if res.err != nil {
 			if failed == nil {
 				failed = &res
@@ -275,6 +282,7 @@ func (x *runExec) execute() {
 	if failed != nil {
 		end.FailedStep, end.FailedErr = failed.step, failed.err
 	}
+	end.Parked = parked != nil
 	d := DecideEnd(end)
 	switch d.Action {
 	case EndNothing:
@@ -283,6 +291,8 @@ func (x *runExec) execute() {
 		}
 	case EndHandBack:
 		x.handBack()
+	case EndPark:
+		x.park(parked)
 	case EndSteal:
 		_ = x.steal(d.Cause)
 	case EndFailed, EndSucceeded:

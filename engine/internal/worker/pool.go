@@ -70,6 +70,9 @@ type Config struct {
 	TTL time.Duration
 	// Silence is how long the task fetch loop may hear nothing before it is restarted.
 	Silence time.Duration
+	// ParkAfter is the shortest sleep that parks the run instead of holding a worker
+	// (default: three lease TTLs).
+	ParkAfter time.Duration
 	// Backoff paces retries of a failing fetch.
 	Backoff backoff.Policy
 	// Clock reads the time (default: the real one).
@@ -89,6 +92,7 @@ type Stats struct {
 	TasksDeferred atomic.Int64
 	StepAttempts  atomic.Int64
 	StepFailures  atomic.Int64
+	Parked        atomic.Int64 // epochs that ended parked on a wait
 }
 
 // Pool is this node's workers: it takes tasks while a slot is free, takes the run's

@@ -52,6 +52,15 @@ func (x *runExec) runStep(st *workflow.Step) error {
 	if st.Foreach != "" {
 		return x.runForeach(st, scope)
 	}
+	if st.Uses == steps.KindWait || st.Uses == steps.KindApproval || st.Uses == steps.KindSleep {
+		with, err := renderWith(st.With, scope)
+		if err != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, steps.Permanent(err))
+		}
+		if x.waits(st, with) {
+			return x.runWait(st, with)
+		}
+	}
 	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole})
 	out, attempts, err := x.attempts(st, checkpoint.ItemWhole, scope)
 	if err != nil {
