@@ -150,7 +150,7 @@ func checkWait(with map[string]any) error {
 	if err := checkDuration(with, "timeout"); err != nil {
 		return err
 	}
-	if v, ok := with["on_timeout"]; ok && v != "fail" && v != "continue" {
+	if v, ok := with["on_timeout"]; ok && !IsTemplate(v) && v != "fail" && v != "continue" {
 		return &WithError{Path: []string{"on_timeout"}, Msg: fmt.Sprintf("%s is not fail or continue", describe(v)), Hint: "fail (the default) or continue"}
 	}
 	return nil

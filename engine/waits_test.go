@@ -1,0 +1,332 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/testhooks"
+)
+
+// Waits (issue 26; checkpoint/wait.go, engine/internal/worker/wait.go): runs park on a
+// signal, people's approvals or a timer, holding no lease and no worker, and resume
+// with an epoch that does not count. The state machine's rules and their guards are in
+// checkpoint/testdata/waits.txt; these tests run them through a whole engine on a real
+// embedded NATS server and a real Pebble.
+
+// awaitRun waits, on the applier's progress, until the run satisfies cond.
+func awaitRun(t *testing.T, e *Engine, id string, d time.Duration, what string, cond func(*checkpoint.Run) bool) *checkpoint.Run {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		changed := e.Changed()
+		if r, err := e.store.Run(id); err == nil && cond(r) {
+			return r
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			r, _ := e.store.Run(id)
+			t.Fatalf("run %s: timed out after %s waiting for %s; it is %+v", id, d, what, r)
+		}
+	}
+}
+
+func isStatus(s checkpoint.RunStatus) func(*checkpoint.Run) bool {
+	return func(r *checkpoint.Run) bool { return r.Status == s }
+}
+
+func stepOutput(t *testing.T, e *Engine, id, step string) map[string]any {
+	t.Helper()
+	v, err := e.Run(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range v.Steps {
+		if st.Name == step {
+			var out map[string]any
+			if err := json.Unmarshal(st.Output, &out); err != nil {
+				t.Fatalf("step %s output %s: %v", step, st.Output, err)
+			}
+			return out
+		}
+	}
+	t.Fatalf("run %s has no step %s", id, step)
+	return nil
+}
+
+// A parked run holds no lease, no task and no worker; the signal wakes it; its new
+// epoch's reason is "resumed" and does not count toward max_epochs (1 here: a counted
+// epoch change would dead-letter it); the wait step's output is the signal's data, its
+// sender and time.
+func TestParkedRunHoldsNothingAndResumesOnASignal(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: ledger
+max_epochs: 1
+steps:
+  - {name: close, uses: wait, with: {signal: ledger-closed, timeout: 1h}}
+  - {name: after, needs: [close], uses: noop}
+`)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(audit.WithActor(ctx, "ann"), "ledger", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	if r.Waiting == nil || r.Waiting.Kind != checkpoint.WaitSignal || r.Waiting.Step != "close" || r.Waiting.Name != "ledger-closed" || r.Waiting.Until.IsZero() {
+		t.Fatalf("waiting: %+v", r.Waiting)
+	}
+	if r.Owner != "" || r.StartedBy != "ann" {
+		t.Fatalf("owner %q started by %q", r.Owner, r.StartedBy)
+	}
+	if assigned, running := e.store.Held(); assigned != 0 || running != 0 {
+		t.Fatalf("a parked run holds an epoch: %d assigned, %d running", assigned, running)
+	}
+	if _, held, err := e.leases.Holder(ctx, id); err != nil || held {
+		t.Fatalf("a parked run's lease is held (%v)", err)
+	}
+	if err := e.Signal(audit.WithActor(ctx, "fin"), id, "ledger-closed", SignalOptions{Data: json.RawMessage(`{"total":1200}`)}); err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("after the signal: %v %+v", err, end)
+	}
+	if n := len(end.Epochs); n != 2 || end.Epochs[1].Reason != checkpoint.ReasonResumed || end.EpochChanges != 0 {
+		t.Fatalf("epochs %+v, changes %d: want a second epoch, resumed, not counted", end.Epochs, end.EpochChanges)
+	}
+	out := stepOutput(t, e, id, "close")
+	if out["signal"] != "ledger-closed" || out["sender"] != "fin" || fmt.Sprint(out["data"]) != "map[total:1200]" || out["at"] == nil {
+		t.Fatalf("wait output %v", out)
+	}
+	if got := e.workers.Stats().Parked.Load(); got != 1 {
+		t.Fatalf("parked %d times", got)
+	}
+	// An ended run cannot be signalled.
+	if err := e.Signal(ctx, id, "ledger-closed", SignalOptions{}); !errors.Is(err, checkpoint.ErrConflict) {
+		t.Fatalf("signal to an ended run: %v", err)
+	}
+}
+
+// A signal sent while the run is still on an earlier step is kept and delivered when it
+// reaches its wait, which then completes without parking. The control drops a signal
+// that finds no wait for it (Hooks.NoEarlySignals): the run parks, the signal lost.
+func TestSignalSentBeforeTheWaitIsDelivered(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "kept", true: "control-no-early-signals"}[control], func(t *testing.T) {
+			e := startEngineWith(t, &testhooks.Hooks{NoEarlySignals: control}, nil)
+			gate := filepath.Join(t.TempDir(), "gate")
+			apply(t, e, fmt.Sprintf(`
+name: early
+steps:
+  - {name: first, uses: exec, with: {command: [sh, -c, "while [ ! -f %s ]; do sleep 0.05; done"]}}
+  - {name: go, needs: [first], uses: wait, with: {signal: go}}
+`, gate))
+			ctx := ctxT(t, 30*time.Second)
+			id, err := e.StartRun(ctx, "early", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "running", isStatus(checkpoint.StatusRunning))
+			if err := e.Signal(ctx, id, "go", SignalOptions{Data: json.RawMessage(`"early"`)}); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(gate, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if control {
+				r := awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+				if len(r.Inbox) != 0 {
+					t.Fatalf("the control kept the signal: %+v", r.Inbox)
+				}
+				return
+			}
+			end, err := e.WaitRun(ctx, id)
+			if err != nil || end.Status != checkpoint.StatusSucceeded || len(end.Epochs) != 1 {
+				t.Fatalf("%v %+v: want succeeded in its first epoch, without parking", err, end)
+			}
+			if out := stepOutput(t, e, id, "go"); out["data"] != "early" {
+				t.Fatalf("wait output %v", out)
+			}
+		})
+	}
+}
+
+// A signal repeated with the same --id is applied once: of two waits on it, the second
+// still waits. The control applies it twice (Hooks.NoSignalDedup): both waits complete.
+func TestRepeatedSignalIDIsAppliedOnce(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "once", true: "control-no-dedup"}[control], func(t *testing.T) {
+			e := startEngineWith(t, &testhooks.Hooks{NoSignalDedup: control}, nil)
+			apply(t, e, `
+name: twice
+steps:
+  - {name: one, uses: wait, with: {signal: go}}
+  - {name: two, needs: [one], uses: wait, with: {signal: go}}
+`)
+			ctx := ctxT(t, 30*time.Second)
+			id, err := e.StartRun(ctx, "twice", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+			for range 2 { // a client retrying after a timeout
+				if err := e.Signal(ctx, id, "go", SignalOptions{ID: "k-1"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if control {
+				if end, err := e.WaitRun(ctx, id); err != nil || end.Status != checkpoint.StatusSucceeded {
+					t.Fatalf("control: %v %+v", err, end)
+				}
+				return
+			}
+			r := awaitRun(t, e, id, 15*time.Second, "parked on the second wait", func(r *checkpoint.Run) bool {
+				return r.Status == checkpoint.StatusWaiting && r.Waiting.Step == "two"
+			})
+			if len(r.Inbox) != 1 || r.Inbox[0].ConsumedBy != "one" {
+				t.Fatalf("inbox %+v: want the one signal, consumed by step one", r.Inbox)
+			}
+		})
+	}
+}
+
+// Approvals: two operators other than the starter. The starter's approval and a second
+// approval by the same person do not count; a viewer is refused; the second distinct
+// approver completes the step, whose output names them. A rejection fails the run. A
+// node without --auth knows nobody's role and refuses to count anyone.
+func TestApprovalsCountDistinctPeopleOtherThanTheStarter(t *testing.T) {
+	e := startEngine(t, func(c *Config) {
+		c.NATSAuth = true
+		c.NATSUsers = []NATSUser{{Name: "ann", Password: "pw-ann-1", Role: "operator"}, {Name: "bob", Password: "pw-bob-1", Role: "operator"},
+			{Name: "cat", Password: "pw-cat-1", Role: "admin"}, {Name: "vic", Password: "pw-vic-1", Role: "viewer"}}
+	})
+	apply(t, e, `
+name: four-eyes
+steps:
+  - {name: approve, uses: approval, with: {approvers: {role: operator, count: 2, not_the_starter: true}, timeout: 1h}}
+  - {name: transfer, needs: [approve], uses: noop}
+`)
+	ctx := ctxT(t, 30*time.Second)
+	as := func(who string) context.Context { return audit.WithActor(ctx, who) }
+	id, err := e.StartRun(as("ann"), "four-eyes", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	for _, who := range []string{"ann", "bob", "bob"} {
+		if _, err := e.Decide(as(who), id, "", true, "ok by "+who); err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+	}
+	if _, err := e.Decide(as("vic"), id, "", true, ""); !errors.Is(err, ErrNotApprover) {
+		t.Fatalf("a viewer's approval: %v", err)
+	}
+	if _, err := e.Decide(as("mallory"), id, "", true, ""); !errors.Is(err, ErrNoIdentity) {
+		t.Fatalf("an unknown person's approval: %v", err)
+	}
+	r := awaitRun(t, e, id, 5*time.Second, "three decisions applied", func(r *checkpoint.Run) bool { return len(r.Decisions) == 3 })
+	if r.Status != checkpoint.StatusWaiting {
+		t.Fatalf("the starter's and a repeated approval counted: %s", r.Status)
+	}
+	if _, err := e.Decide(as("cat"), id, "approve", true, "fine"); err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("%v %+v", err, end)
+	}
+	out := stepOutput(t, e, id, "approve")
+	if fmt.Sprint(out["approved_by"]) != "[bob cat]" {
+		t.Fatalf("approved_by %v", out["approved_by"])
+	}
+	// A rejection fails the step and the run.
+	id2, err := e.StartRun(as("ann"), "four-eyes", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id2, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	if _, err := e.Decide(as("bob"), id2, "", false, "the total is wrong"); err != nil {
+		t.Fatal(err)
+	}
+	end, err = e.WaitRun(ctx, id2)
+	if err != nil || end.Status != checkpoint.StatusFailed || end.FailedStep != "approve" {
+		t.Fatalf("%v %+v", err, end)
+	}
+}
+
+// Without --auth nobody has a role here: an approval is refused, never counted as
+// anonymous.
+func TestApprovalWithoutAuthIsRefused(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: four-eyes
+steps:
+  - {name: approve, uses: approval, with: {approvers: {role: operator, count: 1}}}
+`)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(ctx, "four-eyes", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	for _, who := range []string{"", "ann"} {
+		if _, err := e.Decide(audit.WithActor(ctx, who), id, "", true, ""); !errors.Is(err, ErrNoIdentity) {
+			t.Fatalf("%q without --auth: %v", who, err)
+		}
+	}
+}
+
+// Timers: a sleep longer than ParkAfter parks (kind timer) and the leader's wake ends
+// it; a wait's timeout continues (on_timeout: continue) or fails the run.
+func TestTimersWakeParkedRuns(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.ParkAfter = 500 * time.Millisecond })
+	apply(t, e, `
+name: timers
+inputs:
+  on_timeout: {type: string, default: continue}
+steps:
+  - {name: nap, uses: sleep, with: {duration: 1s}}
+  - {name: w, needs: [nap], uses: wait, with: {signal: never, timeout: 1s, on_timeout: "{{ inputs.on_timeout }}"}}
+`)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(ctx, "timers", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := awaitRun(t, e, id, 15*time.Second, "parked on its sleep", isStatus(checkpoint.StatusWaiting))
+	if r.Waiting.Kind != checkpoint.WaitTimer || r.Waiting.Step != "nap" {
+		t.Fatalf("waiting %+v", r.Waiting)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("%v %+v", err, end)
+	}
+	if out := stepOutput(t, e, id, "w"); out["timed_out"] != true {
+		t.Fatalf("wait output %v", out)
+	}
+	var reasons []string
+	for _, ep := range end.Epochs {
+		reasons = append(reasons, ep.Reason)
+	}
+	if !slices.Equal(reasons, []string{checkpoint.ReasonAssigned, checkpoint.ReasonResumed, checkpoint.ReasonResumed}) {
+		t.Fatalf("epochs %v", reasons)
+	}
+	id2, err := e.StartRun(ctx, "timers", map[string]any{"on_timeout": "fail"}, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err = e.WaitRun(ctx, id2)
+	if err != nil || end.Status != checkpoint.StatusFailed || end.FailedStep != "w" {
+		t.Fatalf("%v %+v", err, end)
+	}
+}
