@@ -29,7 +29,9 @@ type parkRequest struct {
 	wait checkpoint.Wait
 }
 
-func (p *parkRequest) Error() string { return fmt.Sprintf("step %s parks: waits for a %s", p.step, p.wait.Kind) }
+func (p *parkRequest) Error() string {
+	return fmt.Sprintf("step %s parks: waits for a %s", p.step, p.wait.Kind)
+}
 
 // parkAfter is the shortest sleep that parks instead of holding a worker.
 func (p *Pool) parkAfter() time.Duration {
