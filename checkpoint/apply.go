@@ -233,6 +233,7 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		return fmt.Errorf("%w: run %q (%s at sequence %d)", ErrNotFound, e.Run, e.Kind, tx.seq)
 	}
 	tx.detail = ""
+	wasTerminal := c.run.Status.Terminal()
 	switch e.Kind {
 	case KindAssign:
 		err = tx.assign(c, e)
@@ -245,7 +246,9 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 	case KindComplete:
 		err = tx.complete(c, idx, e)
 	case KindCancel:
-		err = tx.finishEarly(c, e, StatusCancelled)
+		if err = tx.finishEarly(c, e, StatusCancelled); err == nil && !tx.s.hooks.NoCancelCascade {
+			err = tx.cancelChildren(c, idx, e)
+		}
 	case KindDeadLetter:
 		err = tx.finishEarly(c, e, StatusDeadLettered)
 	case KindRequeue:
@@ -264,6 +267,11 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		err = tx.park(c, e)
 	case KindWake:
 		err = tx.wake(c, e)
+	}
+	if (err == nil || errors.Is(err, ErrDeadLettered)) && !wasTerminal && c.run.Status.Terminal() && c.run.Parent != nil {
+		if perr := tx.childEnded(c, idx, e); perr != nil {
+			return perr
+		}
 	}
 	var fe *FencedError
 	switch {

@@ -104,6 +104,9 @@ type Submit struct {
 	Inputs      json.RawMessage `json:"inputs,omitempty"`
 	Steps       []StepSpec      `json:"steps"`
 	Spec        json.RawMessage `json:"spec,omitempty"` // the workflow version, for people and the engine
+	// Parent, on a child run's submit: the run, step and foreach item that started it
+	// (format 3; wait.go).
+	Parent *ParentRef `json:"parent,omitempty"`
 }
 
 // WorkflowDef is one applied workflow definition.
@@ -212,6 +215,9 @@ func (e *Entry) Validate() error {
 		if e.Status != StatusSucceeded && e.Status != StatusFailed {
 			return bad("status %q: use succeeded or failed", e.Status)
 		}
+		if len(e.Output) > 0 && !json.Valid(e.Output) {
+			return bad("outputs are not valid JSON")
+		}
 	case KindCancel, KindRetry, KindPurge:
 	case KindSignal, KindDecide, KindPark, KindWake:
 		return e.validateWait(bad, needsEpoch, needsStep)
@@ -258,12 +264,15 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 		return bad("negative max_epochs or version")
 	}
 	switch s.Trigger {
-	case TriggerManual, TriggerCron, TriggerRetry:
+	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild:
 	default:
-		return bad("trigger %q: use manual, cron or retry", s.Trigger)
+		return bad("trigger %q: use manual, cron, retry or child", s.Trigger)
 	}
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
+	}
+	if p := s.Parent; p != nil && (!ident.ValidID(p.Run) || !ident.ValidName(p.Step) || p.Item < ItemWhole) {
+		return bad("parent: a run ID, a step name and an item (or %d)", ItemWhole)
 	}
 	seen := make(map[string]bool, len(s.Steps))
 	for _, st := range s.Steps {
@@ -295,7 +304,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 {
+	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil {
 		return 3
 	}
 	return FormatFor(e.Kind)

@@ -99,6 +99,28 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			case "exclude":
 				e.Wait.Exclude = v
 			}
+		case "children":
+			if e.Wait == nil {
+				e.Wait = &Wait{}
+			}
+			e.Wait.Children = strings.Split(v, ",")
+		case "parent", "parent_step", "parent_item":
+			if e.Submit == nil {
+				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
+			}
+			if e.Submit.Parent == nil {
+				e.Submit.Parent = &ParentRef{Item: ItemWhole}
+				e.Submit.Trigger = TriggerChild
+			}
+			switch k {
+			case "parent":
+				e.Submit.Parent.Run = v
+			case "parent_step":
+				e.Submit.Parent.Step = v
+			case "parent_item":
+				n, err = num()
+				e.Submit.Parent.Item = int(n)
+			}
 		case "consume":
 			n, err = num()
 			e.Consume = uint64(n)

@@ -27,6 +27,11 @@ func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
 		StartedBy: e.Actor,
 	}
+	if sub.Parent != nil {
+		if err := tx.adopt(r, sub.Parent); err != nil {
+			return err
+		}
+	}
 	c := &cachedRun{run: r, steps: make(map[string]*Step, len(sub.Steps)), runDirty: true, dirtySteps: map[string]bool{}}
 	for _, st := range sub.Steps {
 		r.Steps = append(r.Steps, st.Name)
@@ -394,6 +399,9 @@ func (tx *applyBatch) complete(c *cachedRun, idx int, e *Entry) error {
 	c.reset()
 	r.Status = e.Status
 	r.Error, r.FailedStep = e.Error, e.Step
+	if e.Status == StatusSucceeded && len(e.Output) > 0 {
+		r.Outputs = e.Output
+	}
 	return nil
 }
 

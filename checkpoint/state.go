@@ -53,6 +53,7 @@ const (
 	TriggerManual = "manual"
 	TriggerCron   = "cron"
 	TriggerRetry  = "retry"
+	TriggerChild  = "child" // started by a parent run's workflow step
 )
 
 // Why an epoch began (public contract).
@@ -105,6 +106,13 @@ type Run struct {
 	// Timers are the deadlines of its waits, by step: set by the step's first park and
 	// kept by later ones, marked fired by the scheduler's wake.
 	Timers map[string]*Timer `json:"timers,omitempty"`
+	// Parent is the run whose workflow step started this one (nil for a run started
+	// otherwise); Depth counts its ancestors; Children are the runs it started, in order.
+	Parent   *ParentRef `json:"parent,omitempty"`
+	Depth    int        `json:"depth,omitempty"`
+	Children []string   `json:"children,omitempty"`
+	// Outputs are the run's outputs (the workflow's outputs: rendered at its success).
+	Outputs json.RawMessage `json:"outputs,omitempty"`
 
 	CreatedSeq uint64    `json:"created_seq"`
 	UpdatedSeq uint64    `json:"updated_seq"`

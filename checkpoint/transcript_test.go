@@ -106,6 +106,9 @@ var guardCatches = map[string][]guardCatch{
 		// finds nothing to take.
 		{"waits.txt", "4.0 commit r1 ledger: ok", "4.0 commit r1 ledger: invalid: run r1 has no signal at sequence 2"},
 	},
+	"NoCancelCascade": {
+		{"children.txt", "g.a cancelled", "g.a pending"},
+	},
 	"NoConsumeOnce": {
 		{"waits.txt", `5.0 commit r1 b: conflict: commit of run r1 (status running, epoch 1): the signal at sequence 2 was consumed by step "ledger" (epoch 1)`, "5.0 commit r1 b: ok"},
 	},
@@ -360,6 +363,15 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 		b.WriteString(", resume")
 	}
 	b.WriteString("\n")
+	if r.Parent != nil {
+		fmt.Fprintf(b, "  parent: %s step %s item %d, depth %d\n", r.Parent.Run, r.Parent.Step, r.Parent.Item, r.Depth)
+	}
+	if len(r.Children) > 0 {
+		fmt.Fprintf(b, "  children: %s\n", strings.Join(r.Children, ", "))
+	}
+	if len(r.Outputs) > 0 {
+		fmt.Fprintf(b, "  outputs: %s\n", r.Outputs)
+	}
 	if w := r.Waiting; w != nil {
 		fmt.Fprintf(b, "  waiting: %s on step %s (park seq %d)", w.Kind, w.Step, w.Seq)
 		if w.Name != "" {
@@ -370,6 +382,9 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 		}
 		if w.Exclude != "" {
 			fmt.Fprintf(b, ", not %s", w.Exclude)
+		}
+		if len(w.Children) > 0 {
+			fmt.Fprintf(b, ", children %s (ended: %s)", strings.Join(w.Children, " "), orDash(strings.Join(w.Ended, " ")))
 		}
 		if !w.Until.IsZero() {
 			fmt.Fprintf(b, ", until %s", w.Until.UTC().Format(time.RFC3339))

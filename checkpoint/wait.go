@@ -35,7 +35,22 @@ const (
 	WaitSignal   = "signal"
 	WaitApproval = "approval"
 	WaitTimer    = "timer"
+	WaitChild    = "child"
 )
+
+// MaxDepth bounds how deep child runs nest (a run started by a run started by ...): a
+// child beyond it is refused, whatever loop of workflows escaped the check at apply.
+const MaxDepth = 8
+
+// MaxChildren bounds the children one run keeps.
+const MaxChildren = 10000
+
+// ParentRef names what started a child run: its parent run, step and foreach item.
+type ParentRef struct {
+	Run  string `json:"run"`
+	Step string `json:"step"`
+	Item int    `json:"item"`
+}
 
 // Limits of what people's entries may pile up on one run: beyond them a signal or a
 // decision is refused (a conflict), so no caller can grow a run record without bound.
@@ -71,6 +86,8 @@ type Wait struct {
 	Need    int    `json:"need,omitempty"`
 	Exclude string `json:"exclude,omitempty"`
 	Role    string `json:"role,omitempty"` // for people to read: who may decide
+	// Children, for a child wait: the child runs it waits for (all must end).
+	Children []string `json:"children,omitempty"`
 }
 
 // Waiting is a parked run's wait: the park's Wait, its step, and the park's sequence.
@@ -79,6 +96,8 @@ type Waiting struct {
 	Step  string    `json:"step"`
 	Since time.Time `json:"since"`
 	Seq   uint64    `json:"seq"`
+	// Ended, for a child wait: those of Children that have ended since the park.
+	Ended []string `json:"ended,omitempty"`
 }
 
 // SignalRecord is one signal in a run's inbox.
@@ -168,6 +187,8 @@ func (r *Run) ready() bool {
 	case WaitApproval:
 		approvers, _, rejected := r.Approvals(w.Step, w.Exclude)
 		return rejected != nil || len(approvers) >= w.Need
+	case WaitChild:
+		return len(w.Ended) >= len(w.Children)
 	}
 	return false
 }
@@ -217,8 +238,15 @@ func (e *Entry) validateWait(bad func(string, ...any) error, needsEpoch, needsSt
 			return bad("an approval wait needs at least one approver")
 		case w.Kind == WaitTimer && w.Until.IsZero():
 			return bad("a timer wait needs its time")
-		case w.Kind != WaitSignal && w.Kind != WaitApproval && w.Kind != WaitTimer:
-			return bad("wait kind %q: use signal, approval or timer", w.Kind)
+		case w.Kind == WaitChild && (len(w.Children) == 0 || len(w.Children) > MaxChildren):
+			return bad("a child wait needs its children (1 to %d)", MaxChildren)
+		case w.Kind != WaitSignal && w.Kind != WaitApproval && w.Kind != WaitTimer && w.Kind != WaitChild:
+			return bad("wait kind %q: use signal, approval, timer or child", w.Kind)
+		}
+		for _, id := range w.Children {
+			if !ident.ValidID(id) {
+				return bad("child %q: %s", id, ident.IDRule)
+			}
 		}
 	case KindWake:
 		if e.Term <= 0 {
@@ -336,6 +364,20 @@ func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
 	r.Owner = ""
 	r.Waiting = &Waiting{Wait: w, Step: e.Step, Since: e.At, Seq: tx.seq}
 	tx.detail = fmt.Sprintf("waits for %s", w.Kind)
+	if w.Kind == WaitChild {
+		for _, id := range w.Children {
+			child, err := tx.load(id)
+			if err != nil {
+				return err
+			}
+			if child == nil || child.run.Parent == nil || child.run.Parent.Run != r.ID {
+				return fmt.Errorf("%w: run %s has no child %s", ErrInvalidEntry, r.ID, id)
+			}
+			if child.run.Status.Terminal() {
+				r.Waiting.Ended = append(r.Waiting.Ended, id)
+			}
+		}
+	}
 	if r.ready() {
 		c.wakeRun() // what it waits for came while it parked: it resumes at once
 		tx.detail += "; ready: the run wakes"
@@ -444,4 +486,76 @@ func (tx *applyBatch) setAlarm(c *cachedRun) {
 	if now != nil {
 		_ = tx.b.Set(now, nil, nil)
 	}
+}
+
+// adopt records a child run's submit on its parent: the parent must exist and not have
+// ended, and the child's depth stays within MaxDepth.
+func (tx *applyBatch) adopt(child *Run, ref *ParentRef) error {
+	p, err := tx.load(ref.Run)
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		return fmt.Errorf("%w: parent run %q of %s", ErrNotFound, ref.Run, child.ID)
+	}
+	switch {
+	case p.run.Status.Terminal():
+		return fmt.Errorf("%w: parent run %s has ended (%s): it starts no child", ErrConflict, ref.Run, p.run.Status)
+	case p.run.Depth+1 > MaxDepth:
+		return fmt.Errorf("%w: run %s would nest %d deep, more than %d (a loop of workflows?)", ErrConflict, child.ID, p.run.Depth+1, MaxDepth)
+	case len(p.run.Children) >= MaxChildren:
+		return fmt.Errorf("%w: parent run %s has %d children, the most it keeps", ErrConflict, ref.Run, MaxChildren)
+	}
+	if _, ok := p.steps[ref.Step]; !ok {
+		return fmt.Errorf("%w: parent run %s has no step %q", ErrInvalidEntry, ref.Run, ref.Step)
+	}
+	p.runDirty = true
+	p.run.Children = append(p.run.Children, child.ID)
+	child.Parent, child.Depth = ref, p.run.Depth+1
+	return nil
+}
+
+// childEnded tells a child's parent that it ended: a parent parked on it counts it, and
+// wakes once every child it waits for has ended.
+func (tx *applyBatch) childEnded(c *cachedRun, idx int, e *Entry) error {
+	p, err := tx.load(c.run.Parent.Run)
+	if err != nil || p == nil {
+		return err
+	}
+	w := p.run.Waiting
+	if p.run.Status != StatusWaiting || w.Kind != WaitChild || !slices.Contains(w.Children, c.run.ID) || slices.Contains(w.Ended, c.run.ID) {
+		return nil
+	}
+	p.runDirty = true
+	w.Ended = append(w.Ended, c.run.ID)
+	detail := fmt.Sprintf("child %s %s", c.run.ID, c.run.Status)
+	if p.run.ready() {
+		p.wakeRun()
+		detail += "; the run wakes"
+	}
+	tx.event(p, idx, e, "accepted", detail)
+	return nil
+}
+
+// cancelChildren cancels a cancelled run's children that have not ended, and theirs.
+func (tx *applyBatch) cancelChildren(c *cachedRun, idx int, e *Entry) error {
+	for _, id := range c.run.Children {
+		child, err := tx.load(id)
+		if err != nil {
+			return err
+		}
+		if child == nil || child.run.Status.Terminal() {
+			continue
+		}
+		ce := *e
+		ce.Run, ce.Reason = id, fmt.Sprintf("its parent %s was cancelled", c.run.ID)
+		if err := tx.finishEarly(child, &ce, StatusCancelled); err != nil {
+			return err
+		}
+		tx.event(child, idx, &ce, "accepted", ce.Reason)
+		if err := tx.cancelChildren(child, idx, &ce); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -23,6 +23,7 @@ type Hooks struct {
 	NoSignalDedup     bool `guard:"store"` // a signal whose id was applied before is applied again
 	NoConsumeOnce     bool `guard:"store"` // a commit may consume a signal another step consumed
 	NoEarlySignals    bool `guard:"store"` // a signal reaches only a run parked on it; one sent earlier is dropped (not kept for the wait)
+	NoCancelCascade   bool `guard:"store"` // a cancelled run's children go on
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
