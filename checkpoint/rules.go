@@ -458,6 +458,8 @@ func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 			st.Status, st.Error = StepPending, ""
 			c.dirtySteps[name] = true
 			delete(r.Timers, name) // a retried wait waits again for its whole timeout
+			// and a retried approval asks again: its decisions stay in the history only
+			r.Decisions = slices.DeleteFunc(r.Decisions, func(d DecisionRecord) bool { return d.Step == name })
 		}
 	}
 	r.Waiting, r.Resume = nil, false

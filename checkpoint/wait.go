@@ -2,10 +2,14 @@ package checkpoint
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 	"unicode"
 
@@ -558,4 +562,28 @@ func (tx *applyBatch) cancelChildren(c *cachedRun, idx int, e *Entry) error {
 		}
 	}
 	return nil
+}
+
+// ChildID is the run ID of the child that step (foreach item, or ItemWhole) of run
+// parent starts: the same for every epoch, owner and retry of the parent, so a child is
+// started once however often its start is written. Within the ID rule's 128 characters
+// it is readable (parent.step or parent.step.item); beyond, the parent's ID is cut and a
+// digest of the whole keeps it unique.
+func ChildID(parent, step string, item int) string {
+	id := parent + "." + step
+	if item != ItemWhole {
+		id += "." + strconv.Itoa(item)
+	}
+	if len(id) <= 128 {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	tail := "." + step + "-" + hex.EncodeToString(sum[:8])
+	if item != ItemWhole {
+		tail += "." + strconv.Itoa(item)
+	}
+	if len(tail) > 100 {
+		tail = "." + hex.EncodeToString(sum[:12])
+	}
+	return strings.TrimRight(parent[:min(len(parent), 128-len(tail))], ".") + tail
 }

@@ -52,6 +52,9 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
+	if err := e.checkChildLoop(w); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
+	}
 	spec, err := json.Marshal(w)
 	if err != nil {
 		return nil, err
@@ -79,6 +82,8 @@ type RunOptions struct {
 	ID          string    // default: generated
 	Trigger     string    // default manual
 	ScheduledAt time.Time // cron runs
+	// Parent makes the run a child of a workflow step (engine/internal/worker/child.go).
+	Parent *checkpoint.ParentRef
 }
 
 // StartRun submits a run of the latest version of a workflow. inputs are checked
@@ -118,7 +123,10 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	raw, _ := json.Marshal(resolved)
 	// The run names its workflow version; the definition itself is in the log once.
 	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
-		MaxEpochs: w.MaxEpochs, Inputs: raw}
+		MaxEpochs: w.MaxEpochs, Inputs: raw, Parent: opts.Parent}
+	if opts.Parent != nil {
+		sub.Trigger = checkpoint.TriggerChild
+	}
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
@@ -461,4 +469,58 @@ func (e *Engine) Decide(ctx context.Context, id, step string, approve bool, comm
 		return "", err
 	}
 	return st.Name, e.clog.Writer.Write(ctx, entry).Await(ctx)
+}
+
+// checkChildLoop refuses a workflow whose workflow steps lead back to it through the
+// latest versions of the workflows they start (a run would start itself without end;
+// checkpoint.MaxDepth stops what escapes this check, such as a loop closed by a later
+// apply of another workflow).
+func (e *Engine) checkChildLoop(w *workflow.Workflow) error {
+	type hop struct{ name, path string }
+	seen := map[string]bool{}
+	queue := []hop{}
+	children := func(wf *workflow.Workflow) []string {
+		var out []string
+		for _, st := range wf.Steps {
+			if st.Uses == steps.KindWorkflow {
+				out = append(out, steps.ChildWorkflow(st.With))
+			}
+		}
+		return out
+	}
+	for _, c := range children(w) {
+		queue = append(queue, hop{c, w.Name + " -> " + c})
+	}
+	for len(queue) > 0 {
+		h := queue[0]
+		queue = queue[1:]
+		if h.name == w.Name {
+			return fmt.Errorf("workflow steps start a loop: %s (a run would start itself without end)", h.path)
+		}
+		if seen[h.name] {
+			continue
+		}
+		seen[h.name] = true
+		next, err := e.Workflow(h.name, 0)
+		if err != nil {
+			continue // not applied yet: the depth limit bounds it if it closes a loop later
+		}
+		for _, c := range children(next) {
+			queue = append(queue, hop{c, h.path + " -> " + c})
+		}
+	}
+	return nil
+}
+
+// startChild is the workers' StartChild: a run of the latest version of workflow, with
+// the ID its parent step derives, started as the parent's starter.
+func (e *Engine) startChild(ctx context.Context, parent *checkpoint.Run, ref checkpoint.ParentRef, id, wf string, inputs map[string]any) error {
+	_, err := e.StartRun(audit.WithActor(ctx, parent.StartedBy), wf, inputs, RunOptions{ID: id, Parent: &ref})
+	if errors.Is(err, checkpoint.ErrRunExists) {
+		return nil // started before: by an earlier epoch, or a zombie of one
+	}
+	if errors.Is(err, ErrBadInput) {
+		return steps.Permanent(err)
+	}
+	return err
 }

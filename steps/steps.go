@@ -134,6 +134,7 @@ func NewRegistry(maxOutput int, opts ...RegistryOption) *Registry {
 	r.kinds["noop"] = Func(noop)
 	r.kinds[KindWait] = WithCheck(Func(engineOnly), checkWait)
 	r.kinds[KindApproval] = WithCheck(Func(engineOnly), checkApproval)
+	r.kinds[KindWorkflow] = WithCheck(Func(engineOnly), checkChild)
 	return r
 }
 

@@ -19,10 +19,56 @@ const (
 	KindWait     = "wait"
 	KindApproval = "approval"
 	KindSleep    = "sleep"
+	KindWorkflow = "workflow" // a child run of another workflow
 )
 
 // ParksItself reports whether the engine carries out a kind instead of running it.
-func ParksItself(kind string) bool { return kind == KindWait || kind == KindApproval }
+func ParksItself(kind string) bool {
+	return kind == KindWait || kind == KindApproval || kind == KindWorkflow
+}
+
+// ChildWith is a workflow step's `with`, rendered: the child's workflow and inputs.
+type ChildWith struct {
+	Workflow string
+	Inputs   map[string]any
+}
+
+// ParseChildWith reads a workflow step's rendered `with`.
+func ParseChildWith(with map[string]any) (ChildWith, error) {
+	if err := checkChild(with); err != nil {
+		return ChildWith{}, Permanent(err)
+	}
+	c := ChildWith{Workflow: with["workflow"].(string), Inputs: map[string]any{}}
+	if m, ok := with["inputs"].(map[string]any); ok {
+		c.Inputs = m
+	}
+	return c, nil
+}
+
+// ChildWorkflow is the workflow a workflow step starts, as written ("" if none).
+func ChildWorkflow(with map[string]any) string {
+	s, _ := with["workflow"].(string)
+	return s
+}
+
+func checkChild(with map[string]any) error {
+	if err := checkKeys(with, "workflow", "inputs"); err != nil {
+		return err
+	}
+	w, ok := with["workflow"]
+	if !ok {
+		return &WithError{Path: []string{"workflow"}, Msg: "is required", Hint: "the name of an applied workflow"}
+	}
+	if name, isText := w.(string); !isText || !signalName.MatchString(name) {
+		return &WithError{Path: []string{"workflow"}, Msg: fmt.Sprintf("%s is not a workflow name", describe(w)), Hint: "a workflow's name, written out (not a template: the engine checks for loops at apply)"}
+	}
+	if in, ok := with["inputs"]; ok && !IsTemplate(in) {
+		if _, isMap := in.(map[string]any); !isMap {
+			return &WithError{Path: []string{"inputs"}, Msg: fmt.Sprintf("%s is not a mapping", describe(in)), Hint: "{date: \"{{ inputs.date }}\"}"}
+		}
+	}
+	return nil
+}
 
 // Roles people may have (client.Roles without the node's), lowest first.
 var approverRoles = []string{"viewer", "operator", "admin"}

@@ -159,7 +159,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "inputs", "schedule", "steps"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "inputs", "outputs", "schedule", "steps"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -177,6 +177,8 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			w.Concurrency = l.integer(v, "concurrency", 0, 100000)
 		case "inputs":
 			l.inputs(v, w)
+		case "outputs":
+			l.outputs(v, w)
 		case "schedule":
 			w.Schedule = l.schedule(v)
 		case "steps":
@@ -191,6 +193,26 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 		if stepsNode == nil {
 			l.fail(n, "add `steps:` with at least one step", "the workflow has no steps")
 		}
+	}
+}
+
+// outputs reads `outputs:`, a mapping of names to templates (validate checks what they
+// read).
+func (l *loader) outputs(n *yaml.Node, w *Workflow) {
+	if n.Kind != yaml.MappingNode {
+		l.fail(n, "e.g. `outputs: {paid: \"{{ steps.transfer.output.count }}\"}`", "outputs must be a mapping of names to templates")
+		return
+	}
+	w.Outputs = map[string]string{}
+	w.outputsAt = map[string][2]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if !validName(k.Value) {
+			l.fail(k, "use 1-64 of a-z, 0-9, '-' and '_'", "output name %q is not allowed", k.Value)
+			continue
+		}
+		w.Outputs[k.Value] = l.str(v, "output "+k.Value)
+		w.outputsAt[k.Value] = [2]int{v.Line, v.Column}
 	}
 }
 

@@ -23,10 +23,14 @@ type Workflow struct {
 	Inputs      []Input   `json:"inputs,omitempty"`
 	Schedule    *Schedule `json:"schedule,omitempty"`
 	Steps       []*Step   `json:"steps"`
-	Source      string    `json:"source"` // the YAML as applied
-	Version     int       `json:"version,omitempty"`
-	Digest      string    `json:"digest,omitempty"` // sha256 of Source: same digest, same version
-	byName      map[string]*Step
+	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
+	// rendered when it succeeds (a parent's workflow step gets them as its output).
+	Outputs   map[string]string `json:"outputs,omitempty"`
+	Source    string            `json:"source"` // the YAML as applied
+	Version   int               `json:"version,omitempty"`
+	Digest    string            `json:"digest,omitempty"` // sha256 of Source: same digest, same version
+	byName    map[string]*Step
+	outputsAt map[string][2]int // line, column of each output's template
 }
 
 // Input is a typed input with an optional default.

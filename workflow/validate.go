@@ -3,6 +3,7 @@ package workflow
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,41 @@ func (l *loader) validate(w *Workflow, opts Options) {
 		}
 	}
 	l.checkWith(w, opts)
+	l.checkOutputs(w)
+}
+
+// checkOutputs checks the workflow's outputs: templates that read inputs, run.id and
+// the steps' outputs (any step: they are rendered once every step is done).
+func (l *loader) checkOutputs(w *Workflow) {
+	inputs := map[string]bool{}
+	for _, in := range w.Inputs {
+		inputs[in.Name] = true
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.Outputs)) {
+		at := w.outputsAt[name]
+		tmpl, err := ParseTemplate(w.Outputs[name])
+		if err != nil {
+			l.errs = append(l.errs, l.errAt(at[0], at[1], fmt.Sprintf("output %q: %v", name, err), "templates look like {{ steps.collect.output.count }}"))
+			continue
+		}
+		for _, p := range tmpl.Paths() {
+			msg, hint := "", ""
+			switch {
+			case p[0] == "steps" && (len(p) < 3 || p[2] != "output"):
+				msg, hint = "a step reference reads steps.<name>.output", "e.g. {{ steps.collect.output.drivers }}"
+			case p[0] == "steps" && w.byName[p[1]] == nil:
+				msg, hint = fmt.Sprintf("no step %q", p[1]), stepNamesHint(w)
+			case p[0] == "steps":
+			case p[0] == "item":
+				msg = "item exists only in a step with foreach"
+			default:
+				msg, hint = checkPath(p, inputs, &Step{}, "output")
+			}
+			if msg != "" {
+				l.errs = append(l.errs, l.errAt(at[0], at[1], fmt.Sprintf("output %q: {{ %s }}: %s", name, strings.Join(p, "."), msg), hint))
+			}
+		}
+	}
 }
 
 // kindsAndNeeds checks each step's kind and needs, and reports whether the graph is
@@ -39,7 +75,7 @@ func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
 			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,
 				fmt.Sprintf("step %q uses unknown kind %q", st.Name, st.Uses), "built in: exec, http, sleep, noop, wait, approval; or register a Go step"))
 		}
-		if steps.ParksItself(st.Uses) && st.Foreach != "" {
+		if (st.Uses == steps.KindWait || st.Uses == steps.KindApproval) && st.Foreach != "" {
 			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,
 				fmt.Sprintf("step %q: a %s step cannot have foreach", st.Name, st.Uses), "wait once, in a step of its own, before or after the foreach step"))
 		}

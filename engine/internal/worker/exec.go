@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -167,7 +168,7 @@ func (x *runExec) commit(entry checkpoint.Entry) error {
 	if !x.othersDone(entry.Step) {
 		return x.write(entry)
 	}
-	errs := x.writeAll(entry, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded})
+	errs := x.writeAll(entry, checkpoint.Entry{Kind: checkpoint.KindComplete, Status: checkpoint.StatusSucceeded, Output: x.runOutputs(entry.Step, entry.Output)})
 	if errors.Is(errs[0], logstream.ErrOutputTooLarge) {
 		return x.write(entry) // fits alone but not with the completion: execute completes
 	}
@@ -301,11 +302,48 @@ func (x *runExec) execute() {
 }
 
 func (x *runExec) complete(status checkpoint.RunStatus, step, msg string) {
-	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindComplete, Status: status, Step: step, Error: msg}); err != nil {
+	var outputs json.RawMessage
+	if status == checkpoint.StatusSucceeded {
+		outputs = x.runOutputs("", nil)
+	}
+	if err := x.write(checkpoint.Entry{Kind: checkpoint.KindComplete, Status: status, Step: step, Error: msg, Output: outputs}); err != nil {
 		x.log.Warn("complete not recorded", "err", err)
 		return
 	}
 	x.log.Info("run finished", "status", status, "step", step, "error", msg)
+}
+
+// runOutputs renders the workflow's outputs over its steps' outputs (and last's, being
+// committed with the completion), or nil when it has none. A template that cannot be
+// rendered (it reads a skipped step's output) gives null: the run has succeeded.
+func (x *runExec) runOutputs(last string, lastOut json.RawMessage) json.RawMessage {
+	if len(x.wf.Outputs) == 0 {
+		return nil
+	}
+	inputs, _ := decodeJSON(x.run.Inputs).(map[string]any)
+	stepsScope := map[string]any{}
+	x.mu.Lock()
+	for n, out := range x.outputs {
+		stepsScope[n] = map[string]any{"output": out}
+	}
+	x.mu.Unlock()
+	if last != "" {
+		stepsScope[last] = map[string]any{"output": decodeOutput(lastOut)}
+	}
+	scope := map[string]any{"inputs": inputs, "steps": stepsScope, "run": map[string]any{"id": x.run.ID, "epoch": x.epoch}}
+	out := make(map[string]any, len(x.wf.Outputs))
+	for name, src := range x.wf.Outputs {
+		v, err := render(src, scope)
+		if err != nil {
+			x.log.Warn("output not rendered", "output", name, "err", err)
+		}
+		out[name] = v
+	}
+	raw, err := json.Marshal(out)
+	if err != nil || len(raw) > x.p.cfg.MaxOutputBytes && x.p.cfg.MaxOutputBytes > 0 {
+		raw, _ = json.Marshal(map[string]any{"truncated": true})
+	}
+	return raw
 }
 
 func (x *runExec) isDone(step string) bool {

@@ -70,6 +70,8 @@ type Config struct {
 	TTL time.Duration
 	// Silence is how long the task fetch loop may hear nothing before it is restarted.
 	Silence time.Duration
+	// StartChild starts a workflow step's child run (child.go); nil: this pool starts none.
+	StartChild StartChild
 	// ParkAfter is the shortest sleep that parks the run instead of holding a worker
 	// (default: three lease TTLs).
 	ParkAfter time.Duration

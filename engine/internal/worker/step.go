@@ -49,6 +49,9 @@ func (x *runExec) runStep(st *workflow.Step) error {
 			return nil
 		}
 	}
+	if st.Uses == steps.KindWorkflow {
+		return x.runChild(st, scope)
+	}
 	if st.Foreach != "" {
 		return x.runForeach(st, scope)
 	}
@@ -233,6 +236,12 @@ func (x *runExec) runForeach(st *workflow.Step, scope map[string]any) error {
 	if x.ctx.Err() != nil {
 		return context.Cause(x.ctx)
 	}
+	return x.commitForeach(st)
+}
+
+// commitForeach checkpoints a foreach step whose items all have theirs, with the list of
+// item outputs.
+func (x *runExec) commitForeach(st *workflow.Step) error {
 	all, err := x.p.cfg.State.Items(x.run.ID, st.Name)
 	if err != nil {
 		return err

@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/testhooks"
+)
+
+// Child workflows (issue 26; engine/internal/worker/child.go): a workflow step starts a
+// child run with an ID derived from its parent, step and item, parks until it ends, and
+// takes its outputs as the step's output.
+func TestChildWorkflowsFanOutAndReturnTheirOutputs(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: settle
+inputs:
+  driver: {type: string}
+outputs:
+  paid: "{{ steps.pay.output.driver }}"
+steps:
+  - {name: pay, uses: exec, with: {command: [sh, -c, "echo '{\"driver\": \"{{ inputs.driver }}\"}'"]}}
+`)
+	apply(t, e, `
+name: nightly
+outputs:
+  first: "{{ steps.one.output.paid }}"
+  all: "{{ steps.each.output }}"
+steps:
+  - {name: one, uses: workflow, with: {workflow: settle, inputs: {driver: d0}}}
+  - name: each
+    foreach: "{{ inputs.drivers }}"
+    parallelism: 2
+    uses: workflow
+    with: {workflow: settle, inputs: {driver: "{{ item }}"}}
+inputs:
+  drivers: {type: list, default: [d1, d2, d3, d4, d5]}
+`)
+	ctx := ctxT(t, 60*time.Second)
+	id, err := e.StartRun(ctx, "nightly", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("%v %+v", err, end)
+	}
+	if out := stepOutput(t, e, id, "one"); out["paid"] != "d0" {
+		t.Fatalf("step one's output %v: want the child's outputs", out)
+	}
+	var outputs map[string]any
+	if err := json.Unmarshal(end.Outputs, &outputs); err != nil || outputs["first"] != "d0" || fmt.Sprint(outputs["all"]) != "[map[paid:d1] map[paid:d2] map[paid:d3] map[paid:d4] map[paid:d5]]" {
+		t.Fatalf("run outputs %s (%v)", end.Outputs, err)
+	}
+	want := []string{id + ".each.0", id + ".each.1", id + ".each.2", id + ".each.3", id + ".each.4", id + ".one"}
+	if got := slices.Sorted(slices.Values(end.Children)); strings.Join(got, ",") != strings.Join(want, ",") { // the two steps run at once
+		t.Fatalf("children %v, want %v", end.Children, want)
+	}
+	child, err := e.store.Run(id + ".each.3")
+	if err != nil || child.Parent == nil || child.Parent.Run != id || child.Parent.Item != 3 || child.Trigger != checkpoint.TriggerChild || child.Depth != 1 {
+		t.Fatalf("child %+v (%v)", child, err)
+	}
+	for _, ep := range end.Epochs[1:] {
+		if ep.Reason != checkpoint.ReasonResumed {
+			t.Fatalf("epochs %+v: the parent's later epochs are resumptions", end.Epochs)
+		}
+	}
+}
+
+// A failed child is retried from its checkpoints while the step's retry policy allows,
+// then fails the step and the run.
+func TestFailedChildIsRetriedThenFailsTheStep(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: flaky
+steps:
+  - {name: boom, uses: exec, with: {command: [sh, -c, "echo no >&2; exit 3"]}}
+`)
+	apply(t, e, `
+name: parent
+steps:
+  - {name: c, uses: workflow, with: {workflow: flaky}, retry: {max_attempts: 2}}
+`)
+	ctx := ctxT(t, 60*time.Second)
+	id, err := e.StartRun(ctx, "parent", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusFailed || end.FailedStep != "c" || !strings.Contains(end.Error, "child run "+id+".c failed") {
+		t.Fatalf("%v %+v", err, end)
+	}
+	child, err := e.store.Run(id + ".c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	retried := 0
+	for _, ep := range child.Epochs {
+		if ep.Reason == checkpoint.ReasonRetried {
+			retried++
+		}
+	}
+	if retried != 1 || len(end.Children) != 1 {
+		t.Fatalf("the child was retried %d times, %d children: want once, one child", retried, len(end.Children))
+	}
+}
+
+// Cancel reaches grandchildren: a parent, its child and its grandchild, the last parked
+// on a signal; the parent's cancel cancels all three. The control (NoCancelCascade)
+// leaves the child and the grandchild waiting.
+func TestCancelReachesGrandchildren(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cascade", true: "control-no-cascade"}[control], func(t *testing.T) {
+			e := startEngineWith(t, &testhooks.Hooks{NoCancelCascade: control}, nil)
+			apply(t, e, "name: leaf\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n")
+			apply(t, e, "name: mid\nsteps:\n  - {name: c, uses: workflow, with: {workflow: leaf}}\n")
+			apply(t, e, "name: top\nsteps:\n  - {name: c, uses: workflow, with: {workflow: mid}}\n")
+			ctx := ctxT(t, 60*time.Second)
+			id, err := e.StartRun(ctx, "top", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			leaf := id + ".c.c"
+			awaitRun(t, e, leaf, 20*time.Second, "the grandchild waiting", isStatus(checkpoint.StatusWaiting))
+			if err := e.Cancel(ctx, id, "stop"); err != nil {
+				t.Fatal(err)
+			}
+			want := checkpoint.StatusCancelled
+			if control {
+				want = checkpoint.StatusWaiting
+			}
+			for _, run := range []string{id + ".c", leaf} {
+				r := awaitRun(t, e, run, 10*time.Second, "cancel applied", func(r *checkpoint.Run) bool { return r.Status.Terminal() || r.UpdatedSeq > 0 })
+				if r, _ = e.store.Run(run); r.Status != want {
+					t.Fatalf("%s is %s after its ancestor's cancel, want %s", run, r.Status, want)
+				}
+			}
+		})
+	}
+}
+
+// A workflow whose workflow steps lead back to it is refused at apply, naming the loop.
+func TestChildWorkflowLoopIsRefusedAtApply(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, "name: a\nsteps:\n  - {name: s, uses: workflow, with: {workflow: b}}\n")
+	_, err := e.ApplyWorkflow(ctxT(t, 10*time.Second), "b.yaml", []byte("name: b\nsteps:\n  - {name: s, uses: workflow, with: {workflow: a}}\n"))
+	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "b -> a -> b") {
+		t.Fatalf("a loop: %v", err)
+	}
+	_, err = e.ApplyWorkflow(ctxT(t, 10*time.Second), "c.yaml", []byte("name: c\nsteps:\n  - {name: s, uses: workflow, with: {workflow: c}}\n"))
+	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "c -> c") {
+		t.Fatalf("a workflow starting itself: %v", err)
+	}
+}

@@ -1,0 +1,166 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Child workflows (checkpoint/wait.go): a `uses: workflow` step starts one child run
+// (or one per foreach item, at most parallelism at once) with an ID derived from the
+// run, the step and the item (checkpoint.ChildID), and parks until they end. A child's
+// start is a submit that names its parent: written again by a later epoch (the owner
+// crashed after it), it is refused as existing, so there is one child. A succeeded
+// child's outputs are the step's (or the item's) output; a failed one is retried (an
+// operator's retry of it, from its checkpoints) while the step's retry policy allows,
+// then fails the step.
+
+// StartChild starts a child run: id, of workflow with inputs, for ref; an existing run
+// of that ID is no error (it was started before).
+type StartChild func(ctx context.Context, parent *checkpoint.Run, ref checkpoint.ParentRef, id, workflow string, inputs map[string]any) error
+
+// childID is the child's ID (random with the RandomChildIDs control: a new child per
+// start).
+func (x *runExec) childID(step string, item int) string {
+	id := checkpoint.ChildID(x.run.ID, step, item)
+	if x.p.hooks.RandomChildIDs.Load() {
+		id = checkpoint.ChildID(x.run.ID, fmt.Sprintf("%s-%d", step, x.p.clock.Now().UnixNano()), item)
+	}
+	return id
+}
+
+func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
+	if x.p.cfg.StartChild == nil {
+		return x.failStep(st, checkpoint.ItemWhole, 1, steps.Permanentf("this node cannot start child runs"))
+	}
+	r, err := x.p.cfg.State.Run(x.run.ID)
+	if err != nil {
+		return err
+	}
+	items := []any{nil}
+	if st.Foreach != "" {
+		v, err := render(st.Foreach, scope)
+		if err != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %w", err))
+		}
+		list, ok := v.([]any)
+		if !ok && v != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, fmt.Errorf("foreach: %s is %s, not a list", st.Foreach, jsonKind(v)))
+		}
+		items = list
+		x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole, Items: len(items)})
+	}
+	have := map[int]bool{}
+	if st.Foreach != "" {
+		done, err := x.p.cfg.State.Items(x.run.ID, st.Name)
+		if err != nil {
+			return err
+		}
+		for _, it := range done {
+			have[it.Index] = true
+		}
+	}
+	room := 1
+	if st.Foreach != "" {
+		room = max(st.Parallelism, 1)
+	}
+	var waiting []string
+	for i, item := range items {
+		index := i
+		if st.Foreach == "" {
+			index = checkpoint.ItemWhole
+		}
+		if have[index] {
+			continue
+		}
+		id := x.childID(st.Name, index)
+		child, err := x.p.cfg.State.Run(id)
+		if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+			return err
+		}
+		switch {
+		case child == nil:
+			if len(waiting) >= room {
+				continue // started when a running one ends
+			}
+			itemScope := scope
+			if st.Foreach != "" {
+				itemScope = make(map[string]any, len(scope)+1)
+				for k, v := range scope {
+					itemScope[k] = v
+				}
+				itemScope["item"] = item
+			}
+			with, err := renderWith(st.With, itemScope)
+			if err != nil {
+				return x.failStep(st, index, 1, steps.Permanent(err))
+			}
+			cw, err := steps.ParseChildWith(with)
+			if err != nil {
+				return x.failStep(st, index, 1, err)
+			}
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
+			err = x.p.cfg.StartChild(ctx, r, checkpoint.ParentRef{Run: x.run.ID, Step: st.Name, Item: index}, id, cw.Workflow, cw.Inputs)
+			cancel()
+			if err != nil {
+				if IsVerdict(err) || errors.Is(err, steps.ErrPermanent) {
+					return x.failStep(st, index, 1, steps.Permanentf("start child %s: %v", id, err))
+				}
+				return x.steal(err) // the log's outcome is unknown: the next epoch starts it
+			}
+			waiting = append(waiting, id)
+		case child.Status == checkpoint.StatusSucceeded:
+			out := child.Outputs
+			if len(out) == 0 {
+				out = json.RawMessage(`{}`)
+			}
+			if st.Foreach == "" {
+				if err := x.commit(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out, Attempt: 1}); err != nil {
+					return err
+				}
+				x.finish(st.Name, decodeOutput(out))
+				return nil
+			}
+			if err := x.write(checkpoint.Entry{Kind: checkpoint.KindCommit, Step: st.Name, Item: index, Output: out}); err != nil {
+				return err
+			}
+		case child.Status.Terminal():
+			retried := 0
+			for _, ep := range child.Epochs {
+				if ep.Reason == checkpoint.ReasonRetried {
+					retried++
+				}
+			}
+			if retried+1 >= st.Retry.MaxAttempts {
+				msg := child.Error
+				if child.Status == checkpoint.StatusDeadLettered {
+					msg = child.DeadLetter
+				}
+				return x.failStep(st, index, retried+1, steps.Permanentf("child run %s %s: %s", id, child.Status, msg))
+			}
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
+			err := x.p.cfg.Log.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Run: id, Owner: x.p.cfg.Node, Reason: "its parent's retry policy"}).Await(ctx)
+			cancel()
+			if err != nil && !errors.Is(err, checkpoint.ErrConflict) {
+				return x.steal(err)
+			}
+			x.log.Info("child run retried", "child", id, "attempt", retried+2)
+			waiting = append(waiting, id)
+		default:
+			waiting = append(waiting, id)
+		}
+	}
+	if len(waiting) > 0 {
+		return &parkRequest{step: st.Name, wait: checkpoint.Wait{Kind: checkpoint.WaitChild, Children: waiting}}
+	}
+	if st.Foreach == "" {
+		return nil // unreachable: a whole step's child either runs, ended or was started
+	}
+	return x.commitForeach(st)
+}
