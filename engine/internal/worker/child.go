@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -25,11 +27,18 @@ import (
 // of that ID is no error (it was started before).
 type StartChild func(ctx context.Context, parent *checkpoint.Run, ref checkpoint.ParentRef, id, workflow string, inputs map[string]any) error
 
+// Link-time test switches of real-process tests (-ldflags "-X
+// github.com/flowrun/flow/engine/internal/worker.NAME=1"; empty in every release build):
+// killAfterChildStart makes the process SIGKILL itself right after a child's start is
+// applied, before its parent parks; randomChildIDs is RandomChildIDs' control for a
+// process (TestChildStartedOnceAcrossAnOwnerKill).
+var killAfterChildStart, randomChildIDs string
+
 // childID is the child's ID (random with the RandomChildIDs control: a new child per
 // start).
 func (x *runExec) childID(step string, item int) string {
 	id := checkpoint.ChildID(x.run.ID, step, item)
-	if x.p.hooks.RandomChildIDs.Load() {
+	if x.p.hooks.RandomChildIDs.Load() || randomChildIDs != "" {
 		id = checkpoint.ChildID(x.run.ID, fmt.Sprintf("%s-%d", step, x.p.clock.Now().UnixNano()), item)
 	}
 	return id
@@ -113,6 +122,10 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 					return x.failStep(st, index, 1, steps.Permanentf("start child %s: %v", id, err))
 				}
 				return x.steal(err) // the log's outcome is unknown: the next epoch starts it
+			}
+			if killAfterChildStart != "" {
+				x.log.Warn("test build: this process kills itself after a child's start (killAfterChildStart)", "child", id)
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			}
 			waiting = append(waiting, id)
 		case child.Status == checkpoint.StatusSucceeded:
