@@ -34,7 +34,9 @@ func startEngine(t testing.TB, mod func(*Config)) *Engine {
 // startEngineWith starts an engine with the test switches h (nil: production's).
 func startEngineWith(t testing.TB, h *testhooks.Hooks, mod func(*Config)) *Engine {
 	t.Helper()
-	cfg := Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "-", Lease: testLease}
+	// ParkAfter: the tests' long sleeps hold a worker (a running run to cancel, drain,
+	// steal); the waits' tests set their own.
+	cfg := Config{NodeID: "node-a", DataDir: filepath.Join(t.TempDir(), "data"), NATSListen: "-", Lease: testLease, ParkAfter: 24 * time.Hour}
 	if os.Getenv("FLOW_TEST_LOG") != "" {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -36,6 +36,7 @@ type Config struct {
 	HTTP       string
 	Workers    int
 	LeaseTTL   time.Duration
+	ParkAfter  time.Duration // 0: the engine's default (3 lease TTLs)
 	Workflows  string
 	LogFormat  string // auto | text | json
 	LogLevel   string // debug | info | warn | error
@@ -89,6 +90,7 @@ var options = []option{
 	{"http", "127.0.0.1:8080", "address of /healthz, /readyz, /metrics and the web UI (/ui/)"},
 	{"workers", "8", "runs this node executes at once"},
 	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
+	{"park-after", "", "a sleep step at least this long parks its run (no lease, no worker) instead of holding a worker (default: 3 lease TTLs)"},
 	{"workflows", "", "directory of workflow YAML files to apply at start"},
 	{"log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json"},
 	{"log-level", "info", "debug, info, warn or error"},
@@ -247,6 +249,13 @@ func Load(args []string, env []string) (*Config, error) {
 		bad("lease-ttl", "%q: use a duration of at least 1s, such as 10s (shorter leases expire on GC pauses)", get("lease-ttl"))
 	} else {
 		c.LeaseTTL = d
+	}
+	if v := get("park-after"); v != "" {
+		if d, err := time.ParseDuration(v); err != nil || d < time.Second {
+			bad("park-after", "%q: use a duration of at least 1s, such as 30s (shorter sleeps hold their worker anyway)", v)
+		} else {
+			c.ParkAfter = d
+		}
 	}
 	c.Workflows = get("workflows")
 	if c.Workflows != "" {

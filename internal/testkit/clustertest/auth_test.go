@@ -58,7 +58,7 @@ func embeddedFlowdBin(t *testing.T, bin string, extra ...string) (*Proc, string,
 	}
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	args := append([]string{bin, "--node-id", "node-a", "--data-dir", filepath.Join(dir, "data"),
-		"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--http", httpAddr, "--log-format", "json", "--log-level", "debug"}, extra...)
+		"--nats-listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--http", httpAddr, "--log-format", "json", "--log-level", "debug", "--park-after", "24h"}, extra...)
 	p := &Proc{Name: "node-a", log: logf, args: args}
 	p.start(t)
 	t.Cleanup(p.Kill)

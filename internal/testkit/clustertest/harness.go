@@ -421,7 +421,7 @@ func StartFlowdEnv(t testing.TB, c *Cluster, name string, env []string, extra ..
 		t.Fatal(err)
 	}
 	args := append([]string{filepath.Join(bin, "flowd"), "--node-id", name, "--nats-url", c.URL(), "--data-dir", filepath.Join(dir, "data"),
-		"--http", "off", "--log-format", "json", "--log-level", "debug"}, extra...)
+		"--http", "off", "--log-format", "json", "--log-level", "debug", "--park-after", "24h"}, extra...) // long sleeps hold a worker (the tests' runs to cancel, steal, drain)
 	p := &Proc{Name: name, args: args, env: env, log: logf}
 	p.start(t)
 	t.Cleanup(p.Kill)
