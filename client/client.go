@@ -28,6 +28,9 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
+// Is makes an Error with CodeForbidden ErrNotAuthorized.
+func (e *Error) Is(target error) bool { return target == ErrNotAuthorized && e.Code == CodeForbidden }
+
 // Defaults of a Client.
 const (
 	// DefaultTimeout bounds a whole call, retries included.

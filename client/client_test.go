@@ -34,7 +34,9 @@ type node struct {
 
 func startNode(t *testing.T) *node {
 	t.Helper()
-	e := testnode.Engine(t, nil)
+	// The tests' hour-long sleeps hold a worker (a running run to cancel, to drain, to
+	// see stolen), as they did before long sleeps parked their runs (issue 26).
+	e := testnode.Engine(t, func(c *engine.Config) { c.ParkAfter = 24 * time.Hour })
 	srv, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -63,7 +64,7 @@ func (c *Client) Run(ctx context.Context, id string) (Run, error) {
 // ListOptions select runs. The zero value lists the first 100 runs of every workflow.
 type ListOptions struct {
 	Workflow string // only this workflow
-	Status   string // only this status (pending, running, succeeded, failed, cancelled, dead_lettered)
+	Status   string // only this status (pending, running, waiting, succeeded, failed, cancelled, dead_lettered)
 	Limit    int    // at most this many (default 100, at most 10000)
 	After    string // the run ID the previous page ended with
 }
@@ -144,6 +145,51 @@ func (c *Client) RetryRun(ctx context.Context, id string) (Change, error) {
 // CancelRun cancels a pending or running run.
 func (c *Client) CancelRun(ctx context.Context, id string) (Change, error) {
 	return c.change(ctx, "run.cancel", id)
+}
+
+// SignalOptions are a signal's optional data and de-duplication key.
+type SignalOptions struct {
+	// Data is the signal's data: JSON, or empty.
+	Data json.RawMessage
+	// ID is the signal's key: a second signal with the same key is applied once, so a
+	// caller that retries a signal with the same ID signals once.
+	ID string
+}
+
+// Signal sends the signal name to a run that has not ended: kept in its inbox until a
+// wait step takes it; a run waiting for it wakes. Signalling a run that has ended is a
+// conflict.
+func (c *Client) Signal(ctx context.Context, id, name string, opts SignalOptions) (Signalled, error) {
+	var out Signalled
+	if len(opts.Data) > 0 && !json.Valid(opts.Data) {
+		return out, &Error{Code: CodeBadRequest, Message: "signal data is not valid JSON"}
+	}
+	err := c.call(ctx, "run.signal", Request{ID: id, Name: name, Data: opts.Data, SignalID: opts.ID}, &out)
+	return out, err
+}
+
+// DecideOptions are an approval's or a rejection's step and comment.
+type DecideOptions struct {
+	// Step is the approval step ("": the one the run waits on, or its only one).
+	Step    string
+	Comment string
+}
+
+// Approve approves an approval step of a run for the person the server names: the
+// person's role must be the step's approvers role or above (else ErrNotAuthorized).
+func (c *Client) Approve(ctx context.Context, id string, opts DecideOptions) (Decided, error) {
+	return c.decide(ctx, "run.approve", id, opts)
+}
+
+// Reject rejects an approval step of a run (the step fails), as Approve approves one.
+func (c *Client) Reject(ctx context.Context, id string, opts DecideOptions) (Decided, error) {
+	return c.decide(ctx, "run.reject", id, opts)
+}
+
+func (c *Client) decide(ctx context.Context, op, id string, opts DecideOptions) (Decided, error) {
+	var out Decided
+	err := c.call(ctx, op, Request{ID: id, Step: opts.Step, Comment: opts.Comment}, &out)
+	return out, err
 }
 
 // DeadLetters lists the dead-lettered runs (ListOptions.Status is ignored).

@@ -21,6 +21,10 @@ const (
 	// CodeTooManyRequests: this user already holds as many requests of this kind on the
 	// node as one user may (the node's other users keep theirs); ask again when some end.
 	CodeTooManyRequests = "too_many_requests"
+	// CodeForbidden: the node refused this person what they asked (an approval from
+	// someone below the step's approvers role, or whom the node cannot name). It is
+	// ErrNotAuthorized (errors.Is), with the node's message; flowctl exits 4.
+	CodeForbidden = "forbidden"
 )
 
 // Request is every request on the wire: the version and the fields its operation
@@ -39,6 +43,14 @@ type Request struct {
 	Inputs   map[string]string `json:"inputs,omitempty"`
 	// Wait bounds run.wait (a Go duration, default 30s, at most 1m).
 	Wait string `json:"wait,omitempty"`
+	// Data is run.signal's data (JSON); SignalID its de-duplication key (a signal with
+	// an ID applied before is applied once).
+	Data     json.RawMessage `json:"data,omitempty"`
+	SignalID string          `json:"signal_id,omitempty"`
+	// Step and Comment are run.approve's and run.reject's (Step "": the approval step
+	// the run waits on, or its only one).
+	Step    string `json:"step,omitempty"`
+	Comment string `json:"comment,omitempty"`
 }
 
 // Run is the contract's JSON shape of a run.
@@ -62,6 +74,56 @@ type Run struct {
 	Steps        []Step          `json:"steps,omitempty"`
 	Epochs       []Epoch         `json:"epochs"`
 	Fenced       []Fenced        `json:"fenced"`
+	// StartedBy is the person who started the run ("" without auth, or a schedule's).
+	StartedBy string `json:"started_by"`
+	// Waiting is what the run waits for, while its status is waiting.
+	Waiting *Waiting `json:"waiting,omitempty"`
+	// Inbox are the signals sent to the run, in log order, consumed or not; Decisions
+	// the approvals and rejections of its approval steps.
+	Inbox     []Signal   `json:"inbox"`
+	Decisions []Decision `json:"decisions"`
+}
+
+// Wait kinds (Waiting.Kind).
+const (
+	WaitSignal   = "signal"
+	WaitApproval = "approval"
+	WaitTimer    = "timer"
+)
+
+// Waiting is what a waiting run waits for: a signal (Signal names it), people's
+// approvals of a step (Need of them, of Role or above) or a timer; Until is when its
+// timer is due (RFC 3339; null: no timer).
+type Waiting struct {
+	Kind   string  `json:"kind"`
+	Step   string  `json:"step"`
+	Until  *string `json:"until"`
+	Signal string  `json:"signal,omitempty"`
+	Need   int     `json:"need,omitempty"`
+	Role   string  `json:"role,omitempty"`
+	Since  string  `json:"since,omitempty"`
+}
+
+// Signal is one signal in a run's inbox: ConsumedBy is the step that took it ("" while
+// it waits for one).
+type Signal struct {
+	Seq        uint64          `json:"seq"`
+	Name       string          `json:"name"`
+	ID         string          `json:"id,omitempty"`
+	Data       json.RawMessage `json:"data,omitempty"`
+	Sender     string          `json:"sender,omitempty"`
+	At         string          `json:"at"`
+	ConsumedBy string          `json:"consumed_by,omitempty"`
+}
+
+// Decision is one approval (Approve) or rejection of an approval step.
+type Decision struct {
+	Seq     uint64 `json:"seq"`
+	Step    string `json:"step"`
+	Actor   string `json:"actor"`
+	Approve bool   `json:"approve"`
+	Comment string `json:"comment,omitempty"`
+	At      string `json:"at"`
 }
 
 // Step is one step of a run.
@@ -190,6 +252,21 @@ type Drill struct {
 type Change struct {
 	ID     string `json:"id"`
 	Status string `json:"status"`
+}
+
+// Signalled is the answer to a signal: the run and the signal's name (and key).
+type Signalled struct {
+	ID       string `json:"id"`
+	Signal   string `json:"signal"`
+	SignalID string `json:"signal_id,omitempty"`
+}
+
+// Decided is the answer to an approval or a rejection: the run, the step decided and
+// the decision (approve or reject).
+type Decided struct {
+	ID       string `json:"id"`
+	Step     string `json:"step"`
+	Decision string `json:"decision"`
 }
 
 // Terminal reports whether the run has ended: succeeded, failed, cancelled or

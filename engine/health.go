@@ -98,6 +98,9 @@ type Metrics struct {
 	LeaseDegraded                                                    time.Duration
 	// Runs by status, in this node's state.
 	Runs map[checkpoint.RunStatus]int
+	// Parked are the waiting runs by what they wait for (checkpoint.Waiting's Kind: signal,
+	// approval, timer), of the first MaxParkedCounted waiting runs.
+	Parked map[string]int
 	// Queued are the runs waiting for an epoch (admission); Assigned those holding one
 	// and not yet claimed.
 	Queued, Assigned int
@@ -130,6 +133,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 		m.Runs[st] = n
 	}
 	m.Assigned, _ = e.store.Held()
+	m.Parked = e.parked()
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if last, err := e.clog.Applier.LastSeq(ctx); err == nil {
@@ -141,6 +145,25 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	m.NATSReconnects = e.nc.Stats().Reconnects
 	m.PartRestarts, m.Parts = e.sup.Restarts(), e.partHealth()
 	return m
+}
+
+// MaxParkedCounted bounds the waiting runs Metrics reads to count them by kind (one
+// page of the status index: a scrape costs at most that many runs read).
+const MaxParkedCounted = 10000
+
+// parked counts the waiting runs by what they wait for (every kind present, 0 if none).
+func (e *Engine) parked() map[string]int {
+	out := map[string]int{checkpoint.WaitSignal: 0, checkpoint.WaitApproval: 0, checkpoint.WaitTimer: 0}
+	runs, _, err := e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusWaiting, Limit: MaxParkedCounted})
+	if err != nil {
+		return out
+	}
+	for i := range runs {
+		if w := runs[i].Waiting; w != nil {
+			out[w.Kind]++
+		}
+	}
+	return out
 }
 
 // Conn is the node's NATS connection, on which the daemon serves the API service

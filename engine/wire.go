@@ -247,6 +247,31 @@ func (a *API) Cancel(ctx context.Context, id string) error {
 	return wireError(a.e.Cancel(ctx, id, ""))
 }
 
+// Signal sends a signal to a run that has not ended (Signal); it returns once the
+// signal is in the log.
+func (a *API) Signal(ctx context.Context, id, name string, opts client.SignalOptions) error {
+	return wireError(a.e.Signal(ctx, id, name, SignalOptions{Data: opts.Data, ID: opts.ID}))
+}
+
+// Decide approves or rejects an approval step of a run for the person ctx names
+// (Decide), and returns the step decided. A step that is not an approval step of the
+// run, or a run that has ended, is a conflict; a person the node cannot name, or whose
+// role is below the step's approvers role, is forbidden.
+func (a *API) Decide(ctx context.Context, id, step string, approve bool, comment string) (string, error) {
+	st, err := a.e.Decide(ctx, id, step, approve, comment)
+	switch {
+	case err == nil:
+		return st, nil
+	case errors.Is(err, ErrNoIdentity), errors.Is(err, ErrNotApprover):
+		return "", &client.Error{Code: client.CodeForbidden, Message: "not authorized: " + strings.TrimPrefix(err.Error(), "engine: ")}
+	case errors.Is(err, checkpoint.ErrInvalidEntry) && strings.Contains(err.Error(), "approval step"):
+		// the run has no such approval step (or several, none waited on): the request
+		// was well formed, the run is not what it expected
+		return "", &client.Error{Code: client.CodeConflict, Message: err.Error()}
+	}
+	return "", wireError(err)
+}
+
 // Purge takes a dead-lettered run out of the dead-letter queue for good (Purge).
 func (a *API) Purge(ctx context.Context, id string) error { return wireError(a.e.Purge(ctx, id)) }
 
@@ -310,7 +335,14 @@ func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 	out := client.Run{ID: r.ID, Workflow: r.Workflow, Version: r.Version, Status: string(r.Status), Trigger: r.Trigger,
 		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs,
 		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
-		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []client.Epoch{}, Fenced: []client.Fenced{}}
+		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []client.Epoch{}, Fenced: []client.Fenced{},
+		StartedBy: r.StartedBy, Waiting: wireWaiting(r), Inbox: []client.Signal{}, Decisions: []client.Decision{}}
+	for _, s := range r.Inbox {
+		out.Inbox = append(out.Inbox, client.Signal{Seq: s.Seq, Name: s.Name, ID: s.ID, Data: s.Data, Sender: s.Sender, At: tsNano(s.At), ConsumedBy: s.ConsumedBy})
+	}
+	for _, d := range r.Decisions {
+		out.Decisions = append(out.Decisions, client.Decision{Seq: d.Seq, Step: d.Step, Actor: d.Actor, Approve: d.Approve, Comment: d.Comment, At: tsNano(d.At)})
+	}
 	if len(r.Inputs) > 0 && json.Valid(r.Inputs) {
 		out.Inputs = r.Inputs // as stored: decoding into any would round an int64 through float64
 	}
@@ -327,6 +359,26 @@ func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 			out.Fenced = append(out.Fenced, client.Fenced{Step: f.Step, Item: f.Item, Epoch: f.Epoch, CurrentEpoch: f.CurrentEpoch,
 				Owner: f.Owner, Reason: f.Reason, At: ts(f.At)})
 		}
+	}
+	return out
+}
+
+// wireWaiting is what a waiting run waits for, as the wire has it (nil unless it waits).
+func wireWaiting(r *checkpoint.Run) *client.Waiting {
+	w := r.Waiting
+	if r.Status != checkpoint.StatusWaiting || w == nil {
+		return nil
+	}
+	out := &client.Waiting{Kind: w.Kind, Step: w.Step, Since: ts(w.Since), Role: w.Role}
+	if !w.Until.IsZero() {
+		until := ts(w.Until)
+		out.Until = &until
+	}
+	switch w.Kind {
+	case checkpoint.WaitSignal:
+		out.Signal = w.Name
+	case checkpoint.WaitApproval:
+		out.Need = w.Need
 	}
 	return out
 }

@@ -122,7 +122,7 @@ var runStatuses = []string{"pending", "running", "waiting", "succeeded", "failed
 
 func (s *Server) runList(_ context.Context, r *client.Request) (any, error) {
 	if r.Status != "" && !slices.Contains(runStatuses, r.Status) {
-		return nil, badRequest("status %q: use pending, running, succeeded, failed, cancelled or dead_lettered", r.Status)
+		return nil, badRequest("status %q: use pending, running, waiting, succeeded, failed, cancelled or dead_lettered", r.Status)
 	}
 	if r.Limit < 0 || r.Limit > 10000 {
 		return nil, badRequest("limit %d: use 1 to 10000", r.Limit)
@@ -174,6 +174,52 @@ func (s *Server) runCancel(ctx context.Context, r *client.Request) (any, error) 
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "cancelled"}, nil
+}
+
+func (s *Server) runSignal(ctx context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	if r.Name == "" {
+		return nil, badRequest("a signal name is required")
+	}
+	if !ident.ValidName(r.Name) {
+		return nil, badRequest("signal name %q: use 1-64 of a-z, 0-9, '_' or '-'", r.Name)
+	}
+	if len(r.Data) > 0 && !json.Valid(r.Data) {
+		return nil, badRequest("signal data is not valid JSON")
+	}
+	if err := s.n.Signal(ctx, r.ID, r.Name, client.SignalOptions{Data: r.Data, ID: r.SignalID}); err != nil {
+		return nil, err
+	}
+	s.signals.Add(1)
+	return client.Signalled{ID: r.ID, Signal: r.Name, SignalID: r.SignalID}, nil
+}
+
+func (s *Server) runApprove(ctx context.Context, r *client.Request) (any, error) {
+	return s.decide(ctx, r, true)
+}
+
+func (s *Server) runReject(ctx context.Context, r *client.Request) (any, error) {
+	return s.decide(ctx, r, false)
+}
+
+func (s *Server) decide(ctx context.Context, r *client.Request, approve bool) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	step, err := s.n.Decide(ctx, r.ID, r.Step, approve, r.Comment)
+	if err != nil {
+		return nil, err
+	}
+	decision := "reject"
+	if approve {
+		decision = "approve"
+		s.approvals.Add(1)
+	} else {
+		s.rejections.Add(1)
+	}
+	return client.Decided{ID: r.ID, Step: step, Decision: decision}, nil
 }
 
 func (s *Server) dlqList(ctx context.Context, r *client.Request) (any, error) {

@@ -56,6 +56,13 @@ type Node interface {
 	Retry(ctx context.Context, id string) error
 	Cancel(ctx context.Context, id string) error
 	Purge(ctx context.Context, id string) error
+	// Signal sends a signal to a run that has not ended (a conflict if it has); the
+	// sender is ctx's actor (internal/base/audit).
+	Signal(ctx context.Context, id, name string, opts client.SignalOptions) error
+	// Decide approves or rejects an approval step of a run (step "": the one it waits
+	// on, or its only one) for ctx's actor, and returns the step decided: a conflict for
+	// a run that has ended or no such step, forbidden for a person who may not decide.
+	Decide(ctx context.Context, id, step string, approve bool, comment string) (string, error)
 	DrillZombie(ctx context.Context) (client.Drill, error)
 
 	// Snapshot writes a snapshot of this node's state now.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -52,6 +53,20 @@ type Server struct {
 	stopped bool // under mu: no request starts after Stop began waiting
 	// held counts each user's requests in the slots (under mu), by kind and user.
 	held map[heldKey]int
+	// The signals, approvals and rejections this node's API wrote (Counts).
+	signals, approvals, rejections atomic.Int64
+}
+
+// Counts are what this node's API wrote of people's entries: signals, approvals and
+// rejections (flowd's flow_signals_total and flow_approvals_total).
+type Counts struct {
+	Signals, Approvals, Rejections int64
+}
+
+// Counts reads the counters of the signals, approvals and rejections this node's API
+// wrote (through NATS or Do).
+func (s *Server) Counts() Counts {
+	return Counts{Signals: s.signals.Load(), Approvals: s.approvals.Load(), Rejections: s.rejections.Load()}
 }
 
 // maxConcurrent bounds the requests one node handles at once, maxWaits the run.wait
@@ -150,6 +165,7 @@ func (s *Server) handlers() map[string]handler {
 		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
 		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
 		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel, "run.wait": s.runWait,
+		"run.signal": s.runSignal, "run.approve": s.runApprove, "run.reject": s.runReject,
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
 		"cron.list": s.cronList, "cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
 	}

@@ -178,7 +178,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		}},
 	)
 
-	run := group("run", "Start, inspect, retry and cancel runs")
+	run := group("run", "Start, inspect, signal, approve, retry and cancel runs")
 	var inputs []string
 	var wait bool
 	var runID string
@@ -193,7 +193,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		return a.listRuns((*client.Client).Runs, client.ListOptions{Workflow: lw, Status: ls, Limit: limit})
 	}}
 	list.Flags().StringVar(&lw, "workflow", "", "only this workflow")
-	list.Flags().StringVar(&ls, "status", "", "only this status (pending running succeeded failed cancelled dead_lettered)")
+	list.Flags().StringVar(&ls, "status", "", "only this status (pending running waiting succeeded failed cancelled dead_lettered)")
 	list.Flags().IntVar(&limit, "limit", 50, "at most this many runs")
 	run.AddCommand(start, list,
 		&cobra.Command{Use: "get RUN", Short: "Show a run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get((*client.Client).Run, args[0]) }},
@@ -203,6 +203,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		&cobra.Command{Use: "retry RUN", Short: "Retry a failed, dead-lettered or cancelled run from its checkpoints", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).RetryRun, args[0]) }},
 		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).CancelRun, args[0]) }},
 	)
+	run.AddCommand(a.waitCommands()...)
 
 	dlq := group("dlq", "The dead-letter queue")
 	dlq.AddCommand(
@@ -427,6 +428,13 @@ func runTable(w io.Writer, r client.Run) {
 	fmt.Fprintf(w, "RUN\t%s\n", r.ID)
 	fmt.Fprintf(w, "WORKFLOW\t%s v%d (%s)\n", r.Workflow, r.Version, r.Trigger)
 	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
+	if r.Waiting != nil {
+		fmt.Fprintf(w, "WAITING\t%s\n", waitingLine(r))
+		fmt.Fprintf(w, "UNTIL\t%s\n", untilLine(r.Waiting))
+	}
+	if r.StartedBy != "" {
+		fmt.Fprintf(w, "STARTED BY\t%s\n", r.StartedBy)
+	}
 	fmt.Fprintf(w, "EPOCH\t%d (changes %d of max %d)\n", r.Epoch, r.EpochChanges, r.MaxEpochs)
 	if r.ScheduledAt != "" {
 		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)
@@ -452,6 +460,7 @@ func runTable(w io.Writer, r client.Run) {
 			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\n", f.Step, f.Item, f.Epoch, f.CurrentEpoch, f.Owner)
 		}
 	}
+	waitsTable(w, r)
 }
 
 func (a *app) listRuns(op func(*client.Client, context.Context, client.ListOptions) ([]client.Run, error), opts client.ListOptions) error {
@@ -489,8 +498,15 @@ func historyTable(w io.Writer, evs []client.Event) {
 		if e.Kind == "commit" || e.Kind == "fail" {
 			item = fmt.Sprint(e.Item)
 		}
+		outcome := e.Outcome
+		switch e.Kind {
+		case "signal", "decide", "park", "wake": // what was sent, decided or waited for
+			if e.Detail != "" {
+				outcome += ": " + e.Detail
+			}
+		}
 		// BY: the user who asked for it, as the NATS server said (with auth: docs/security.md).
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), e.Outcome, dash(e.Actor))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), outcome, dash(e.Actor))
 	}
 }
 

@@ -245,7 +245,8 @@ func TestDrillZombie(t *testing.T) {
 // shows, and purges it.
 func TestDeadLetterQueue(t *testing.T) {
 	e := startFlowd(t)
-	wf := e.file("slow.yaml", "name: slow\nmax_epochs: 1\nsteps:\n  - name: a\n    uses: sleep\n    with: {duration: 1h}\n")
+	// An exec step holds its worker (a sleep this long would park the run: issue 26).
+	wf := e.file("slow.yaml", "name: slow\nmax_epochs: 1\nsteps:\n  - name: a\n    uses: exec\n    with: {command: [sleep, \"3600\"]}\n")
 	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
 		t.Fatal(errOut)
 	}

@@ -36,12 +36,24 @@ func TestTableGolden(t *testing.T) {
 			})
 		},
 	}
+	until := "2026-11-30T02:00:00Z"
+	waiting := client.Run{ID: "20261129-020000.000-def456", Workflow: "nightly-payout", Version: 3, Status: "waiting",
+		Trigger: "manual", Epoch: 1240, MaxEpochs: 5, StartedBy: "otto",
+		Waiting:   &client.Waiting{Kind: "approval", Step: "approve", Until: &until, Need: 2, Role: "operator"},
+		Steps:     []client.Step{{Name: "ledger-closed", Status: "succeeded", Attempts: 1, Epoch: 1239}, {Name: "approve", Status: "pending"}},
+		Epochs:    []client.Epoch{{Epoch: 1240, Owner: "node-a", Reason: "resumed", At: "2026-11-29T02:10:00Z"}},
+		Inbox:     []client.Signal{{Seq: 12, Name: "ledger-closed", Sender: "otto", At: "2026-11-29T02:09:59.5Z", ConsumedBy: "ledger-closed"}},
+		Decisions: []client.Decision{{Seq: 15, Step: "approve", Actor: "ann", Approve: true, Comment: "totals match", At: "2026-11-29T02:20:00Z"}},
+	}
+	cases["run-get-waiting"] = func(w io.Writer) { runTable(w, waiting) }
 	cases["run-history"] = func(w io.Writer) {
 		historyTable(w, []client.Event{
 			{Seq: 2, Kind: "submit", Owner: "node-a", Actor: "otto", Outcome: "accepted"},
 			{Seq: 3, Kind: "assign", Term: 57, Owner: "node-a", Outcome: "accepted"},
 			{Seq: 4, Kind: "claim", Epoch: 3, Owner: "node-a", Outcome: "accepted"},
 			{Seq: 9, Kind: "commit", Epoch: 3, Step: "transfer", Item: 17, Owner: "node-a", Outcome: "fenced: stale-epoch"},
+			{Seq: 10, Kind: "park", Epoch: 3, Step: "approve", Owner: "node-a", Outcome: "accepted", Detail: "waits for approval"},
+			{Seq: 11, Kind: "decide", Step: "approve", Owner: "node-b", Actor: "ann", Outcome: "accepted", Detail: "approve"},
 		})
 	}
 	cases["cron-list"] = func(w io.Writer) {

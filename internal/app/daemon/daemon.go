@@ -88,6 +88,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		d.stopEngine()
 		return nil, err
 	}
+	metrics.api = d.api
 	if cfg.Workflows != "" {
 		if err := d.applyDir(ctx, cfg.Workflows); err != nil {
 			d.stopEngine()

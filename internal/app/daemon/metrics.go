@@ -8,6 +8,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine"
+	"github.com/flowrun/flow/internal/app/apiserver"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -15,6 +16,7 @@ import (
 // step duration histogram fed by the engine.
 type metrics struct {
 	engine       *engine.Engine
+	api          *apiserver.Server // its counters of signals and decisions (nil: none yet)
 	stepDuration *prometheus.HistogramVec
 	descs        map[string]*prometheus.Desc
 }
@@ -42,6 +44,9 @@ func newMetrics() *metrics {
 		"flow_runs":                         "Runs by status, in this node's state.",
 		"flow_runs_waiting":                 "Pending runs waiting for an epoch (the backlog admission holds back), in this node's state.",
 		"flow_runs_assigned":                "Runs assigned an epoch and waiting for a worker to claim it.",
+		"flow_runs_parked":                  "Runs with status waiting (parked), by what they wait for (signal, approval, timer), in this node's state.",
+		"flow_signals_total":                "Signals this node's API sent to runs.",
+		"flow_approvals_total":              "Approvals and rejections this node's API wrote, by decision (approve, reject).",
 		"flow_dlq_size":                     "Runs in the dead-letter queue.",
 		"flow_apply_lag_messages":           "Log messages not yet applied by this node.",
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
@@ -63,6 +68,10 @@ func newMetrics() *metrics {
 			labels = []string{"status"}
 		case "flow_part_healthy":
 			labels = []string{"part"}
+		case "flow_runs_parked":
+			labels = []string{"kind"}
+		case "flow_approvals_total":
+			labels = []string{"decision"}
 		case "flow_step_containment":
 			labels = []string{"mode"}
 		}
@@ -126,6 +135,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge("flow_runs_waiting", float64(m0.Queued))
 	gauge("flow_runs_assigned", float64(m0.Assigned))
+	for kind, n := range m0.Parked {
+		gauge("flow_runs_parked", float64(n), kind)
+	}
+	var c apiserver.Counts
+	if m.api != nil {
+		c = m.api.Counts()
+	}
+	counter("flow_signals_total", float64(c.Signals))
+	counter("flow_approvals_total", float64(c.Approvals), "approve")
+	counter("flow_approvals_total", float64(c.Rejections), "reject")
 	if m0.ApplyLag >= 0 {
 		gauge("flow_apply_lag_messages", float64(m0.ApplyLag))
 	}

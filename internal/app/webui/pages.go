@@ -95,6 +95,8 @@ func (s *Server) errorPage(w http.ResponseWriter, r *http.Request, se *session, 
 			code = http.StatusBadRequest
 		case client.CodeConflict:
 			code = http.StatusConflict
+		case client.CodeForbidden:
+			code = http.StatusForbidden
 		}
 	}
 	if code == http.StatusInternalServerError {

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -180,6 +181,9 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /ui/runs/{id}/events", s.authed(s.runEvents))
 	m.HandleFunc("POST /ui/runs/{id}/retry", s.action(s.runAction("run.retry")))
 	m.HandleFunc("POST /ui/runs/{id}/cancel", s.action(s.runAction("run.cancel")))
+	m.HandleFunc("POST /ui/runs/{id}/approve", s.action(s.runAction("run.approve")))
+	m.HandleFunc("POST /ui/runs/{id}/reject", s.action(s.runAction("run.reject")))
+	m.HandleFunc("POST /ui/runs/{id}/signal", s.action(s.runAction("run.signal")))
 	m.HandleFunc("GET /ui/workflows", s.page(s.workflowsPage))
 	m.HandleFunc("GET /ui/workflows/{name}", s.page(s.workflowPage))
 	m.HandleFunc("GET /ui/cron", s.page(s.cronPage))
@@ -336,8 +340,9 @@ func (s *Server) action(h func(http.ResponseWriter, *http.Request, *session)) ht
 	}
 }
 
-// runAction is a POST of retry, cancel, DLQ retry or purge of the run in the path: it
-// needs the operation's role, and goes back to the page it came from.
+// runAction is a POST of retry, cancel, approve, reject, signal, DLQ retry or purge of
+// the run in the path: it needs the operation's role (an approval's approvers role is
+// the engine's to check), and goes back to the page it came from.
 func (s *Server) runAction(op string) func(http.ResponseWriter, *http.Request, *session) {
 	return func(w http.ResponseWriter, r *http.Request, se *session) {
 		if !client.RoleAllows(se.role, op) {
@@ -346,8 +351,20 @@ func (s *Server) runAction(op string) func(http.ResponseWriter, *http.Request, *
 		}
 		id := r.PathValue("id")
 		req := client.Request{ID: id}
-		if op == "run.cancel" {
+		switch op {
+		case "run.cancel":
 			req.Name = "cancelled from the web UI"
+		case "run.approve", "run.reject":
+			req.Step, req.Comment = r.PostFormValue("step"), r.PostFormValue("comment")
+		case "run.signal":
+			req.Name = strings.TrimSpace(r.PostFormValue("name"))
+			if data := strings.TrimSpace(r.PostFormValue("data")); data != "" {
+				if !json.Valid([]byte(data)) {
+					s.errorPage(w, r, se, &client.Error{Code: client.CodeBadRequest, Message: "the signal's data is not valid JSON (a string is quoted: \"text\"); nothing was sent"})
+					return
+				}
+				req.Data = json.RawMessage(data)
+			}
 		}
 		ctx := audit.WithActor(r.Context(), se.user)
 		if _, err := s.cfg.Backend.Do(ctx, op, req); err != nil {
