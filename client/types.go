@@ -82,6 +82,20 @@ type Run struct {
 	// the approvals and rejections of its approval steps.
 	Inbox     []Signal   `json:"inbox"`
 	Decisions []Decision `json:"decisions"`
+	// Parent is the run whose workflow step started this one; Children the runs this
+	// one's workflow steps started, in order; Outputs the run's outputs (its workflow's
+	// outputs:, once it succeeded).
+	Parent   *Parent         `json:"parent,omitempty"`
+	Children []string        `json:"children,omitempty"`
+	Outputs  json.RawMessage `json:"outputs,omitempty"`
+}
+
+// Parent names what started a child run: the parent run, its step and foreach item (-1:
+// the whole step).
+type Parent struct {
+	Run  string `json:"run"`
+	Step string `json:"step"`
+	Item int    `json:"item"`
 }
 
 // Wait kinds (Waiting.Kind).
@@ -89,6 +103,7 @@ const (
 	WaitSignal   = "signal"
 	WaitApproval = "approval"
 	WaitTimer    = "timer"
+	WaitChild    = "child"
 )
 
 // Waiting is what a waiting run waits for: a signal (Signal names it), people's
@@ -102,6 +117,8 @@ type Waiting struct {
 	Need   int     `json:"need,omitempty"`
 	Role   string  `json:"role,omitempty"`
 	Since  string  `json:"since,omitempty"`
+	// Children, for a child wait: the child runs it waits for.
+	Children []string `json:"children,omitempty"`
 }
 
 // Signal is one signal in a run's inbox: ConsumedBy is the step that took it ("" while

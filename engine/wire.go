@@ -337,6 +337,13 @@ func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
 		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []client.Epoch{}, Fenced: []client.Fenced{},
 		StartedBy: r.StartedBy, Waiting: wireWaiting(r), Inbox: []client.Signal{}, Decisions: []client.Decision{}}
+	if p := r.Parent; p != nil {
+		out.Parent = &client.Parent{Run: p.Run, Step: p.Step, Item: p.Item}
+	}
+	out.Children = r.Children
+	if len(r.Outputs) > 0 && json.Valid(r.Outputs) {
+		out.Outputs = r.Outputs
+	}
 	for _, s := range r.Inbox {
 		out.Inbox = append(out.Inbox, client.Signal{Seq: s.Seq, Name: s.Name, ID: s.ID, Data: s.Data, Sender: s.Sender, At: tsNano(s.At), ConsumedBy: s.ConsumedBy})
 	}
@@ -379,6 +386,8 @@ func wireWaiting(r *checkpoint.Run) *client.Waiting {
 		out.Signal = w.Name
 	case checkpoint.WaitApproval:
 		out.Need = w.Need
+	case checkpoint.WaitChild:
+		out.Children = w.Children
 	}
 	return out
 }

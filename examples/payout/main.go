@@ -15,11 +15,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -29,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/examples/payout/wallet"
@@ -129,6 +134,23 @@ type round struct {
 	Expected   wallet.Ledger // from the data set itself, independent of the run
 	Disruption string        // with --chaos: what was done to the nodes
 	LockStolen int           // with --chaos: lock-stolen-mid-run lines in the nodes' logs
+	approved   bool          // the demo's finance people approved the run
+}
+
+// approve has the demo's two finance operators approve the run's total, as two people
+// would with `flowctl run approve RUN` after checking it.
+func approve(ctx context.Context, out io.Writer, approvers []*client.Client, v client.Run) error {
+	if len(approvers) == 0 {
+		return fmt.Errorf("run %s waits for approvals and this mode has no approvers", v.ID)
+	}
+	fmt.Fprintf(out, "  waiting for %d approvals (step %s): the run is parked, no worker holds it\n", v.Waiting.Need, v.Waiting.Step)
+	for _, a := range approvers {
+		if _, err := a.Approve(ctx, v.ID, client.DecideOptions{Comment: "total checked against the trips"}); err != nil {
+			return fmt.Errorf("approve run %s: %w", v.ID, err)
+		}
+	}
+	fmt.Fprintf(out, "  approved by finance-1 and finance-2\n")
+	return nil
 }
 
 // ok reports whether the round paid every driver exactly once.
@@ -163,6 +185,7 @@ func run(ctx context.Context, o options) ([]round, error) {
 	walletURL := "http://" + ln.Addr().String()
 
 	var cl *client.Client
+	var approvers []*client.Client // finance-1 and finance-2 (single node)
 	var c *chaosCluster
 	if o.chaos {
 		if c, err = startChaosCluster(ctx, o); err != nil {
@@ -172,13 +195,14 @@ func run(ctx context.Context, o options) ([]round, error) {
 		cl = c.client
 		fmt.Fprintf(o.out, "3 flow nodes up (NATS on %s, logs in %s), wallet on %s (each credit takes %s)\n", c.natsURL, c.dir, walletURL, o.walletLatency)
 	} else {
-		stopNode, client, err := startSingleNode(ctx, o)
+		stopNode, people, err := startSingleNode(ctx, o)
 		if err != nil {
 			return nil, err
 		}
 		defer stopNode()
-		cl = client
-		fmt.Fprintf(o.out, "flow node up (embedded NATS), wallet on %s\n", walletURL)
+		cl = people["payout-starter"]
+		approvers = []*client.Client{people["finance-1"], people["finance-2"]}
+		fmt.Fprintf(o.out, "flow node up (embedded NATS with --auth: payout-starter, finance-1, finance-2), wallet on %s\n", walletURL)
 	}
 	wf, err := cl.ApplyWorkflow(ctx, "examples/payout/payout.yaml", workflowYAML)
 	if err != nil {
@@ -193,7 +217,7 @@ func run(ctx context.Context, o options) ([]round, error) {
 			d, _ := time.Parse("2006-01-02", date)
 			date = d.AddDate(0, 0, -1).Format("2006-01-02")
 		}
-		r, err := payOnce(ctx, o, cl, c, w, walletURL, date)
+		r, err := payOnce(ctx, o, cl, approvers, c, w, walletURL, date)
 		if r != nil {
 			rounds = append(rounds, *r)
 			date = r.Date
@@ -214,27 +238,68 @@ func run(ctx context.Context, o options) ([]round, error) {
 	return rounds, nil
 }
 
+// The demo's people (flowd --auth): the operator who starts the payouts, and the two
+// finance operators whose approvals a large total waits for (the workflow's approve
+// step: two operators other than the starter). Their passwords are made per run.
+var demoPeople = []string{"payout-starter", "finance-1", "finance-2"}
+
 // startSingleNode starts one flow node in this process (as flowd would, with the
-// payout's step kinds), its NATS embedded on a free loopback port.
-func startSingleNode(ctx context.Context, o options) (func(), *client.Client, error) {
+// payout's step kinds), its NATS embedded on a free loopback port with --auth, and
+// returns a client for each of demoPeople.
+func startSingleNode(ctx context.Context, o options) (func(), map[string]*client.Client, error) {
 	reg := steps.NewRegistry(0)
 	if err := registerSteps(reg); err != nil {
 		return nil, nil, err
 	}
+	passwords := map[string]string{}
+	var users strings.Builder
+	users.WriteString("users:\n")
+	for _, name := range demoPeople {
+		b := make([]byte, 12)
+		if _, err := rand.Read(b); err != nil {
+			return nil, nil, err
+		}
+		passwords[name] = hex.EncodeToString(b)
+		fmt.Fprintf(&users, "  - {user: %s, password: %q, role: operator}\n", name, passwords[name])
+	}
+	usersFile := filepath.Join(o.dataDir, "users.yaml")
+	if err := os.WriteFile(usersFile, []byte(users.String()), 0o600); err != nil {
+		return nil, nil, err
+	}
 	var logs bytes.Buffer // shown only if the node does not start
 	node, err := flowd.Start(ctx, []string{"--node-id", "payout-demo", "--data-dir", filepath.Join(o.dataDir, "flow"),
-		"--nats-listen", "127.0.0.1:0", "--http", "off", "--workers", "4", "--lease-ttl", o.leaseTTL.String(),
+		"--nats-listen", "127.0.0.1:0", "--auth", usersFile, "--http", "off", "--workers", "4", "--lease-ttl", o.leaseTTL.String(),
 		"--log-level", "error", "--log-format", "text"},
 		flowd.WithSteps(reg), flowd.WithNow(o.now), flowd.WithLogOutput(&logs))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(logs.String()))
 	}
-	return node.Stop, node.Client(), nil
+	people := map[string]*client.Client{}
+	stop := func() {
+		for _, c := range people {
+			c.Close()
+		}
+		node.Stop()
+	}
+	for _, name := range demoPeople {
+		c, err := client.Dial(node.ClientURL(), client.WithNATSOptions(nats.UserInfo(name, passwords[name])))
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("connect as %s: %w", name, err)
+		}
+		people[name] = c
+	}
+	return stop, people, nil
 }
 
 // payOnce runs one payout for date ("" = the workflow's default) and prints its summary.
-func payOnce(ctx context.Context, o options, cl *client.Client, c *chaosCluster, w *wallet.Wallet, walletURL, date string) (*round, error) {
+func payOnce(ctx context.Context, o options, cl *client.Client, approvers []*client.Client, c *chaosCluster, w *wallet.Wallet, walletURL, date string) (*round, error) {
 	inputs := map[string]string{"wallet": walletURL, "drivers": strconv.Itoa(o.drivers)}
+	if c != nil {
+		// The chaos nodes run without --auth: nobody could approve. The chaos mode tries
+		// failovers, not people, so its totals need no approval.
+		inputs["approval_above"] = strconv.FormatInt(math.MaxInt64/2, 10)
+	}
 	if date != "" {
 		inputs["date"] = date
 	}
@@ -275,6 +340,12 @@ func payOnce(ctx context.Context, o options, cl *client.Client, c *chaosCluster,
 		if terminal(v.Status) {
 			r.Run = v
 			break
+		}
+		if v.Status == "waiting" && v.Waiting != nil && v.Waiting.Kind == "approval" && !r.approved {
+			if err := approve(ctx, o.out, approvers, v); err != nil {
+				return nil, err
+			}
+			r.approved = true
 		}
 		if time.Since(last) >= 500*time.Millisecond {
 			fmt.Fprintln(o.out, "  "+progress(v))

@@ -84,7 +84,8 @@ func registerSteps(reg *steps.Registry) error {
 			total += c
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-		return json.Marshal(map[string]any{"drivers": out, "count": len(out), "total_cents": total})
+		above := int64(toFloat(in.With["approval_above"]))
+		return json.Marshal(map[string]any{"drivers": out, "count": len(out), "total_cents": total, "needs_approval": total > above})
 	})
 	report := steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
 		url := fmt.Sprintf("%v/ledger?date=%v", in.With["wallet"], in.With["date"])

@@ -435,6 +435,15 @@ func runTable(w io.Writer, r client.Run) {
 	if r.StartedBy != "" {
 		fmt.Fprintf(w, "STARTED BY\t%s\n", r.StartedBy)
 	}
+	if p := r.Parent; p != nil {
+		fmt.Fprintf(w, "PARENT\t%s (step %s)\n", p.Run, p.Step)
+	}
+	if len(r.Children) > 0 {
+		fmt.Fprintf(w, "CHILDREN\t%s\n", strings.Join(r.Children, ", "))
+	}
+	if len(r.Outputs) > 0 {
+		fmt.Fprintf(w, "OUTPUTS\t%s\n", r.Outputs)
+	}
 	fmt.Fprintf(w, "EPOCH\t%d (changes %d of max %d)\n", r.Epoch, r.EpochChanges, r.MaxEpochs)
 	if r.ScheduledAt != "" {
 		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)

@@ -96,6 +96,8 @@ func waitingLine(r client.Run) string {
 		if w.Role != "" {
 			s += " (" + w.Role + " or above)"
 		}
+	case client.WaitChild:
+		s = fmt.Sprintf("%d child run(s) of step %s: %s", len(w.Children), w.Step, strings.Join(w.Children, ", "))
 	default:
 		s = fmt.Sprintf("%s (step %s)", w.Kind, w.Step)
 	}
