@@ -140,6 +140,7 @@ func runningRun(t *testing.T, cl *client.Client, id string) client.Run {
 // log are refused by the server, and nothing changes. Control: without --auth, the same
 // forgery completes the run with a forged output (what the boundary protects).
 func TestForgedCommitNeedsTheNodeRole(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, auth := range []bool{true, false} {
 		t.Run(map[bool]string{true: "auth", false: "control-no-auth"}[auth], func(t *testing.T) {
 			var extra []string
@@ -204,6 +205,7 @@ func TestForgedCommitNeedsTheNodeRole(t *testing.T) {
 // what it may; an operator's actions are in the history with its name; no password
 // reaches flowd's log or /metrics; the data dir is private.
 func TestAuthRolesWithTheEmbeddedServer(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	file := filepath.Join(t.TempDir(), "users.yaml")
 	if err := os.WriteFile(file, []byte(authUsers), 0o600); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ func TestCrashDuringSnapshotRestoreAndPurge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds flowd with fault hooks and starts processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	haltSnapshot := FlowdLinkedWith(t, "github.com/flowrun/flow/logstream.haltSnapshotAfter=32768")
 	killPurge := FlowdLinkedWith(t, "github.com/flowrun/flow/engine.killDuringPurge=1")
 	haltRestore := FlowdLinkedWith(t, "github.com/flowrun/flow/checkpoint.haltRestoreAfter=65536")

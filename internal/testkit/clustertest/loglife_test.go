@@ -103,6 +103,7 @@ func logLife(t *testing.T, first []string, names ...string) (*Cluster, *client.C
 // one malformed message stopped every applier, and after its removal a restarted node
 // waited for the deleted sequence for good.)
 func TestGarbageInTheLogStopsNoNode(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	c, cl, nodes := logLife(t, nil, "node-a", "node-b")
 	na, nb := nodes[0], nodes[1]
 	runOne(t, cl, "before")
@@ -152,6 +153,7 @@ func TestGarbageInTheLogStopsNoNode(t *testing.T) {
 // on it again; a node with an empty data dir starts on the new stream. (Before: the node
 // served its stale state and timed out on every write.)
 func TestRecreatedLogIsRefused(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	c, cl, nodes := logLife(t, nil, "node-a")
 	na := nodes[0]
 	runOne(t, cl, "before")
@@ -188,6 +190,7 @@ func TestRecreatedLogIsRefused(t *testing.T) {
 // the node refuses to start (exit 1, saying messages were purged and how to recover)
 // instead of coming back ready with a fraction of the runs and no workflows.
 func TestTruncatedLogIsRefused(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	c, cl, nodes := logLife(t, nil, "node-a", "node-b")
 	na, nb := nodes[0], nodes[1]
 	runOne(t, cl, "r1")
@@ -222,6 +225,7 @@ func TestTruncatedLogIsRefused(t *testing.T) {
 // scheduling (the leader raises the bucket's terms above it) instead of rejecting every
 // later assign as stale and spinning on their own rejections while /readyz says ready.
 func TestHighTermDoesNotStopScheduling(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	c, cl, _ := logLife(t, nil, "node-a")
 	runOne(t, cl, "before")
 	const forged = int64(1) << 40
@@ -242,6 +246,7 @@ func TestHighTermDoesNotStopScheduling(t *testing.T) {
 // serves (a half-written snapshot is never used: it is written under a name of its own
 // and renamed when complete).
 func TestJoinFromASnapshotAfterCompaction(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	c, cl, nodes := logLife(t, []string{"--snapshot-every", "100"}, "node-a")
 	na := nodes[0]
 	for i := range 45 {
@@ -304,6 +309,7 @@ func TestStorageFailureStopsTheNode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds flowd with an injected fault and starts processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	faulty := FlowdLinkedWith(t, "github.com/flowrun/flow/checkpoint.failReadOf=r/victim")
 	c := StartNATS(t, 1)
 	waitJetStream(t, c)

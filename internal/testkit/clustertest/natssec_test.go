@@ -40,6 +40,7 @@ func usersFile(t *testing.T) string {
 // CONNECT, no answer; flowctl works through it with --tls-ca. Negative control: the
 // same without TLS, the proxy's record holds the user's CONNECT with the password.
 func TestEmbeddedTLSHidesPasswordsFromThePath(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, withTLS := range []bool{true, false} {
 		t.Run(map[bool]string{true: "tls", false: "control-plaintext"}[withTLS], func(t *testing.T) {
 			certs, err := testcerts.Make(t.TempDir())
@@ -89,6 +90,7 @@ func TestEmbeddedTLSHidesPasswordsFromThePath(t *testing.T) {
 // make the first one serve TLS); a client without a certificate is refused when the
 // server has a CA (--nats-tls-ca).
 func TestSecondFlowdJoinsOverMutualTLS(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	certs, err := testcerts.Make(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +135,7 @@ func TestPlaintextAuthOnAReachableListenIsRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts flowd processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	users := usersFile(t)
 	for _, insecure := range []bool{false, true} {
 		t.Run(map[bool]string{false: "refused", true: "insecure-plaintext"}[insecure], func(t *testing.T) {
@@ -175,6 +178,7 @@ func TestPlaintextAuthOnAReachableListenIsRefused(t *testing.T) {
 // issue 24 and a client on the old inbox "_INBOX": the viewer's "_INBOX.>" reads the
 // operator's answer.
 func TestViewerCannotReadAnOperatorsAnswers(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, old := range []bool{false, true} {
 		t.Run(map[bool]string{false: "own-inboxes", true: "control-old-permissions"}[old], func(t *testing.T) {
 			if testing.Short() {
@@ -271,6 +275,7 @@ func TestViewerCannotReadAnOperatorsAnswers(t *testing.T) {
 // Negative control: flowd linked with the node role from before issue 24 (">"): the
 // forged cancel is applied and the history records it as the admin's.
 func TestNodeCannotSpeakForAPerson(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, old := range []bool{false, true} {
 		t.Run(map[bool]string{false: "node-role", true: "control-old-node-role"}[old], func(t *testing.T) {
 			if testing.Short() {

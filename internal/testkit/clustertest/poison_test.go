@@ -32,6 +32,7 @@ func TestPoisonRunEndsInTheDLQ(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills flowd processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	bin := Binaries(t)
 	dir := t.TempDir()
 	poison := filepath.Join(dir, "poison")

@@ -117,6 +117,7 @@ func TestStepsCannotReadFlowdsEnvironment(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts flowd processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root, to start flowd as another user (65534) on a data dir it owns")
 	}
@@ -192,6 +193,7 @@ func TestExecUserKeepsStepsFromFlowdsFiles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts flowd processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: --exec-user needs a flowd that may switch users")
 	}

@@ -58,6 +58,7 @@ func TestExternalClusterWithRoles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts NATS and flowd processes")
 	}
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	certs, err := testcerts.Make(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

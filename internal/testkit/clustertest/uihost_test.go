@@ -52,6 +52,7 @@ var uiCSRF = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 // any Host (docs/ui.md). Control: flowd linked with webui.unsafeAnyHost=1 (the host
 // guards as on main): the rebinding page reads the token and its cancel goes through.
 func TestUIRebindingIsMisdirected(t *testing.T) {
+	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, control := range []bool{false, true} {
 		name := "allow-list"
 		if control {
