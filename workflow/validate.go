@@ -73,7 +73,7 @@ func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
 	for _, st := range w.Steps {
 		if kinds != nil && st.Uses != "" && !kinds(st.Uses) {
 			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,
-				fmt.Sprintf("step %q uses unknown kind %q", st.Name, st.Uses), "built in: exec, http, sleep, noop, wait, approval; or register a Go step"))
+				fmt.Sprintf("step %q uses unknown kind %q", st.Name, st.Uses), "built in: exec, http, sleep, noop, wait, approval, workflow; or register a Go step"))
 		}
 		if (st.Uses == steps.KindWait || st.Uses == steps.KindApproval) && st.Foreach != "" {
 			l.errs = append(l.errs, l.errAt(st.usesNode.Line, st.usesNode.Column,

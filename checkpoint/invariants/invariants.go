@@ -20,6 +20,10 @@
 //     once rule), and a side effect reported with SideEffect happens only while its epoch
 //     is the run's current one;
 //   - a scheduler entry of a term below the highest accepted term is never accepted;
+//   - invariant 11 (the waits): a park carries the run's current epoch; a signal is
+//     consumed by one accepted commit, once, and that commit's step holds it at the
+//     epoch that consumed it; a signal id is in a run's inbox once; a waiting run has no
+//     owner;
 //   - nothing the state calls running lacks an owner; no step is running in a run that
 //     is not; a foreach step's item checkpoints and its count agree.
 //
@@ -74,6 +78,8 @@ type runModel struct {
 	committed map[string]uint64 // the sequence of each step/item's accepted commit
 	owners    map[int64]string  // the owner each epoch had
 	ownedAt   map[int64]uint64  // the sequence at which each epoch got its owner
+	consumed  map[uint64]string // inbox signal (its sequence) -> the step/item whose commit took it
+	children  map[string]string // parent step/item -> the child run started for it
 }
 
 // New returns a checker of a log from its first message.
@@ -120,7 +126,7 @@ func stepItem(run, step string, item int) string { return fmt.Sprintf("%s/%s/%d"
 func (c *Checker) model(run string) *runModel {
 	m := c.runs[run]
 	if m == nil {
-		m = &runModel{accepted: map[string]int{}, committed: map[string]uint64{}, owners: map[int64]string{}, ownedAt: map[int64]uint64{}}
+		m = &runModel{accepted: map[string]int{}, committed: map[string]uint64{}, owners: map[int64]string{}, ownedAt: map[int64]uint64{}, consumed: map[uint64]string{}}
 		c.runs[run] = m
 	}
 	return m
@@ -162,6 +168,17 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			}
 			delete(c.runs, e.Run) // a new run (a retired one's ID may come back)
 			c.model(e.Run)
+			if p := e.Submit.Parent; p != nil {
+				pm := c.model(p.Run)
+				if pm.children == nil {
+					pm.children = map[string]string{}
+				}
+				k := stepItem(p.Run, p.Step, p.Item)
+				if other, ok := pm.children[k]; ok && other != e.Run {
+					return violation("11", seq, "invariant 11: %s started two child runs, %s and %s (seq %d)", k, other, e.Run, seq)
+				}
+				pm.children[k] = e.Run
+			}
 			if e.Submit.Trigger == checkpoint.TriggerCron {
 				k := e.Submit.Workflow + "@" + e.Submit.ScheduledAt.UTC().Format(time.RFC3339Nano)
 				if other, ok := c.cron[k]; ok && other != e.Run {
@@ -210,6 +227,16 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if m.accepted[k] > 1 {
 				return violation("1", seq, "invariant 1: double commit of %s (second by %s, epoch %d, seq %d)", k, e.Owner, e.Epoch, seq)
 			}
+			if e.Consume > 0 {
+				if by, ok := m.consumed[e.Consume]; ok {
+					return violation("11", seq, "invariant 11: the signal at sequence %d of %s consumed twice, by %s and by %s (seq %d)", e.Consume, e.Run, by, k, seq)
+				}
+				m.consumed[e.Consume] = k
+			}
+		case checkpoint.KindPark:
+			if err == nil && e.Epoch != c.model(e.Run).epoch {
+				return violation("11", seq, "invariant 11: park of %s by %s with epoch %d accepted while the run's epoch is %d (seq %d)", e.Run, e.Owner, e.Epoch, c.model(e.Run).epoch, seq)
+			}
 		case checkpoint.KindStart:
 			// Invariant 3: a step with a checkpoint is never started again.
 			if err == nil && c.model(e.Run).accepted[stepItem(e.Run, e.Step, checkpoint.ItemWhole)] > 0 {
@@ -253,6 +280,17 @@ func (c *Checker) checkRun(s State, seq uint64, id string, deadLettered bool) er
 	if deadLettered && r.Status != checkpoint.StatusDeadLettered {
 		return violation("5", seq, "invariant 5: an assign dead-lettered run %s but its status is %s (seq %d)", id, r.Status, seq)
 	}
+	// Invariant 11: the waits.
+	if r.Status == checkpoint.StatusWaiting && (r.Owner != "" || r.Waiting == nil) {
+		return violation("11", seq, "run %s is waiting with owner %q and wait %v (seq %d)", id, r.Owner, r.Waiting, seq)
+	}
+	ids := map[string]bool{}
+	for _, sg := range r.Inbox {
+		if sg.ID != "" && ids[sg.ID] {
+			return violation("11", seq, "invariant 11: signal id %q applied twice to %s (seq %d)", sg.ID, id, seq)
+		}
+		ids[sg.ID] = true
+	}
 	// Nothing claims to be running without an owner.
 	if r.Status == checkpoint.StatusRunning && r.Owner == "" {
 		return violation("state", seq, "run %s is running without an owner (seq %d)", id, seq)
@@ -260,6 +298,18 @@ func (c *Checker) checkRun(s State, seq uint64, id string, deadLettered bool) er
 	steps, err := s.Steps(id)
 	if err != nil {
 		return violation("state", seq, "read the steps of %s: %v", id, err)
+	}
+	for _, sg := range r.Inbox {
+		if sg.ConsumedBy == "" {
+			continue
+		}
+		held := false
+		for _, st := range steps {
+			held = held || st.Name == sg.ConsumedBy && st.Status == checkpoint.StepSucceeded && st.Epoch == sg.ConsumedEpoch
+		}
+		if !held {
+			return violation("11", seq, "invariant 11: the signal at sequence %d of %s is consumed by %s at epoch %d, whose checkpoint does not hold it (seq %d)", sg.Seq, id, sg.ConsumedBy, sg.ConsumedEpoch, seq)
+		}
 	}
 	for _, st := range steps {
 		if st.Status == checkpoint.StepRunning && r.Status != checkpoint.StatusRunning {

@@ -169,6 +169,25 @@ func (t *termSvc) start() {
 		t.kick()
 		t.reconcileLoop()
 		t.cronKick()
+		t.timersLoop()
+	})
+}
+
+// timersLoop is term.go's runTimers: every leader.TimerPass, the wakes of the parked
+// runs whose timer is due (leader.PlanWakes).
+func (t *termSvc) timersLoop() {
+	t.on(leader.TimerPass, func() {
+		n := t.n()
+		entries, _, err := leader.PlanWakes(n.store, n.s.now, leader.TimerBatch)
+		if err != nil {
+			n.s.fail("sim", "%s: timers: %v", n.name, err)
+			return
+		}
+		if len(entries) == 0 {
+			t.timersLoop()
+			return
+		}
+		t.write(entries, func(uint64, []error) { t.timersLoop() })
 	})
 }
 

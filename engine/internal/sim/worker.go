@@ -291,6 +291,10 @@ type runExec struct {
 	leaseCause                         error
 	failedStep                         string
 	failedErr                          error
+	// park is the first step that asked to park the run (a wait with nothing to take):
+	// nothing new starts, and the epoch parks once no step runs (worker/wait.go).
+	park     *checkpoint.Wait
+	parkStep string
 }
 
 // proc is one step attempt's process.
@@ -433,7 +437,7 @@ func (x *runExec) schedule() {
 	if x.finished {
 		return
 	}
-	ready := worker.ReadySteps(x.wf, x.isDone, x.active, 8, x.failedErr != nil || x.cause != nil)
+	ready := worker.ReadySteps(x.wf, x.isDone, x.active, 8, x.failedErr != nil || x.cause != nil || x.park != nil)
 	for _, st := range ready {
 		x.active[st.Name] = true
 		x.runStep(st)
@@ -462,6 +466,10 @@ func (x *runExec) stepDone(st *workflow.Step, err error) {
 }
 
 func (x *runExec) runStep(st *workflow.Step) {
+	if st.Uses == "wait" {
+		x.runWait(st)
+		return
+	}
 	if st.Foreach != "" {
 		x.runForeach(st)
 		return
@@ -675,7 +683,8 @@ func (x *runExec) finish() {
 	x.finished = true
 	n := x.n()
 	end := worker.EndState{Stolen: x.stolen, Completed: x.completed, Ended: x.ended, Cause: x.cause,
-		LeaseCause: x.leaseCause, FailedStep: x.failedStep, FailedErr: x.failedErr, Done: len(x.done), Total: len(x.wf.Steps)}
+		LeaseCause: x.leaseCause, FailedStep: x.failedStep, FailedErr: x.failedErr, Done: len(x.done), Total: len(x.wf.Steps),
+		Parked: x.park != nil}
 	d := worker.DecideEnd(end)
 	release := func() {
 		x.lease.release()
@@ -694,6 +703,15 @@ func (x *runExec) finish() {
 			n.write([]checkpoint.Entry{e}, func(uint64, []error) { release() })
 			return
 		}
+	case worker.EndPark:
+		// runExec.park: one park entry of the epoch; the lease goes back either way.
+		x.write([]checkpoint.Entry{{Kind: checkpoint.KindPark, Step: x.parkStep, Item: checkpoint.ItemWhole, Wait: x.park}}, func(errs []error) {
+			if errs[0] == nil {
+				n.s.tracef(n.name, "%s epoch %d: parked on %s", x.run.ID, x.epoch, x.parkStep)
+			}
+			release()
+		})
+		return
 	case worker.EndFailed, worker.EndSucceeded:
 		x.write([]checkpoint.Entry{{Kind: checkpoint.KindComplete, Status: d.Status(), Step: d.Step, Error: d.Msg}}, func([]error) {
 			release()
@@ -704,4 +722,37 @@ func (x *runExec) finish() {
 		n.s.tracef(n.name, "%s epoch %d: finished", x.run.ID, x.epoch)
 	}
 	release()
+}
+
+// runWait is worker/wait.go's wait step: the node's state has a signal for it (commit,
+// consuming it), its timer fired (commit as timed out: on_timeout continue), or it parks.
+func (x *runExec) runWait(st *workflow.Step) {
+	n := x.n()
+	r := x.p.read(x.run.ID)
+	if r == nil {
+		x.stepDone(st, fmt.Errorf("%s: no run %s in its state", n.name, x.run.ID))
+		return
+	}
+	name, _ := st.With["signal"].(string)
+	var consume uint64
+	var out json.RawMessage
+	switch sig := r.NextSignal(name); {
+	case sig != nil:
+		consume = sig.Seq
+		out, _ = json.Marshal(map[string]any{"signal": name, "seq": sig.Seq, "epoch": x.epoch})
+	case r.TimerFired(st.Name):
+		out, _ = json.Marshal(map[string]any{"signal": name, "timed_out": true})
+	default:
+		timeout, _ := time.ParseDuration(fmt.Sprint(st.With["timeout"]))
+		if x.park == nil {
+			x.park, x.parkStep = &checkpoint.Wait{Kind: checkpoint.WaitSignal, Name: name, Until: n.s.now.Add(timeout)}, st.Name
+		}
+		delete(x.active, st.Name)
+		if len(x.active) == 0 {
+			x.finish()
+		}
+		return
+	}
+	entries := []checkpoint.Entry{{Kind: checkpoint.KindCommit, Step: st.Name, Item: checkpoint.ItemWhole, Output: out, Consume: consume}}
+	x.write(entries, func(errs []error) { x.stepDone(st, errs[0]) })
 }

@@ -234,6 +234,15 @@ steps:
   - {name: side, uses: noop, needs: [split]}
   - {name: join, uses: noop, needs: [each, side]}
 `,
+	// Waits (issue 26): a signal that may come before the wait, after it, twice with the
+	// same id, or never (the timeout: the run goes on).
+	`name: wait
+max_epochs: 3
+steps:
+  - {name: a, uses: noop}
+  - {name: w, uses: wait, needs: [a], with: {signal: go, timeout: 3s, on_timeout: continue}}
+  - {name: b, uses: noop, needs: [w]}
+`,
 }
 
 const cronWorkflow = `name: tick
@@ -307,8 +316,11 @@ func (c *client) submitAll() {
 	s := c.s
 	for i := 1; i <= s.cfg.Runs; i++ {
 		at := time.Duration(s.rng.Int64N(int64(s.cfg.SubmitIn)))
-		w := c.wfs[[]string{"chain", "fan"}[s.rng.IntN(2)]]
+		w := c.wfs[[]string{"chain", "fan", "wait"}[s.rng.IntN(3)]]
 		id := fmt.Sprintf("r%d", i)
+		if w.Name == "wait" {
+			c.signalLater(id, at)
+		}
 		s.after(at, func() {
 			sub := &checkpoint.Submit{Workflow: w.Name, Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: w.MaxEpochs}
 			if w.Name == "fan" {
@@ -318,6 +330,22 @@ func (c *client) submitAll() {
 				sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 			}
 			c.send(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "client", Submit: sub}, func() { c.runs++ })
+		})
+	}
+}
+
+// signalLater sends run id its signal at random times after at: none at all (its wait
+// times out), once, or twice with the same id (a client retrying: applied once).
+func (c *client) signalLater(id string, at time.Duration) {
+	s := c.s
+	times := s.rng.IntN(3)
+	for range times {
+		when := at + time.Duration(s.rng.Int64N(int64(4*time.Second)))
+		c.pending++ // known once written: the run may end first (then it is refused)
+		s.after(when, func() {
+			c.pending--
+			c.send(checkpoint.Entry{Kind: checkpoint.KindSignal, Run: id, Owner: "client", Actor: "ops",
+				Signal: &checkpoint.Signal{Name: "go", ID: "sig-" + id}}, func() {})
 		})
 	}
 }

@@ -44,7 +44,7 @@ func newMetrics() *metrics {
 		"flow_runs":                         "Runs by status, in this node's state.",
 		"flow_runs_waiting":                 "Pending runs waiting for an epoch (the backlog admission holds back), in this node's state.",
 		"flow_runs_assigned":                "Runs assigned an epoch and waiting for a worker to claim it.",
-		"flow_runs_parked":                  "Runs with status waiting (parked), by what they wait for (signal, approval, timer), in this node's state.",
+		"flow_runs_parked":                  "Runs with status waiting (parked), by what they wait for (signal, approval, timer, child), in this node's state.",
 		"flow_signals_total":                "Signals this node's API sent to runs.",
 		"flow_approvals_total":              "Approvals and rejections this node's API wrote, by decision (approve, reject).",
 		"flow_dlq_size":                     "Runs in the dead-letter queue.",
