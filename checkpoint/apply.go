@@ -31,6 +31,9 @@ type applyBatch struct {
 	// detail is what the history says of the entry being judged, set by its rule ("" for
 	// acceptedDetail's default).
 	detail string
+	// schedules changed by this message (nightly.go); scheduleMoved wakes cron.
+	schedules     map[string]*ScheduleState
+	scheduleMoved bool
 }
 
 // cachedRun is a decoded run and its steps. The applier is the only writer, so the
@@ -110,7 +113,7 @@ func (tx *applyBatch) commit() error {
 	for name, v := range tx.workflows {
 		tx.s.latest.Store(name, v)
 	}
-	if len(tx.workflows) > 0 || len(tx.ticks) > 0 {
+	if len(tx.workflows) > 0 || len(tx.ticks) > 0 || tx.scheduleMoved {
 		tx.s.scheduleChanged()
 	}
 	for _, c := range tx.order {
@@ -224,6 +227,8 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		return tx.cronTick(idx, e)
 	case KindWorkflow:
 		return tx.workflow(e)
+	case KindCronPause, KindCronResume:
+		return tx.schedule(e)
 	}
 	c, err := tx.load(e.Run)
 	if err != nil {
@@ -316,7 +321,7 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 func (tx *applyBatch) event(c *cachedRun, idx int, e *Entry, outcome, detail string) {
 	_ = tx.putJSON(keyEvent(c.run.ID, tx.seq, idx), Event{
 		Seq: tx.seq, Index: idx, Kind: e.Kind, Epoch: e.Epoch, Term: e.Term, Owner: e.Owner, Actor: e.Actor,
-		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At,
+		Step: e.Step, Item: e.Item, Outcome: outcome, Detail: detail, At: e.At, Steps: e.Steps,
 	})
 }
 

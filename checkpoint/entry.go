@@ -89,6 +89,12 @@ type Entry struct {
 	Consume  uint64    `json:"consume,omitempty"`
 	ParkSeq  uint64    `json:"park_seq,omitempty"`
 
+	// Schedule is a cron_pause or cron_resume entry's schedule (nightly.go). Steps, on a
+	// retry: the steps it resets (retry --from; format 3), with the changed inputs, if
+	// any, as a JSON object in Output.
+	Schedule *ScheduleChange `json:"schedule,omitempty"`
+	Steps    []string        `json:"steps,omitempty"`
+
 	// At is the writer's wall clock. It is recorded for people to read and never
 	// used to decide anything.
 	At time.Time `json:"at"`
@@ -145,7 +151,7 @@ func (e *Entry) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
-	if e.Kind != KindCronTick && e.Kind != KindWorkflow && !ident.ValidID(e.Run) {
+	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && !ident.ValidID(e.Run) {
 		return bad("run ID %q: %s", e.Run, ident.IDRule)
 	}
 	if e.Owner != "" && !ident.ValidID(e.Owner) {
@@ -218,7 +224,18 @@ func (e *Entry) Validate() error {
 		if len(e.Output) > 0 && !json.Valid(e.Output) {
 			return bad("outputs are not valid JSON")
 		}
-	case KindCancel, KindRetry, KindPurge:
+	case KindCancel, KindPurge:
+	case KindRetry:
+		for _, st := range e.Steps {
+			if !ident.ValidName(st) {
+				return bad("step %q must be 1-64 of a-z, 0-9, '_' or '-'", st)
+			}
+		}
+		if len(e.Output) > 0 && (!json.Valid(e.Output) || e.Output[0] != '{') {
+			return bad("changed inputs must be a JSON object")
+		}
+	case KindCronPause, KindCronResume:
+		return e.validateSchedule(bad)
 	case KindSignal, KindDecide, KindPark, KindWake:
 		return e.validateWait(bad, needsEpoch, needsStep)
 	case KindWorkflow:
@@ -243,9 +260,9 @@ func (e *Entry) Validate() error {
 				return bad("a fired tick needs the run ID and its submit")
 			}
 			return e.Submit.validate(bad)
-		case TickSkippedOverlap, TickMissed:
+		case TickSkippedOverlap, TickMissed, TickPaused:
 		default:
-			return bad("tick outcome %q: use fired, skipped-overlap, missed or caught-up", e.Tick.Outcome)
+			return bad("tick outcome %q: use fired, skipped-overlap, missed, caught-up or paused", e.Tick.Outcome)
 		}
 	default:
 		return bad("unknown kind (written by newer code?)")
@@ -294,7 +311,7 @@ func FormatFor(kind Kind) int {
 	switch kind {
 	case KindRetire:
 		return 2
-	case KindSignal, KindDecide, KindPark, KindWake:
+	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume:
 		return 3
 	}
 	return 1
@@ -304,7 +321,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil {
+	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil || len(e.Steps) > 0 {
 		return 3
 	}
 	return FormatFor(e.Kind)
@@ -398,7 +415,7 @@ func knownKind(k Kind, version int) bool {
 		return true
 	case KindRetire:
 		return version >= 2
-	case KindSignal, KindDecide, KindPark, KindWake:
+	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume:
 		return version >= 3
 	}
 	return false

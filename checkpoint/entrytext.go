@@ -43,6 +43,18 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		k, v := tok.key, tok.val
 		num := func() (int64, error) { return strconv.ParseInt(v, 10, 64) }
 		var n int64
+		if e.Kind == KindWorkflow && (k == "name" || k == "spec") { // workflow name=W spec=JSON
+			if e.Workflow == nil {
+				e.Workflow = &WorkflowDef{Digest: "transcript"}
+			}
+			if k == "name" {
+				e.Workflow.Name = v
+			} else {
+				e.Workflow.Spec = json.RawMessage(tok.raw)
+				e.Workflow.Digest = tok.raw
+			}
+			continue
+		}
 		switch k {
 		case "run":
 			e.Run = v
@@ -121,6 +133,10 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				n, err = num()
 				e.Submit.Parent.Item = int(n)
 			}
+		case "schedule":
+			e.Schedule = &ScheduleChange{Workflow: v}
+		case "from":
+			e.Steps = strings.Split(v, ",")
 		case "consume":
 			n, err = num()
 			e.Consume = uint64(n)
@@ -182,6 +198,9 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		if err != nil {
 			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
 		}
+	}
+	if e.Schedule != nil && e.Reason != "" {
+		e.Schedule.Reason, e.Reason = e.Reason, ""
 	}
 	if e.Kind == KindAssign && !epochSet {
 		if ep, ok := epochOf(e.Run); ok {

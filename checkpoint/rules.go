@@ -448,11 +448,27 @@ func (tx *applyBatch) purge(c *cachedRun, e *Entry) error {
 
 func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 	r := c.run
-	if !slices.Contains([]RunStatus{StatusFailed, StatusDeadLettered, StatusCancelled}, r.Status) {
+	ended := []RunStatus{StatusFailed, StatusDeadLettered, StatusCancelled}
+	if len(e.Steps) > 0 {
+		ended = append(ended, StatusSucceeded) // from a step: a succeeded run too
+	}
+	if !slices.Contains(ended, r.Status) {
+		if len(e.Steps) > 0 {
+			return tx.conflict(c, e, "only a run that ended can be retried from a step")
+		}
 		return tx.conflict(c, e, "only a failed, dead-lettered or cancelled run can be retried")
 	}
 	c.touch(e)
 	c.reset()
+	if len(e.Steps) > 0 {
+		if err := tx.resetSteps(c, e); err != nil {
+			return err
+		}
+		tx.detail = fmt.Sprintf("from step %s: %d step(s) reset", e.Steps[0], len(e.Steps))
+		if len(e.Output) > 0 {
+			tx.detail += ", inputs " + string(e.Output)
+		}
+	}
 	for _, name := range r.Steps {
 		if st := c.steps[name]; st.Status == StepFailed {
 			st.Status, st.Error = StepPending, ""

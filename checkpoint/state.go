@@ -196,6 +196,9 @@ type Event struct {
 	Item    int       `json:"item,omitempty"`
 	Outcome string    `json:"outcome"` // accepted, or why it was rejected
 	Detail  string    `json:"detail,omitempty"`
+	// Steps, on a retry from a step: the steps it reset (their earlier commits stay
+	// here, before it).
+	Steps []string `json:"steps,omitempty"`
 	At      time.Time `json:"at"`
 }
 

@@ -74,6 +74,7 @@ var guardCatches = map[string][]guardCatch{
 		{"complete.txt", "18.0 complete r3: fenced: stale-epoch (epoch 13, run's 15)", "18.0 complete r3: ok"},
 		{"fenced.txt", "6.0 start r1 a: fenced: stale-epoch (epoch 2, run's 4)", "6.0 start r1 a: ok"},
 		{"foreach.txt", "10.2 commit r1 b[1]: fenced: stale-epoch (epoch 2, run's 7)", "10.2 commit r1 b[1]: fenced: checkpoint-exists (epoch 2, run's 7)"},
+		{"nightly.txt", "8.0 commit r1 b[0]: fenced: stale-epoch (epoch 2, run's 7)", "8.0 commit r1 b[0]: ok"},
 		{"reclaim.txt", "9.0 commit r1 a: fenced: stale-epoch (epoch 2, run's 5)", "9.0 commit r1 a: ok"},
 		{"requeue.txt", "9.0 requeue r1: fenced: stale-epoch (epoch 2, run's 7)", "9.0 requeue r1: ok"},
 		// The zombie's wait commit takes the signal: consumed by a fenced epoch, lost to
@@ -239,6 +240,31 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 		return tr.staleTerms(t, d)
 	case "applied":
 		return fmt.Sprintf("applied %d, highest term %d", tr.s.Applied(), tr.s.HighestTerm())
+	case "schedule": // a schedule's pause state (nightly.go)
+		var name string
+		d.ScanArgs(t, "workflow", &name)
+		st, err := tr.s.Schedule(name)
+		if err != nil {
+			d.Fatalf(t, "schedule %s: %v", name, err)
+		}
+		if st == nil {
+			return "never paused\n"
+		}
+		state := "running"
+		if st.Paused {
+			state = "paused"
+		}
+		out := fmt.Sprintf("%s: %s (seq %d)", st.Workflow, state, st.Seq)
+		if st.Reason != "" {
+			out += fmt.Sprintf(", reason %q", st.Reason)
+		}
+		if st.Actor != "" {
+			out += ", paused by " + st.Actor
+		}
+		if st.ResumedBy != "" {
+			out += ", resumed by " + st.ResumedBy
+		}
+		return out + "\n"
 	case "timers": // the parked runs whose timer is due at=RFC3339 (DueTimers)
 		var at string
 		d.ScanArgs(t, "at", &at)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
@@ -38,6 +39,16 @@ func VerifyRun(v *checkpoint.RunView) client.Verification {
 		switch ev.Kind {
 		case checkpoint.KindAssign:
 			current = int64(ev.Seq) // an accepted assign's epoch is its sequence
+		case checkpoint.KindRetry:
+			// A retry from a step resets it and its dependents: their next commits are
+			// the first of a new epoch (the earlier ones stay in the history).
+			for key := range accepted {
+				for _, st := range ev.Steps {
+					if strings.HasPrefix(key, st+"/") {
+						delete(accepted, key)
+					}
+				}
+			}
 		case checkpoint.KindCommit:
 			if ev.Epoch != current {
 				bad("commit of %s item %d at sequence %d carried epoch %d while the run's epoch was %d", ev.Step, ev.Item, ev.Seq, ev.Epoch, current)

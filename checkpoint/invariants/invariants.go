@@ -34,6 +34,7 @@ package invariants
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -245,6 +246,15 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 		case checkpoint.KindRetry:
 			if err == nil {
 				retried[e.Run] = true
+				m := c.model(e.Run)
+				for _, st := range e.Steps { // retry --from: the reset steps commit again
+					for k := range m.accepted {
+						if strings.HasPrefix(k, stepItem(e.Run, st, 0)[:len(e.Run)+len(st)+2]) {
+							delete(m.accepted, k)
+							delete(m.committed, k)
+						}
+					}
+				}
 			}
 		case checkpoint.KindRetire:
 			if err == nil {

@@ -139,9 +139,10 @@ func TickSubmit(wf *workflow.Workflow, tick time.Time, trigger string) (*checkpo
 	return sub, nil
 }
 
-// WorkflowActive says whether a run of the workflow is pending or running (overlap).
+// WorkflowActive says whether a run of the workflow is pending, running or waiting
+// (overlap): a run parked on its approval has not finished either.
 func WorkflowActive(st State, name string) bool {
-	for _, s := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning} {
+	for _, s := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusWaiting} {
 		runs, _, err := st.ListRuns(checkpoint.ListOptions{Workflow: name, Status: s, Limit: 1})
 		if err == nil && len(runs) > 0 {
 			return true

@@ -164,7 +164,7 @@ func (s *Sim) finishedAll() bool {
 // unfinished lists the runs that have not ended, with their status ("" if none).
 func (s *Sim) unfinished() string {
 	var out []string
-	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning} {
+	for _, st := range []checkpoint.RunStatus{checkpoint.StatusPending, checkpoint.StatusRunning, checkpoint.StatusWaiting} {
 		_ = s.ref.EachRun(checkpoint.ListOptions{Status: st}, func(r *checkpoint.Run) bool {
 			out = append(out, fmt.Sprintf("%s (%s, epoch %d, owner %q)", r.ID, r.Status, r.Epoch, r.Owner))
 			return true

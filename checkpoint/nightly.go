@@ -1,0 +1,196 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/flowrun/flow/internal/base/ident"
+)
+
+// Nightly operations (issue 27): an operator pauses and resumes a schedule, and retries
+// a run from a step.
+//
+// A pause is a cron_pause entry with the actor and a reason: the schedule's state says
+// it is paused, and the leader fires none of its ticks while it is (engine/internal/
+// leader/cron.go); on resume, the ticks that came due meanwhile are looked at as after an
+// outage, by the schedule's catchup, and those that do not fire are recorded as paused.
+//
+// A retry from a step (retry with Steps, format 3) resets the steps it names (the step
+// and every step that depends on it: the engine computes them from the workflow) to
+// pending, deletes their item checkpoints, and gives the run a new epoch (reason
+// retried, not counted); their earlier commits stay in the history. Fencing: the reset
+// is not a worker's write, and it changes nothing of an epoch's: the run's next epoch is
+// a new one, so a commit of the old epoch is stale (the guard), and the new epoch's
+// first commit of a reset step is the only one of that (step, item, epoch).
+
+// Entry kinds of issue 27 (format 3).
+const (
+	KindCronPause  Kind = "cron_pause"  // an operator pauses a schedule
+	KindCronResume Kind = "cron_resume" // an operator resumes it
+)
+
+// TickPaused: a fire time that came while the schedule was paused and did not fire.
+const TickPaused = "paused"
+
+// ScheduleChange is a cron_pause or cron_resume entry's content.
+type ScheduleChange struct {
+	Workflow string `json:"workflow"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// ScheduleState is a schedule's pause, as the log has it.
+type ScheduleState struct {
+	Workflow  string    `json:"workflow"`
+	Paused    bool      `json:"paused"`
+	Reason    string    `json:"reason,omitempty"`
+	Actor     string    `json:"actor,omitempty"`
+	Since     time.Time `json:"since"`                // the last pause's time (its writer's clock)
+	Resumed   time.Time `json:"resumed,omitzero"`     // the last resume's
+	Seq       uint64    `json:"seq"`                  // the entry that set it
+	ResumedBy string    `json:"resumed_by,omitempty"` // the actor of the last resume
+}
+
+func keySchedule(workflow string) []byte { return []byte("k/" + workflow) }
+
+// PausedInterval reports whether a tick at t came while the schedule was paused: after
+// its last pause and before its resume (or now, while paused).
+func (s *ScheduleState) PausedInterval(t time.Time) bool {
+	if s == nil || s.Since.IsZero() || t.Before(s.Since) {
+		return false
+	}
+	return s.Paused || !t.After(s.Resumed)
+}
+
+func (e *Entry) validateSchedule(bad func(string, ...any) error) error {
+	if e.Schedule == nil || !ident.ValidName(e.Schedule.Workflow) {
+		return bad("a schedule change names its workflow")
+	}
+	if len(e.Schedule.Reason) > MaxCommentSize || !printable(e.Schedule.Reason) {
+		return bad("reason: at most %d printable characters", MaxCommentSize)
+	}
+	return nil
+}
+
+func (tx *applyBatch) schedule(e *Entry) error {
+	name := e.Schedule.Workflow
+	latest, err := latestWorkflow(tx.s.db, name)
+	if err != nil {
+		return err
+	}
+	if w, ok := tx.workflows[name]; ok {
+		latest = w
+	}
+	if latest == nil {
+		return fmt.Errorf("%w: workflow %q", ErrNotFound, name)
+	}
+	var spec struct {
+		Schedule *json.RawMessage `json:"schedule"`
+	}
+	if json.Unmarshal(latest.Spec, &spec) != nil || spec.Schedule == nil {
+		return fmt.Errorf("%w: workflow %s has no schedule", ErrConflict, name)
+	}
+	st, err := tx.scheduleState(name)
+	if err != nil {
+		return err
+	}
+	if e.Kind == KindCronResume {
+		if !st.Paused {
+			return fmt.Errorf("%w: the schedule of %s is not paused", ErrConflict, name)
+		}
+		st.Paused, st.Resumed, st.ResumedBy = false, e.At, e.Actor
+	} else {
+		if !st.Paused {
+			st.Since = e.At
+		}
+		st.Paused, st.Reason, st.Actor = true, e.Schedule.Reason, e.Actor
+	}
+	st.Seq = tx.seq
+	if tx.schedules == nil {
+		tx.schedules = map[string]*ScheduleState{}
+	}
+	tx.schedules[name] = st
+	tx.scheduleMoved = true
+	return tx.putJSON(keySchedule(name), st)
+}
+
+// scheduleState is the schedule's state as this message has it (a new one if none).
+func (tx *applyBatch) scheduleState(name string) (*ScheduleState, error) {
+	if st, ok := tx.schedules[name]; ok {
+		return st, nil
+	}
+	st := &ScheduleState{Workflow: name}
+	if _, err := getJSON(tx.s.db, keySchedule(name), st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Schedule is a workflow's schedule state (nil: never paused).
+func (s *Store) Schedule(workflow string) (*ScheduleState, error) {
+	var st ScheduleState
+	found, err := getJSON(s.db, keySchedule(workflow), &st)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// resetSteps is a retry's reset of the steps it names (retry --from): each goes back to
+// pending, its item checkpoints deleted (they stay in the history), its wait state
+// (timer, decisions) cleared.
+func (tx *applyBatch) resetSteps(c *cachedRun, e *Entry) error {
+	r := c.run
+	for _, name := range e.Steps {
+		st, ok := c.steps[name]
+		if !ok {
+			return fmt.Errorf("%w: run %s has no step %q", ErrInvalidEntry, r.ID, name)
+		}
+		if st.Foreach {
+			// An item's checkpoint is its own history (View merges it into the events):
+			// deleted, it becomes an event of its own, so the history keeps it.
+			var keys [][]byte
+			var items []Item
+			if err := scan(tx.s.db, prefixItems(r.ID, name), nil, func(k, v []byte) (bool, error) {
+				var it Item
+				if err := json.Unmarshal(v, &it); err != nil {
+					return false, fmt.Errorf("checkpoint: item %q is corrupt: %w", k, err)
+				}
+				keys, items = append(keys, slices.Clone(k)), append(items, it)
+				return true, nil
+			}); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+				return err
+			}
+			for i, k := range keys {
+				it := items[i]
+				_ = tx.b.Delete(k, nil)
+				_ = tx.putJSON(keyEvent(r.ID, it.Seq, it.Entry), Event{Seq: it.Seq, Index: it.Entry, Kind: KindCommit, Epoch: it.Epoch,
+					Owner: it.Owner, Step: name, Item: it.Index, Outcome: "accepted", At: it.At})
+			}
+			delete(c.items, name)
+		}
+		st.Status, st.Output, st.Error, st.Seq = StepPending, nil, "", 0
+		st.Items, st.ItemsDone, st.Attempts = 0, 0, 0
+		c.dirtySteps[name] = true
+		delete(r.Timers, name)
+		r.Decisions = slices.DeleteFunc(r.Decisions, func(d DecisionRecord) bool { return d.Step == name })
+	}
+	r.Outputs = nil
+	if len(e.Output) > 0 { // changed inputs, merged over the run's
+		merged := map[string]json.RawMessage{}
+		_ = json.Unmarshal(r.Inputs, &merged)
+		var changes map[string]json.RawMessage
+		if err := json.Unmarshal(e.Output, &changes); err != nil {
+			return fmt.Errorf("%w: inputs: %v", ErrInvalidEntry, err)
+		}
+		for k, v := range changes {
+			merged[k] = v
+		}
+		r.Inputs, _ = json.Marshal(merged)
+	}
+	return nil
+}
