@@ -185,21 +185,21 @@ type StaleTerm struct {
 
 // Event is one applied entry of a run, in log order: the run's history.
 type Event struct {
-	Seq     uint64    `json:"seq"`
-	Index   int       `json:"index"` // position in its log message
-	Kind    Kind      `json:"kind"`
-	Epoch   int64     `json:"epoch,omitempty"`
-	Term    int64     `json:"term,omitempty"`
-	Owner   string    `json:"owner,omitempty"`
-	Actor   string    `json:"actor,omitempty"` // the user who asked for it (Entry.Actor)
-	Step    string    `json:"step,omitempty"`
-	Item    int       `json:"item,omitempty"`
-	Outcome string    `json:"outcome"` // accepted, or why it was rejected
-	Detail  string    `json:"detail,omitempty"`
+	Seq     uint64 `json:"seq"`
+	Index   int    `json:"index"` // position in its log message
+	Kind    Kind   `json:"kind"`
+	Epoch   int64  `json:"epoch,omitempty"`
+	Term    int64  `json:"term,omitempty"`
+	Owner   string `json:"owner,omitempty"`
+	Actor   string `json:"actor,omitempty"` // the user who asked for it (Entry.Actor)
+	Step    string `json:"step,omitempty"`
+	Item    int    `json:"item,omitempty"`
+	Outcome string `json:"outcome"` // accepted, or why it was rejected
+	Detail  string `json:"detail,omitempty"`
 	// Steps, on a retry from a step: the steps it reset (their earlier commits stay
 	// here, before it).
-	Steps []string `json:"steps,omitempty"`
-	At      time.Time `json:"at"`
+	Steps []string  `json:"steps,omitempty"`
+	At    time.Time `json:"at"`
 }
 
 // RejectedMessage is a log message that could not be decoded: rejected at its sequence,
