@@ -25,6 +25,9 @@ const CronWindow = 1000
 type CronPlan struct {
 	Workflow *workflow.Workflow
 	Ticks    []time.Time
+	// Pause is the schedule's pause state (nil: never paused): the ticks that came
+	// while it was paused and do not fire are recorded as paused, not missed.
+	Pause *checkpoint.ScheduleState
 }
 
 // CronDue returns, per scheduled workflow, the fire times due at now (after the last
@@ -50,6 +53,13 @@ func CronDue(st State, specs Specs, now time.Time) ([]CronPlan, time.Time, error
 		if err != nil {
 			continue
 		}
+		pause, err := st.Schedule(wf.Name)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if pause != nil && pause.Paused {
+			continue // nothing fires while paused; the resume wakes cron (ScheduleChanged)
+		}
 		from := v.At
 		ticks, err := st.Ticks(wf.Name)
 		if err != nil {
@@ -68,7 +78,7 @@ func CronDue(st State, specs Specs, now time.Time) ([]CronPlan, time.Time, error
 			t = sched.Next(t)
 		}
 		if len(due) > 0 {
-			plans = append(plans, CronPlan{Workflow: wf, Ticks: due})
+			plans = append(plans, CronPlan{Workflow: wf, Ticks: due, Pause: pause})
 		}
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
@@ -79,7 +89,8 @@ func CronDue(st State, specs Specs, now time.Time) ([]CronPlan, time.Time, error
 
 // PlanTicks turns one workflow's due ticks into cron_tick entries, in order. A tick
 // more than grace before now was missed: with catchup all every missed tick fires
-// (caught-up), with latest only the last missed one, with none none. A tick that would
+// (caught-up), with latest only the last missed one, with none none; one that came while
+// the schedule was paused and does not fire is recorded as paused. A tick that would
 // fire is skipped (skipped-overlap) under overlap skip while a run of the workflow is
 // pending or running: active says whether one was before these ticks, and a tick fired
 // here makes the next ones see one. A workflow whose inputs have no defaults cannot be
@@ -98,6 +109,8 @@ func PlanTicks(p CronPlan, now time.Time, grace time.Duration, active bool) (ent
 			switch {
 			case sch.Catchup == "all", sch.Catchup == "latest" && i == lastMissed:
 				outcome = checkpoint.TickCaughtUp
+			case p.Pause.PausedInterval(tick):
+				outcome = checkpoint.TickPaused // it came while an operator had paused the schedule
 			default:
 				outcome = checkpoint.TickMissed
 			}

@@ -22,6 +22,8 @@ type State interface {
 	Workflows() ([]checkpoint.WorkflowVersion, error)
 	Ticks(workflow string) ([]checkpoint.Tick, error)
 	HighestTerm() int64
+	// Schedule is a workflow's pause state (nil: never paused; checkpoint/nightly.go).
+	Schedule(workflow string) (*checkpoint.ScheduleState, error)
 	// DueTimers gives the parked runs whose timer is due (checkpoint/wait.go).
 	DueTimers(now time.Time, limit int) ([]checkpoint.Due, time.Time, error)
 	Applied() uint64

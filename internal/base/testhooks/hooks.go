@@ -49,6 +49,7 @@ type Hooks struct {
 	KeepEndedRunning atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
 	NoTermRaise      atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
 	NoSitOut         atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
+	RetryResetsAll   atomic.Bool  // a retry from a step resets every step, not only it and its dependents (TestRetryFromAStepRunsItAndItsDependentsOnce's control)
 	RandomChildIDs   atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
 	CompactPastLive  atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
 

@@ -1,0 +1,220 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Nightly operations (issue 27; checkpoint/nightly.go).
+
+// PauseSchedule pauses a workflow's schedule: no tick fires until ResumeSchedule; the
+// ticks that come meanwhile are recorded as paused unless the schedule's catchup fires
+// them at the resume.
+func (e *Engine) PauseSchedule(ctx context.Context, name, reason string) error {
+	return e.scheduleChange(ctx, checkpoint.KindCronPause, name, reason)
+}
+
+// ResumeSchedule resumes a paused schedule.
+func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
+	return e.scheduleChange(ctx, checkpoint.KindCronResume, name, "")
+}
+
+func (e *Engine) scheduleChange(ctx context.Context, kind checkpoint.Kind, name, reason string) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	entry := checkpoint.Entry{Kind: kind, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Schedule: &checkpoint.ScheduleChange{Workflow: name, Reason: reason}}
+	if err := entry.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadInput, err)
+	}
+	return e.clog.Writer.Write(ctx, entry).Await(ctx)
+}
+
+// ScheduleState is a workflow's pause state (nil: never paused).
+func (e *Engine) ScheduleState(name string) (*checkpoint.ScheduleState, error) {
+	return e.store.Schedule(name)
+}
+
+// NextTick is one coming fire time of a schedule: in its timezone and in UTC, and what
+// a daylight-saving change does to that day.
+type NextTick struct {
+	Local time.Time
+	UTC   time.Time
+	// DST says, on a day whose UTC offset changes, that local times in the gap are
+	// skipped and those in the overlap repeated ("" on other days).
+	DST string
+}
+
+// NextTicks are the next n fire times of a workflow's schedule after now.
+func (e *Engine) NextTicks(name string, n int) ([]NextTick, error) {
+	if n < 1 || n > 1000 {
+		return nil, fmt.Errorf("%w: -n %d: use 1 to 1000", ErrBadInput, n)
+	}
+	w, err := e.Workflow(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	if w.Schedule == nil {
+		return nil, fmt.Errorf("%w: workflow %s has no schedule", ErrBadInput, name)
+	}
+	return NextTicksOf(w.Schedule, e.cfg.Now(), n)
+}
+
+// NextTicksOf are a schedule's next n fire times after now.
+func NextTicksOf(s *workflow.Schedule, now time.Time, n int) ([]NextTick, error) {
+	sched, err := workflow.CronParser.Parse(s.Cron)
+	if err != nil {
+		return nil, err
+	}
+	loc, err := time.LoadLocation(s.Timezone)
+	if err != nil {
+		return nil, err
+	}
+	var out []NextTick
+	t := now.In(loc)
+	for len(out) < n {
+		prev := t
+		t = sched.Next(t)
+		if t.IsZero() {
+			break
+		}
+		note := dstNote(t)
+		// A daylight-saving day between two fire times that has none: its local time
+		// fell in the hour the clocks skipped (cron does not fire it).
+		for d := dayAfter(prev); d.Before(dayOf(t)); d = dayAfter(d) {
+			if dn := dstNote(d); dn != "" {
+				note = fmt.Sprintf("no fire time on %s (%s)", d.Format("2006-01-02"), dn)
+			}
+		}
+		out = append(out, NextTick{Local: t, UTC: t.UTC(), DST: note})
+	}
+	return out, nil
+}
+
+func dayOf(t time.Time) time.Time {
+	y, m, d := t.Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, t.Location())
+}
+
+func dayAfter(t time.Time) time.Time { return dayOf(t).AddDate(0, 0, 1) }
+
+// dstNote describes the UTC offset change of t's local day, if it has one.
+func dstNote(t time.Time) string {
+	loc := t.Location()
+	y, m, d := t.Date()
+	start := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	end := start.AddDate(0, 0, 1).Add(-time.Second)
+	_, a := start.Zone()
+	_, b := end.Zone()
+	if a == b {
+		return ""
+	}
+	kind := "skipped (the clocks go forward)"
+	if b < a {
+		kind = "repeated (the clocks go back)"
+	}
+	return fmt.Sprintf("daylight-saving day: UTC%s to UTC%s; local times in the change are %s", offset(a), offset(b), kind)
+}
+
+func offset(sec int) string {
+	sign := "+"
+	if sec < 0 {
+		sign, sec = "-", -sec
+	}
+	return fmt.Sprintf("%s%02d:%02d", sign, sec/3600, sec%3600/60)
+}
+
+// RetryOptions are a retry's: from a step (it and every step that depends on it run
+// again; the others keep their checkpoints) with inputs changed.
+type RetryOptions struct {
+	From   string
+	Inputs map[string]any
+}
+
+// RetryFrom retries a run that ended from a step: the step and its dependents, directly
+// or not, run again under a new epoch, with the given inputs changed.
+func (e *Engine) RetryFrom(ctx context.Context, id string, opts RetryOptions) error {
+	if err := e.running(); err != nil {
+		return err
+	}
+	if opts.From == "" {
+		if len(opts.Inputs) > 0 {
+			return fmt.Errorf("%w: --input needs --from (a retry without it resumes from the checkpoints, whose inputs are fixed)", ErrBadInput)
+		}
+		return e.Retry(ctx, id)
+	}
+	r, err := e.store.Run(id)
+	if err != nil {
+		return err
+	}
+	w, err := e.specs.OfRun(r)
+	if err != nil {
+		return err
+	}
+	if w.Step(opts.From) == nil {
+		var names []string
+		for _, st := range w.Steps {
+			names = append(names, st.Name)
+		}
+		return fmt.Errorf("%w: run %s has no step %q (steps: %v)", ErrBadInput, id, opts.From, names)
+	}
+	reset := Dependents(w, opts.From)
+	if e.hooks.RetryResetsAll.Load() { // the control: every step runs again
+		reset = reset[:0]
+		for _, st := range w.Steps {
+			reset = append(reset, st.Name)
+		}
+	}
+	entry := checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Steps: reset}
+	if len(opts.Inputs) > 0 {
+		typed, err := workflow.ResolveInputs(w, opts.Inputs, r.ScheduledAt)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadInput, err)
+		}
+		changed := map[string]any{}
+		for k := range opts.Inputs {
+			changed[k] = typed[k]
+		}
+		entry.Output, _ = json.Marshal(changed)
+	}
+	err = e.clog.Writer.Write(ctx, entry).Await(ctx)
+	if errors.Is(err, checkpoint.ErrConflict) {
+		return fmt.Errorf("%w (run %s is %s)", err, id, r.Status)
+	}
+	return err
+}
+
+// Dependents is step and every step that depends on it, directly or not, in the
+// workflow's order.
+func Dependents(w *workflow.Workflow, step string) []string {
+	set := map[string]bool{step: true}
+	for changed := true; changed; {
+		changed = false
+		for _, st := range w.Steps {
+			if set[st.Name] {
+				continue
+			}
+			for _, n := range st.Needs {
+				if set[n] {
+					set[st.Name], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	var out []string
+	for _, st := range w.Steps {
+		if set[st.Name] {
+			out = append(out, st.Name)
+		}
+	}
+	return slices.Clip(out)
+}

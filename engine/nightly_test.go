@@ -1,0 +1,210 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Retry from a step (issue 27): a 4-step chain whose steps count their side effects in
+// files; the third fails once. Retried from it, the first two do not run again; the third
+// and the fourth run once more, with the changed input. The control resets every step
+// (Hooks.RetryResetsAll): the first two run twice (a transfer re-sent).
+func TestRetryFromAStepRunsItAndItsDependentsOnce(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "from-the-step", true: "control-resets-all"}[control], func(t *testing.T) {
+			h := &testhooks.Hooks{}
+			h.RetryResetsAll.Store(control)
+			e := startEngineWith(t, h, nil)
+			dir := t.TempDir()
+			gate := filepath.Join(dir, "fail-c")
+			if err := os.WriteFile(gate, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			step := func(name, needs, extra string) string {
+				return fmt.Sprintf("  - {name: %s, %s uses: exec, with: {command: [sh, -c, \"echo x >> %s/%s; %s echo '{\\\"at\\\": \\\"{{ inputs.day }}\\\"}'\"]}}\n",
+					name, needs, dir, name, extra)
+			}
+			apply(t, e, "name: chain\ninputs:\n  day: {type: string, default: d1}\nsteps:\n"+
+				step("a", "", "")+step("b", "needs: [a],", "")+step("c", "needs: [b],", fmt.Sprintf("if [ -f %s ]; then exit 3; fi;", gate))+step("d", "needs: [c],", ""))
+			ctx := ctxT(t, 60*time.Second)
+			id, err := e.StartRun(ctx, "chain", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, err := e.WaitRun(ctx, id); err != nil || r.Status != checkpoint.StatusFailed || r.FailedStep != "c" {
+				t.Fatalf("%v %+v", err, r)
+			}
+			os.Remove(gate)
+			if err := e.RetryFrom(audit.WithActor(ctx, "ann"), id, RetryOptions{From: "c", Inputs: map[string]any{"day": "d2"}}); err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 5*time.Second, "the retry applied", func(r *checkpoint.Run) bool { return !r.Status.Terminal() })
+			r, err := e.WaitRun(ctx, id)
+			if err != nil || r.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("%v %+v", err, r)
+			}
+			runs := func(step string) int {
+				b, _ := os.ReadFile(filepath.Join(dir, step))
+				return strings.Count(string(b), "x")
+			}
+			want := map[string]int{"a": 1, "b": 1, "c": 2, "d": 1}
+			if control {
+				want = map[string]int{"a": 2, "b": 2, "c": 2, "d": 1}
+			}
+			for s, n := range want {
+				if got := runs(s); got != n {
+					t.Fatalf("step %s ran %d times, want %d", s, got, n)
+				}
+			}
+			if out := stepOutput(t, e, id, "d"); out["at"] != "d2" {
+				t.Fatalf("d's output %v: the changed input", out)
+			}
+			if v := VerifyRun(mustView(t, e, id)); !v.OK {
+				t.Fatalf("verify: %v", v.Violations)
+			}
+			hist, _ := e.Run(id)
+			found := false
+			for _, ev := range hist.Events {
+				found = found || ev.Kind == checkpoint.KindRetry && ev.Actor == "ann" && strings.Contains(ev.Detail, `"day":"d2"`)
+			}
+			if !found {
+				t.Fatalf("the retry, its actor and inputs are not in the history")
+			}
+		})
+	}
+}
+
+func mustView(t *testing.T, e *Engine, id string) *checkpoint.RunView {
+	t.Helper()
+	v, err := e.Run(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Retry --from refuses what cannot be: an unknown step, inputs without --from, a run
+// that has not ended; nothing is written.
+func TestRetryFromRefusesBadInput(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, "name: w\nsteps:\n  - {name: a, uses: wait, with: {signal: go}}\n")
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(ctx, "w", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id, 10*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	for _, c := range []struct {
+		opts RetryOptions
+		want error
+		msg  string
+	}{
+		{RetryOptions{From: "nope"}, ErrBadInput, `no step "nope"`},
+		{RetryOptions{Inputs: map[string]any{"x": 1}}, ErrBadInput, "--input needs --from"},
+		{RetryOptions{From: "a"}, checkpoint.ErrConflict, "only a run that ended"},
+	} {
+		if err := e.RetryFrom(ctx, id, c.opts); !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.msg) {
+			t.Fatalf("%+v: %v", c.opts, err)
+		}
+	}
+}
+
+// Pause (issue 27): an every-second schedule fires; paused (with the actor and a
+// reason), nothing fires, across a restart of the node (a new leader); resumed with
+// catchup latest, the last tick that came while paused fires (caught-up) and the others
+// are recorded as paused.
+func TestPauseAcrossARestartAndResumeWithCatchupLatest(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	e := startEngineAt(t, dir)
+	apply(t, e, "name: tick\nschedule:\n  cron: \"* * * * * *\"\n  catchup: latest\n  overlap: allow\nsteps:\n  - name: a\n    uses: noop\n")
+	ctx := ctxT(t, 60*time.Second)
+	if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.PauseSchedule(audit.WithActor(ctx, "ann"), "tick", "ledger incident"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.ScheduleState("tick")
+	if err != nil || st == nil || !st.Paused || st.Actor != "ann" || st.Reason != "ledger incident" {
+		t.Fatalf("state %+v (%v)", st, err)
+	}
+	pausedAt := time.Now()
+	before, _ := e.store.Ticks("tick")
+	stopEngine(e)
+	e = startEngineAt(t, dir) // a new term: the pause is in the log
+	defer stopEngine(e)
+	waitUntil(t, pausedAt.Add(3500*time.Millisecond))
+	during, _ := e.store.Ticks("tick")
+	if len(during) > len(before)+1 { // one tick may have been in flight at the pause
+		t.Fatalf("%d ticks recorded while paused", len(during)-len(before))
+	}
+	resumedAt := time.Now()
+	if err := e.ResumeSchedule(ctx, "tick"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.waitFor(ctx, func() bool {
+		ticks, _ := e.store.Ticks("tick")
+		return len(ticks) > 0 && ticks[len(ticks)-1].At.After(resumedAt)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ticks, _ := e.store.Ticks("tick")
+	var paused, caught int
+	for _, tk := range ticks[len(during):] {
+		if tk.At.After(resumedAt.Add(-400 * time.Millisecond)) {
+			continue // due after the resume, within the grace: fired as usual
+		}
+		switch tk.Outcome {
+		case checkpoint.TickPaused:
+			paused++
+		case checkpoint.TickCaughtUp:
+			caught++
+		default:
+			t.Fatalf("a tick of the pause recorded %s", tk.Outcome)
+		}
+	}
+	if paused < 2 || caught != 1 {
+		t.Fatalf("%d paused, %d caught up: want the pause's ticks paused but the latest, caught up", paused, caught)
+	}
+	if err := e.ResumeSchedule(ctx, "tick"); !errors.Is(err, checkpoint.ErrConflict) {
+		t.Fatalf("resuming a running schedule: %v", err)
+	}
+	next, err := e.NextTicks("tick", 3)
+	if err != nil || len(next) != 3 || next[1].UTC.Sub(next[0].UTC) != time.Second {
+		t.Fatalf("next %+v %v", next, err)
+	}
+}
+
+// cron next marks a daylight-saving day: Europe/Berlin goes forward on 2026-03-29 and
+// back on 2026-10-25.
+func TestNextTicksMarkDaylightSavingDays(t *testing.T) {
+	// robfig/cron fires a local time that the clocks repeat twice (02:30 CEST, then
+	// 02:30 CET): both are shown, marked; the day the clocks skip has no fire time.
+	for _, c := range []struct {
+		from time.Time
+		want string
+		both bool // the second fire time is on the same day, marked too
+	}{
+		// 02:30 does not exist on 2026-03-29: the next fire time is the 30th's, marked.
+		{time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC), "no fire time on 2026-03-29 (daylight-saving day: UTC+01:00 to UTC+02:00; local times in the change are skipped"},
+		{time.Date(2026, 10, 24, 12, 0, 0, 0, time.UTC), "UTC+02:00 to UTC+01:00; local times in the change are repeated", true},
+	} {
+		next, err := NextTicksOf(&workflow.Schedule{Cron: "30 2 * * *", Timezone: "Europe/Berlin"}, c.from, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(next[0].DST, c.want) || (next[1].DST != "") != c.both {
+			t.Fatalf("from %s: %+v", c.from, next)
+		}
+	}
+}
