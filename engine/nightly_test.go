@@ -196,7 +196,7 @@ func TestNextTicksMarkDaylightSavingDays(t *testing.T) {
 		both bool // the second fire time is on the same day, marked too
 	}{
 		// 02:30 does not exist on 2026-03-29: the next fire time is the 30th's, marked.
-		{time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC), "no fire time on 2026-03-29 (daylight-saving day: UTC+01:00 to UTC+02:00; local times in the change are skipped"},
+		{time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC), "no fire time on 2026-03-29 (daylight-saving day: UTC+01:00 to UTC+02:00; local times in the change are skipped", false},
 		{time.Date(2026, 10, 24, 12, 0, 0, 0, time.UTC), "UTC+02:00 to UTC+01:00; local times in the change are repeated", true},
 	} {
 		next, err := NextTicksOf(&workflow.Schedule{Cron: "30 2 * * *", Timezone: "Europe/Berlin"}, c.from, 2)
