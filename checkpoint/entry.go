@@ -248,21 +248,21 @@ func (e *Entry) Validate() error {
 			return bad("term is required on a scheduler entry")
 		}
 	case KindCronTick:
-		if e.Term <= 0 {
-			return bad("term is required on a scheduler entry")
-		}
 		if e.Tick == nil || !ident.ValidName(e.Tick.Workflow) || e.Tick.At.IsZero() {
 			return bad("tick needs a workflow name and a fire time")
 		}
+		if e.Term <= 0 && e.Tick.Outcome != TickBackfilled { // a backfill is an operator's, not the scheduler's
+			return bad("term is required on a scheduler entry")
+		}
 		switch e.Tick.Outcome {
-		case TickFired, TickCaughtUp:
+		case TickFired, TickCaughtUp, TickBackfilled:
 			if e.Submit == nil || !ident.ValidID(e.Run) || e.Tick.RunID != e.Run {
 				return bad("a fired tick needs the run ID and its submit")
 			}
 			return e.Submit.validate(bad)
 		case TickSkippedOverlap, TickMissed, TickPaused:
 		default:
-			return bad("tick outcome %q: use fired, skipped-overlap, missed, caught-up or paused", e.Tick.Outcome)
+			return bad("tick outcome %q: use fired, skipped-overlap, missed, caught-up, paused or backfilled", e.Tick.Outcome)
 		}
 	default:
 		return bad("unknown kind (written by newer code?)")
@@ -281,9 +281,9 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 		return bad("negative max_epochs or version")
 	}
 	switch s.Trigger {
-	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild:
+	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill:
 	default:
-		return bad("trigger %q: use manual, cron, retry or child", s.Trigger)
+		return bad("trigger %q: use manual, cron, retry, child or backfill", s.Trigger)
 	}
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
@@ -321,7 +321,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil || len(e.Steps) > 0 {
+	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
 		return 3
 	}
 	return FormatFor(e.Kind)

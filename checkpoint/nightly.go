@@ -34,8 +34,18 @@ const (
 	KindCronResume Kind = "cron_resume" // an operator resumes it
 )
 
-// TickPaused: a fire time that came while the schedule was paused and did not fire.
-const TickPaused = "paused"
+// Tick outcomes of issue 27 (format 3). TickPaused: a fire time that came while the
+// schedule was paused and did not fire. TickBackfilled: a fire time an operator's
+// backfill ran (a run with the tick's own run ID, so never a second run of a tick).
+const (
+	TickPaused     = "paused"
+	TickBackfilled = "backfilled"
+)
+
+// TickRan reports whether a tick's outcome has a run.
+func TickRan(outcome string) bool {
+	return outcome == TickFired || outcome == TickCaughtUp || outcome == TickBackfilled
+}
 
 // ScheduleChange is a cron_pause or cron_resume entry's content.
 type ScheduleChange struct {

@@ -50,14 +50,26 @@ func (tx *applyBatch) cronTick(idx int, e *Entry) error {
 	if err != nil {
 		return err
 	}
+	overwrite := false
+	if exists && e.Tick.Outcome == TickBackfilled {
+		// A backfill may run a tick that was recorded without a run (missed, paused,
+		// skipped): the record becomes backfilled. One that ran stays as it was.
+		var prev Tick
+		if _, err := getJSON(tx.s.db, key, &prev); err != nil {
+			return err
+		}
+		if !tx.ticks[string(key)] && !TickRan(prev.Outcome) {
+			exists, overwrite = false, true
+		}
+	}
 	if exists {
 		return fmt.Errorf("%w: %s at %s", ErrTickExists, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
 	}
-	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Owner: e.Owner, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
+	if err := tx.putJSON(key, Tick{CronTick: *e.Tick, Scheduled: overwrite, Owner: e.Owner, Term: e.Term, Seq: tx.seq, Rec: e.At}); err != nil {
 		return err
 	}
 	tx.mark(key, &tx.ticks)
-	if e.Tick.Outcome == TickFired || e.Tick.Outcome == TickCaughtUp {
+	if TickRan(e.Tick.Outcome) {
 		return tx.submit(idx, e, e.Submit)
 	}
 	return nil

@@ -50,10 +50,11 @@ const (
 
 // Triggers of a run.
 const (
-	TriggerManual = "manual"
-	TriggerCron   = "cron"
-	TriggerRetry  = "retry"
-	TriggerChild  = "child" // started by a parent run's workflow step
+	TriggerManual   = "manual"
+	TriggerCron     = "cron"
+	TriggerRetry    = "retry"
+	TriggerChild    = "child"    // started by a parent run's workflow step
+	TriggerBackfill = "backfill" // an operator's backfill of a tick (nightly.go)
 )
 
 // Why an epoch began (public contract).
@@ -212,10 +213,13 @@ type RejectedMessage struct {
 // Tick is a recorded cron fire time.
 type Tick struct {
 	CronTick
-	Owner string    `json:"owner,omitempty"` // the leader node that recorded it
-	Term  int64     `json:"term"`
-	Seq   uint64    `json:"seq"`
-	Rec   time.Time `json:"recorded_at"`
+	// Scheduled, on a backfilled tick: the schedule had recorded it before (missed,
+	// paused, skipped) and the backfill ran it; the schedule's walk carries on after it.
+	Scheduled bool      `json:"scheduled,omitempty"`
+	Owner     string    `json:"owner,omitempty"` // the leader node that recorded it
+	Term      int64     `json:"term"`
+	Seq       uint64    `json:"seq"`
+	Rec       time.Time `json:"recorded_at"`
 }
 
 // WorkflowVersion is one version of a workflow.

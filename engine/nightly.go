@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
 )
@@ -217,4 +218,110 @@ func Dependents(w *workflow.Workflow, step string) []string {
 		}
 	}
 	return slices.Clip(out)
+}
+
+// BackfillOptions are a backfill's range (both ends included), whether only ticks the
+// schedule recorded without a run (missed, paused, skipped) run, the order, and whether
+// it only lists what would run.
+type BackfillOptions struct {
+	From, To   time.Time
+	OnlyMissed bool
+	Newest     bool // newest first (default: oldest first)
+	DryRun     bool
+}
+
+// BackfillTick is one tick of a backfill's range and what became of it: backfilled (a
+// run started), would-run (--dry-run), ran (the tick already has its run: fired, caught
+// up or backfilled before), or not-missed (--only-missed: the schedule never recorded it).
+type BackfillTick struct {
+	At      time.Time
+	RunID   string
+	Outcome string
+}
+
+// MaxBackfillTicks bounds one backfill's range.
+const MaxBackfillTicks = 10000
+
+// Backfill starts one run per tick of the range that has none, each with the tick's own
+// run ID (a cron_tick entry, outcome backfilled, with its submit): whatever else fires or
+// backfills the same tick, the log keeps one run of it.
+func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions) ([]BackfillTick, error) {
+	if err := e.running(); err != nil {
+		return nil, err
+	}
+	w, err := e.Workflow(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	if w.Schedule == nil {
+		return nil, fmt.Errorf("%w: workflow %s has no schedule to backfill", ErrBadInput, name)
+	}
+	if now := e.cfg.Now(); opts.To.After(now) {
+		opts.To = now // the schedule fires the future's ticks itself
+	}
+	if opts.To.Before(opts.From) {
+		return nil, fmt.Errorf("%w: --to %s is before --from %s", ErrBadInput, opts.To.Format(time.RFC3339), opts.From.Format(time.RFC3339))
+	}
+	sched, err := workflow.CronParser.Parse(w.Schedule.Cron)
+	if err != nil {
+		return nil, err
+	}
+	loc, err := time.LoadLocation(w.Schedule.Timezone)
+	if err != nil {
+		return nil, err
+	}
+	var ticks []time.Time
+	for t := sched.Next(opts.From.In(loc).Add(-time.Nanosecond)); !t.IsZero() && !t.After(opts.To); t = sched.Next(t) {
+		if len(ticks) == MaxBackfillTicks {
+			return nil, fmt.Errorf("%w: the range holds more than %d fire times: backfill it in parts", ErrBadInput, MaxBackfillTicks)
+		}
+		ticks = append(ticks, t)
+	}
+	if opts.Newest {
+		slices.Reverse(ticks)
+	}
+	recorded, err := e.store.Ticks(name)
+	if err != nil {
+		return nil, err
+	}
+	byTime := map[int64]checkpoint.Tick{}
+	for _, tk := range recorded {
+		byTime[tk.At.UnixNano()] = tk
+	}
+	var out []BackfillTick
+	for _, t := range ticks {
+		bt := BackfillTick{At: t, RunID: workflow.TickRunID(name, t)}
+		if e.hooks.BackfillRandomIDs.Load() { // the control: a run per backfill, not per tick
+			bt.RunID = NewRunID()
+		}
+		rec, seen := byTime[t.UnixNano()]
+		switch {
+		case seen && checkpoint.TickRan(rec.Outcome):
+			bt.Outcome = "ran"
+		case opts.OnlyMissed && !seen:
+			bt.Outcome = "not-missed"
+		case opts.DryRun:
+			bt.Outcome = "would-run"
+		default:
+			sub, err := leader.TickSubmit(w, t, checkpoint.TriggerBackfill)
+			if err != nil {
+				return out, fmt.Errorf("%w: %w", ErrBadInput, err)
+			}
+			entry := checkpoint.Entry{Kind: checkpoint.KindCronTick, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub,
+				Tick: &checkpoint.CronTick{Workflow: name, At: t.UTC(), Outcome: checkpoint.TickBackfilled, RunID: bt.RunID}}
+			if e.hooks.BackfillRandomIDs.Load() {
+				entry = checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub}
+			}
+			switch err := e.clog.Writer.Write(ctx, entry).Await(ctx); {
+			case err == nil:
+				bt.Outcome = checkpoint.TickBackfilled
+			case errors.Is(err, checkpoint.ErrTickExists), errors.Is(err, checkpoint.ErrRunExists):
+				bt.Outcome = "ran" // fired or backfilled meanwhile
+			default:
+				return out, err
+			}
+		}
+		out = append(out, bt)
+	}
+	return out, nil
 }

@@ -208,3 +208,96 @@ func TestNextTicksMarkDaylightSavingDays(t *testing.T) {
 		}
 	}
 }
+
+// Backfill (issue 27): an every-second schedule fires, is paused for a few seconds and
+// resumed with catchup none (the pause's ticks recorded as paused, no run). Two
+// backfills of the whole range at once: the ticks that fired are left alone, each other
+// tick gets one run, with its tick's run ID, recorded as backfilled. The control gives
+// each backfilled run a new ID (Hooks.BackfillRandomIDs): ticks run twice.
+func TestBackfillRunsEachTickOnce(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tick-ids", true: "control-random-ids"}[control], func(t *testing.T) {
+			e := startEngineWith(t, nil, func(c *Config) { c.CronGrace = 400 * time.Millisecond })
+			e.hooks.BackfillRandomIDs.Store(control)
+			apply(t, e, "name: tick\nschedule:\n  cron: \"* * * * * *\"\n  catchup: none\n  overlap: allow\nsteps:\n  - name: a\n    uses: noop\n")
+			ctx := ctxT(t, 60*time.Second)
+			if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 2 }); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.PauseSchedule(ctx, "tick", "backfill test"); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, time.Now().Add(3*time.Second))
+			resumed := time.Now()
+			if err := e.ResumeSchedule(ctx, "tick"); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.waitFor(ctx, func() bool { // the pause's ticks are recorded at the first pass after it
+				ticks, _ := e.store.Ticks("tick")
+				return len(ticks) > 0 && ticks[len(ticks)-1].At.After(resumed)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.PauseSchedule(ctx, "tick", "quiet for the backfill"); err != nil {
+				t.Fatal(err)
+			}
+			ticks, _ := e.store.Ticks("tick")
+			from, to := ticks[0].At, ticks[len(ticks)-1].At
+			fired := map[time.Time]bool{}
+			for _, tk := range ticks {
+				fired[tk.At] = checkpoint.TickRan(tk.Outcome)
+			}
+			dry, err := e.Backfill(ctx, "tick", BackfillOptions{From: from, To: to, DryRun: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			would := 0
+			for _, bt := range dry {
+				if bt.Outcome == "would-run" {
+					would++
+				}
+			}
+			results := make(chan []BackfillTick, 2)
+			for range 2 {
+				go func() {
+					r, err := e.Backfill(ctx, "tick", BackfillOptions{From: from, To: to})
+					if err != nil {
+						t.Error(err)
+					}
+					results <- r
+				}()
+			}
+			<-results
+			<-results
+			runs, _, err := e.ListRuns(checkpoint.ListOptions{Workflow: "tick", Limit: 10000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			perTick := map[time.Time]int{}
+			for _, r := range runs {
+				perTick[r.ScheduledAt]++
+			}
+			doubled := 0
+			for at, n := range perTick {
+				if n > 1 {
+					doubled++
+				}
+				if n > 0 && !fired[at] && !control {
+					if r, _ := e.store.Run(workflow.TickRunID("tick", at)); r == nil || r.Trigger != checkpoint.TriggerBackfill {
+						t.Fatalf("tick %s's run is not its backfilled run: %+v", at, r)
+					}
+				}
+			}
+			t.Logf("%d ticks in the range, %d would run (dry run), %d runs, %d ticks with two", len(dry), would, len(runs), doubled)
+			if control {
+				if doubled == 0 {
+					t.Fatalf("the control doubled no tick")
+				}
+				return
+			}
+			if would < 2 || doubled != 0 || len(perTick) != len(dry) {
+				t.Fatalf("%d would run, %d doubled, %d ticks with runs of %d", would, doubled, len(perTick), len(dry))
+			}
+		})
+	}
+}

@@ -65,8 +65,13 @@ func CronDue(st State, specs Specs, now time.Time) ([]CronPlan, time.Time, error
 		if err != nil {
 			return nil, time.Time{}, err
 		}
-		if len(ticks) > 0 {
-			from = ticks[len(ticks)-1].At
+		// The last tick the schedule itself recorded: a backfill's ticks are an
+		// operator's, anywhere in the past, and move nothing here.
+		for i := len(ticks) - 1; i >= 0; i-- {
+			if ticks[i].Outcome != checkpoint.TickBackfilled || ticks[i].Scheduled {
+				from = ticks[i].At
+				break
+			}
 		}
 		var due []time.Time
 		t := sched.Next(from.In(loc))
