@@ -316,11 +316,15 @@ func checkPath(p []string, inputs map[string]bool, st *Step, where string) (msg,
 		if len(p) != 2 || (p[1] != "id" && p[1] != "epoch") {
 			return "run has id and epoch", ""
 		}
+	case "schedule":
+		if len(p) != 2 || !IntervalKeys[p[1]] {
+			return "schedule has tick, prev_tick, tick_date and prev_tick_date", "the data interval of a scheduled run: {{ schedule.prev_tick }} to {{ schedule.tick }}"
+		}
 	default:
 		if len(p) == 1 && Helpers[p[0]] {
 			return "", ""
 		}
-		return "unknown name", "templates see inputs, steps.<name>.output, item, run.id, run.epoch, yesterday, today and now"
+		return "unknown name", "templates see inputs, steps.<name>.output, item, run.id, run.epoch, schedule.tick, schedule.prev_tick, yesterday, today and now"
 	}
 	return "", ""
 }

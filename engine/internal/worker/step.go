@@ -26,11 +26,15 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 		stepsScope[n] = map[string]any{"output": x.outputs[n]}
 	}
 	x.mu.Unlock()
-	return map[string]any{
+	scope := map[string]any{
 		"inputs": inputs,
 		"steps":  stepsScope,
 		"run":    map[string]any{"id": x.run.ID, "epoch": x.epoch},
 	}
+	if iv := workflow.Interval(x.wf, x.run.ScheduledAt, x.run.CreatedAt); iv != nil {
+		scope["schedule"] = iv
+	}
+	return scope
 }
 
 // runStep runs one step (all its items) and checkpoints it.
