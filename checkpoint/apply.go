@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -48,6 +49,7 @@ type cachedRun struct {
 	touched    uint64                  // the sequence of the message that last touched it
 	retired    bool                    // a retire entry of this message removes it at commit
 	origAlarm  []byte                  // its key in the timer index in Pebble (wait.go), nil if none
+	origDue    []byte                  // its key in the deadline index in Pebble (nightly.go), nil if none
 }
 
 // newApplyBatch starts the batch of message seq. indexed makes it a batch that reads its
@@ -80,6 +82,14 @@ func (tx *applyBatch) commit() error {
 			}
 		}
 		tx.setAlarm(c)
+		if due := deadlineKey(c.run); !bytes.Equal(due, c.origDue) {
+			if c.origDue != nil {
+				_ = tx.b.Delete(c.origDue, nil)
+			}
+			if due != nil {
+				_ = tx.b.Set(due, nil, nil)
+			}
+		}
 		for _, name := range c.run.Steps {
 			if c.dirtySteps[name] {
 				if err := tx.putJSON(keyStep(id, name), c.steps[name]); err != nil {
@@ -136,7 +146,7 @@ func (tx *applyBatch) commit() error {
 			tx.s.onStatus(c.run.ID, c.run.Status)
 		}
 		c.origStatus, c.runDirty = c.run.Status, false
-		c.origAlarm = alarmKey(c.run)
+		c.origAlarm, c.origDue = alarmKey(c.run), deadlineKey(c.run)
 		clear(c.dirtySteps)
 	}
 	tx.s.trimCache()
@@ -163,7 +173,7 @@ func (tx *applyBatch) load(id string) (*cachedRun, error) {
 		if err != nil || !found {
 			return nil, err
 		}
-		c = &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps)), dirtySteps: map[string]bool{}, origAlarm: alarmKey(&r)}
+		c = &cachedRun{run: &r, origStatus: r.Status, steps: make(map[string]*Step, len(r.Steps)), dirtySteps: map[string]bool{}, origAlarm: alarmKey(&r), origDue: deadlineKey(&r)}
 		for _, name := range r.Steps {
 			var st Step
 			if _, err := getJSON(tx.s.db, keyStep(id, name), &st); err != nil {
@@ -272,6 +282,8 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		err = tx.park(c, e)
 	case KindWake:
 		err = tx.wake(c, e)
+	case KindDeadlineMissed:
+		err = tx.deadlineMissed(c, e)
 	}
 	if (err == nil || errors.Is(err, ErrDeadLettered)) && !wasTerminal && c.run.Status.Terminal() && c.run.Parent != nil {
 		if perr := tx.childEnded(c, idx, e); perr != nil {

@@ -113,6 +113,8 @@ type Submit struct {
 	// Parent, on a child run's submit: the run, step and foreach item that started it
 	// (format 3; wait.go).
 	Parent *ParentRef `json:"parent,omitempty"`
+	// Deadline is when the run should have succeeded (format 3; nightly.go).
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 // WorkflowDef is one applied workflow definition.
@@ -243,7 +245,7 @@ func (e *Entry) Validate() error {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
 		}
 		return nil
-	case KindDeadLetter, KindRetire:
+	case KindDeadLetter, KindRetire, KindDeadlineMissed:
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
@@ -311,7 +313,7 @@ func FormatFor(kind Kind) int {
 	switch kind {
 	case KindRetire:
 		return 2
-	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume:
+	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
 		return 3
 	}
 	return 1
@@ -321,7 +323,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 || e.Submit != nil && e.Submit.Parent != nil || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
+	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero()) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
 		return 3
 	}
 	return FormatFor(e.Kind)
@@ -415,7 +417,7 @@ func knownKind(k Kind, version int) bool {
 		return true
 	case KindRetire:
 		return version >= 2
-	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume:
+	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
 		return version >= 3
 	}
 	return false

@@ -135,6 +135,11 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			}
 		case "schedule":
 			e.Schedule = &ScheduleChange{Workflow: v}
+		case "deadline":
+			if e.Submit == nil {
+				return Entry{}, fmt.Errorf("deadline= belongs to a submit")
+			}
+			e.Submit.Deadline, err = time.Parse(time.RFC3339, v)
 		case "from":
 			e.Steps = strings.Split(v, ",")
 		case "consume":

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,4 +204,90 @@ func (tx *applyBatch) resetSteps(c *cachedRun, e *Entry) error {
 		r.Inputs, _ = json.Marshal(merged)
 	}
 	return nil
+}
+
+// Deadlines (issue 27): a run whose workflow has a deadline carries it from its submit
+// (Run.Deadline). The leader writes deadline-missed for a run that has not succeeded by
+// then (a scheduler entry, with the term: a deposed leader's is refused; the run is
+// marked once, so two leaders' passes mark it once). An index of runs by deadline
+// (l/<deadline><run>) keeps the pass to the due ones.
+
+// KindDeadlineMissed marks a run that had not succeeded by its deadline (scheduler;
+// format 3). Its name is the history's event (public contract).
+const KindDeadlineMissed Kind = "deadline-missed"
+
+func keyDeadline(at time.Time, run string) []byte {
+	return append(binary.BigEndian.AppendUint64([]byte("l/"), uint64(at.UnixNano())), run...)
+}
+
+var prefixDeadlines = []byte("l/")
+
+// deadlineKey is the run's key in the deadline index: nil once it succeeded or its miss
+// was recorded, or without a deadline.
+func deadlineKey(r *Run) []byte {
+	if r == nil || r.Deadline.IsZero() || r.DeadlineMissed || r.Status == StatusSucceeded {
+		return nil
+	}
+	return keyDeadline(r.Deadline, r.ID)
+}
+
+func (tx *applyBatch) deadlineMissed(c *cachedRun, e *Entry) error {
+	r := c.run
+	switch {
+	case r.Deadline.IsZero():
+		return tx.conflict(c, e, "the run has no deadline")
+	case r.DeadlineMissed:
+		return tx.conflict(c, e, "the run's missed deadline is recorded")
+	case r.Status == StatusSucceeded && !tx.s.hooks.NoDeadlineCheck:
+		return tx.conflict(c, e, "the run succeeded")
+	}
+	c.touch(e)
+	r.DeadlineMissed = true
+	tx.detail = fmt.Sprintf("not succeeded by %s (it is %s)", r.Deadline.UTC().Format(time.RFC3339), r.Status)
+	tx.s.countDeadlineMissed(r.Workflow)
+	return nil
+}
+
+// DueDeadlines returns up to limit runs whose deadline is due at now and that have not
+// succeeded, and the earliest deadline not yet due (zero if none).
+func (s *Store) DueDeadlines(now time.Time, limit int) ([]string, time.Time, error) {
+	var due []string
+	var next time.Time
+	err := scan(s.db, prefixDeadlines, nil, func(k, _ []byte) (bool, error) {
+		if len(k) < len(prefixDeadlines)+8 {
+			return false, fmt.Errorf("checkpoint: deadline key %q is corrupt", k)
+		}
+		at := time.Unix(0, int64(binary.BigEndian.Uint64(k[len(prefixDeadlines):])))
+		if at.After(now) {
+			next = at
+			return false, nil
+		}
+		if len(due) >= limit {
+			return false, nil
+		}
+		due = append(due, string(k[len(prefixDeadlines)+8:]))
+		return true, nil
+	})
+	return due, next, err
+}
+
+// DeadlinesMissed counts, by workflow, the runs this node saw miss their deadline since
+// it started (flow_runs_deadline_missed_total).
+func (s *Store) DeadlinesMissed() map[string]int64 {
+	s.missedMu.Lock()
+	defer s.missedMu.Unlock()
+	out := make(map[string]int64, len(s.missed))
+	for k, v := range s.missed {
+		out[k] = v
+	}
+	return out
+}
+
+func (s *Store) countDeadlineMissed(workflow string) {
+	s.missedMu.Lock()
+	defer s.missedMu.Unlock()
+	if s.missed == nil {
+		s.missed = map[string]int64{}
+	}
+	s.missed[workflow]++
 }

@@ -25,7 +25,7 @@ func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 		ID: e.Run, Workflow: sub.Workflow, Version: sub.Version, Status: StatusPending,
 		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
 		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
-		StartedBy: e.Actor,
+		StartedBy: e.Actor, Deadline: sub.Deadline,
 	}
 	if sub.Parent != nil {
 		if err := tx.adopt(r, sub.Parent); err != nil {
@@ -536,6 +536,9 @@ func (tx *applyBatch) deleteRun(c *cachedRun) error {
 	}
 	for _, k := range keys {
 		_ = tx.b.Delete(k, nil)
+	}
+	if c.origDue != nil {
+		_ = tx.b.Delete(c.origDue, nil)
 	}
 	for _, st := range []RunStatus{c.origStatus, c.run.Status} {
 		if st != "" {

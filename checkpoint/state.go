@@ -114,6 +114,10 @@ type Run struct {
 	Children []string   `json:"children,omitempty"`
 	// Outputs are the run's outputs (the workflow's outputs: rendered at its success).
 	Outputs json.RawMessage `json:"outputs,omitempty"`
+	// Deadline is when the run should have succeeded (its workflow's deadline: from its
+	// submit); DeadlineMissed, that the leader recorded it had not (nightly.go).
+	Deadline       time.Time `json:"deadline,omitzero"`
+	DeadlineMissed bool      `json:"deadline_missed,omitempty"`
 
 	CreatedSeq uint64    `json:"created_seq"`
 	UpdatedSeq uint64    `json:"updated_seq"`
@@ -253,6 +257,8 @@ type WorkflowVersion struct {
 //	p/<workflow>/<seq:8><run>     index: the same, by workflow
 //	q/<workflow>/<status>/<seq:8><run>  index: the same, by workflow and status
 //	a/<unixnano:8><run>           index: parked runs by the time their timer is due (wait.go)
+//	l/<unixnano:8><run>           index: runs by deadline, until they succeed or miss it (nightly.go)
+//	k/<workflow>                  ScheduleState: a schedule's pause (nightly.go)
 //
 // (The n/ o/ p/ q/ indexes serve RunsNewest: newest.go says why and how.)
 var (

@@ -68,6 +68,9 @@ type Store struct {
 	// each commit. The scheduler looks for such runs after every applied message, and
 	// decoding every pending run to find them was a sixth of W1's CPU.
 	queue runQueue
+	// missed counts deadline misses by workflow (nightly.go).
+	missedMu sync.Mutex
+	missed   map[string]int64
 }
 
 // OpenStore opens (or creates) the state in dir.

@@ -88,6 +88,7 @@ var guardCatches = map[string][]guardCatch{
 	"NoTermCheck": {
 		{"stale-term.txt", "3.0 assign r2: rejected: stale term (term 1 < highest 2)", "3.0 assign r2: ok, epoch 3 (assigned)"},
 		{"waits.txt", "24.0 wake r4 nap: rejected: stale term (term 1 < highest 2)", "24.0 wake r4 nap: ok"},
+		{"nightly.txt", "11.0 deadline-missed d1: rejected: stale term (term 1 < highest 2)", "11.0 deadline-missed d1: ok"},
 	},
 	"NoStartCheck": {
 		{"cancel.txt", "13.0 start r2 a: fenced: checkpoint-exists (epoch 11, run's 11)", "13.0 start r2 a: ok"},
@@ -109,6 +110,9 @@ var guardCatches = map[string][]guardCatch{
 	},
 	"NoCancelCascade": {
 		{"children.txt", "g.a cancelled", "g.a pending"},
+	},
+	"NoDeadlineCheck": {
+		{"nightly.txt", "11.3 deadline-missed d2: conflict: deadline-missed of run d2 (status succeeded, epoch 9): the run succeeded", "11.3 deadline-missed d2: ok"},
 	},
 	"NoConsumeOnce": {
 		{"waits.txt", `5.0 commit r1 b: conflict: commit of run r1 (status running, epoch 1): the signal at sequence 2 was consumed by step "ledger" (epoch 1)`, "5.0 commit r1 b: ok"},
@@ -240,6 +244,22 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 		return tr.staleTerms(t, d)
 	case "applied":
 		return fmt.Sprintf("applied %d, highest term %d", tr.s.Applied(), tr.s.HighestTerm())
+	case "deadlines": // the runs whose deadline is due at=RFC3339 (DueDeadlines)
+		var at string
+		d.ScanArgs(t, "at", &at)
+		now, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			d.Fatalf(t, "at=%s: %v", at, err)
+		}
+		due, next, err := tr.s.DueDeadlines(now, 100)
+		if err != nil {
+			d.Fatalf(t, "due deadlines: %v", err)
+		}
+		out := fmt.Sprintf("due: %s\n", orDash(strings.Join(due, " ")))
+		if !next.IsZero() {
+			out += "next: " + next.UTC().Format(time.RFC3339) + "\n"
+		}
+		return out + fmt.Sprintf("missed so far: %v\n", tr.s.DeadlinesMissed())
 	case "schedule": // a schedule's pause state (nightly.go)
 		var name string
 		d.ScanArgs(t, "workflow", &name)

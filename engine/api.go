@@ -127,6 +127,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	if opts.Parent != nil {
 		sub.Trigger = checkpoint.TriggerChild
 	}
+	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}

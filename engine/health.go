@@ -101,6 +101,8 @@ type Metrics struct {
 	// Parked are the waiting runs by what they wait for (checkpoint.Waiting's Kind: signal,
 	// approval, timer), of the first MaxParkedCounted waiting runs.
 	Parked map[string]int
+	// DeadlinesMissed counts, by workflow, the runs this node saw miss their deadline.
+	DeadlinesMissed map[string]int64
 	// Queued are the runs waiting for an epoch (admission); Assigned those holding one
 	// and not yet claimed.
 	Queued, Assigned int
@@ -134,6 +136,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	}
 	m.Assigned, _ = e.store.Held()
 	m.Parked = e.parked()
+	m.DeadlinesMissed = e.store.DeadlinesMissed()
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if last, err := e.clog.Applier.LastSeq(ctx); err == nil {

@@ -325,3 +325,6 @@ func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions
 	}
 	return out, nil
 }
+
+// leaderTimerPass is the leader's timer and deadline pass (for tests).
+func leaderTimerPass() time.Duration { return leader.TimerPass }

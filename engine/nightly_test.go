@@ -301,3 +301,56 @@ func TestBackfillRunsEachTickOnce(t *testing.T) {
 		})
 	}
 }
+
+// Deadlines (issue 27): a run that has not succeeded by its workflow's deadline is marked
+// deadline-missed once, by the leader, across a restart of the node (a new term) at the
+// deadline; a run that succeeded before its deadline is not. (The store's guard, and
+// its control NoDeadlineCheck, are in checkpoint/testdata/nightly.txt.)
+func TestDeadlineMissedOnceAcrossARestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	e := startEngineAt(t, dir)
+	apply(t, e, "name: late\ndeadline: 2s\ninputs:\n  hold: {type: bool, default: true}\nsteps:\n  - {name: w, if: \"{{ inputs.hold }}\", uses: wait, with: {signal: never}}\n")
+	ctx := ctxT(t, 60*time.Second)
+	late, err := e.StartRun(ctx, "late", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quick, err := e.StartRun(ctx, "late", map[string]any{"hold": false}, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.WaitRun(ctx, quick); err != nil || r.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("%v %+v", err, r)
+	}
+	r, _ := e.store.Run(late)
+	if d := r.Deadline.Sub(r.CreatedAt); r.Deadline.IsZero() || d < 1900*time.Millisecond || d > 2100*time.Millisecond {
+		t.Fatalf("deadline %s for a run created at %s", r.Deadline, r.CreatedAt)
+	}
+	waitUntil(t, r.Deadline.Add(-200*time.Millisecond))
+	stopEngine(e) // the deadline passes while no leader runs
+	e = startEngineAt(t, dir)
+	defer stopEngine(e)
+	if err := e.waitFor(ctx, func() bool { r, _ := e.store.Run(late); return r != nil && r.DeadlineMissed }); err != nil {
+		t.Fatal(err)
+	}
+	count := func(id string) int {
+		v := mustView(t, e, id)
+		n := 0
+		for _, ev := range v.Events {
+			if ev.Kind == checkpoint.KindDeadlineMissed && ev.Outcome == "accepted" {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntil(t, time.Now().Add(2*leaderTimerPass())) // two more passes: nothing is marked twice
+	if n := count(late); n != 1 {
+		t.Fatalf("the late run was marked %d times", n)
+	}
+	if n := count(quick); n != 0 {
+		t.Fatalf("the run that succeeded in time was marked %d times", n)
+	}
+	if got := e.store.DeadlinesMissed()["late"]; got != 1 {
+		t.Fatalf("flow_runs_deadline_missed_total{workflow=late} = %d", got)
+	}
+}

@@ -1,6 +1,9 @@
 package workflow
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Data intervals (issue 27): a run of a scheduled workflow closes the interval between
 // the schedule's previous fire time and its own (its tick). Templates read them as
@@ -54,4 +57,58 @@ func prevFire(s interface{ Next(time.Time) time.Time }, t time.Time) time.Time {
 		return f
 	}
 	return time.Time{}
+}
+
+// deadlineSpec is a parsed deadline: a time of day (hour, minute) or a duration.
+type deadlineSpec struct {
+	timeOfDay    bool
+	hour, minute int
+	after        time.Duration
+}
+
+func parseDeadline(s string) (deadlineSpec, error) {
+	var h, m int
+	if n, err := fmt.Sscanf(s, "%d:%d", &h, &m); err == nil && n == 2 && len(s) == 5 {
+		if h < 0 || h > 23 || m < 0 || m > 59 {
+			return deadlineSpec{}, fmt.Errorf("no such time of day")
+		}
+		return deadlineSpec{timeOfDay: true, hour: h, minute: m}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return deadlineSpec{}, fmt.Errorf("neither a time of day (HH:MM) nor a positive duration")
+	}
+	return deadlineSpec{after: d}, nil
+}
+
+// DeadlineFor is when a run of w scheduled at tick (zero: started by hand at started)
+// should have succeeded: zero when w has no deadline. A time of day is the first one at
+// or after the tick (or start) in the schedule's timezone (UTC without a schedule).
+func DeadlineFor(w *Workflow, tick, started time.Time) time.Time {
+	if w == nil || w.Deadline == "" {
+		return time.Time{}
+	}
+	spec, err := parseDeadline(w.Deadline)
+	if err != nil {
+		return time.Time{}
+	}
+	base := tick
+	if base.IsZero() {
+		base = started
+	}
+	if !spec.timeOfDay {
+		return base.Add(spec.after).UTC()
+	}
+	loc := time.UTC
+	if w.Schedule != nil {
+		if l, err := time.LoadLocation(w.Schedule.Timezone); err == nil {
+			loc = l
+		}
+	}
+	b := base.In(loc)
+	at := time.Date(b.Year(), b.Month(), b.Day(), spec.hour, spec.minute, 0, 0, loc)
+	if at.Before(b) {
+		at = time.Date(b.Year(), b.Month(), b.Day()+1, spec.hour, spec.minute, 0, 0, loc)
+	}
+	return at.UTC()
 }

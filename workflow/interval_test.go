@@ -25,3 +25,26 @@ func TestIntervalOfANightlyRun(t *testing.T) {
 		t.Fatal("an unscheduled workflow has no interval")
 	}
 }
+
+// A deadline of "06:00" is the first 06:00 after the tick in the schedule's timezone; a
+// duration counts from the tick, or from the start of a run started by hand.
+func TestDeadlineFor(t *testing.T) {
+	w := &Workflow{Deadline: "06:00", Schedule: &Schedule{Cron: "0 2 * * *", Timezone: "Asia/Jakarta"}}
+	tick := time.Date(2026, 11, 28, 19, 0, 0, 0, time.UTC) // 02:00 Jakarta
+	if got := DeadlineFor(w, tick, time.Time{}); !got.Equal(time.Date(2026, 11, 28, 23, 0, 0, 0, time.UTC)) {
+		t.Fatalf("06:00 after a 02:00 tick: %s", got)
+	}
+	late := time.Date(2026, 11, 29, 1, 0, 0, 0, time.UTC) // 08:00 Jakarta: the next day's 06:00
+	if got := DeadlineFor(w, late, time.Time{}); !got.Equal(time.Date(2026, 11, 29, 23, 0, 0, 0, time.UTC)) {
+		t.Fatalf("06:00 after an 08:00 tick: %s", got)
+	}
+	w.Deadline = "4h"
+	if got := DeadlineFor(w, time.Time{}, late); !got.Equal(late.Add(4 * time.Hour)) {
+		t.Fatalf("4h after a start: %s", got)
+	}
+	for _, bad := range []string{"25:00", "6am", "-1h", "0s"} {
+		if _, err := parseDeadline(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}

@@ -159,7 +159,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "inputs", "outputs", "schedule", "steps"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -175,6 +175,11 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			w.Timeout = l.duration(v, "timeout")
 		case "concurrency":
 			w.Concurrency = l.integer(v, "concurrency", 0, 100000)
+		case "deadline":
+			w.Deadline = l.str(v, "deadline")
+			if _, err := parseDeadline(w.Deadline); err != nil {
+				l.fail(v, `a time of day such as "06:00" (after the tick, in the schedule's timezone) or a duration such as 4h`, "deadline %q: %v", w.Deadline, err)
+			}
 		case "inputs":
 			l.inputs(v, w)
 		case "outputs":

@@ -15,14 +15,18 @@ import (
 
 // Workflow is one parsed, validated workflow definition.
 type Workflow struct {
-	Name        string    `json:"name"`
-	Description string    `json:"description,omitempty"`
-	MaxEpochs   int       `json:"max_epochs"`
-	Timeout     Duration  `json:"timeout,omitempty"`
-	Concurrency int       `json:"concurrency,omitempty"` // runs of this workflow at once; 0: no limit
-	Inputs      []Input   `json:"inputs,omitempty"`
-	Schedule    *Schedule `json:"schedule,omitempty"`
-	Steps       []*Step   `json:"steps"`
+	Name        string   `json:"name"`
+	Description string   `json:"description,omitempty"`
+	MaxEpochs   int      `json:"max_epochs"`
+	Timeout     Duration `json:"timeout,omitempty"`
+	Concurrency int      `json:"concurrency,omitempty"` // runs of this workflow at once; 0: no limit
+	// Deadline is when a run should have succeeded: "HH:MM", the first such time of day
+	// at or after the run's tick (or start) in the schedule's timezone, or a duration
+	// after it (interval.go's DeadlineFor).
+	Deadline string    `json:"deadline,omitempty"`
+	Inputs   []Input   `json:"inputs,omitempty"`
+	Schedule *Schedule `json:"schedule,omitempty"`
+	Steps    []*Step   `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
 	// rendered when it succeeds (a parent's workflow step gets them as its output).
 	Outputs   map[string]string `json:"outputs,omitempty"`

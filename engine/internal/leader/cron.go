@@ -151,6 +151,9 @@ func TickSubmit(wf *workflow.Workflow, tick time.Time, trigger string) (*checkpo
 	raw, _ := json.Marshal(inputs)
 	sub := &checkpoint.Submit{Workflow: wf.Name, Version: wf.Version, Trigger: trigger,
 		ScheduledAt: tick.UTC(), MaxEpochs: wf.MaxEpochs, Inputs: raw}
+	if trigger != checkpoint.TriggerBackfill { // a backfilled tick's deadline passed long ago: no alarm
+		sub.Deadline = workflow.DeadlineFor(wf, tick, tick)
+	}
 	for _, st := range wf.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}

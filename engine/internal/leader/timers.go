@@ -34,13 +34,36 @@ func PlanWakes(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Tim
 	return entries, next, err
 }
 
+// PlanDeadlines is the deadline-missed entries for the runs whose deadline is due at
+// now and that have not succeeded (checkpoint/nightly.go), and when to look again.
+func PlanDeadlines(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Time, error) {
+	due, next, err := st.DueDeadlines(now, limit)
+	entries := make([]checkpoint.Entry, 0, len(due))
+	for _, id := range due {
+		entries = append(entries, checkpoint.Entry{Kind: checkpoint.KindDeadlineMissed, Run: id, At: now})
+	}
+	return entries, next, err
+}
+
 func (t *termServices) runTimers(ctx context.Context) {
 	s := t.s
 	for ctx.Err() == nil {
 		wait := TimerPass
-		entries, next, err := PlanWakes(s.cfg.State, s.clock.Now(), TimerBatch)
+		now := s.clock.Now()
+		entries, next, err := PlanWakes(s.cfg.State, now, TimerBatch)
 		if err != nil {
 			s.log.Error("timers: read the timer index", "err", err)
+		}
+		missed, nextDeadline, err := PlanDeadlines(s.cfg.State, now, TimerBatch)
+		if err != nil {
+			s.log.Error("deadlines: read the deadline index", "err", err)
+		}
+		for _, e := range missed {
+			s.log.Warn("a run has not succeeded by its deadline", "run", e.Run)
+		}
+		entries = append(entries, missed...)
+		if next.IsZero() || !nextDeadline.IsZero() && nextDeadline.Before(next) {
+			next = nextDeadline
 		}
 		for len(entries) > 0 && ctx.Err() == nil {
 			n := min(len(entries), logstream.DefaultMaxBatchEntries)

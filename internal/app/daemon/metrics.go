@@ -45,6 +45,7 @@ func newMetrics() *metrics {
 		"flow_runs_waiting":                 "Pending runs waiting for an epoch (the backlog admission holds back), in this node's state.",
 		"flow_runs_assigned":                "Runs assigned an epoch and waiting for a worker to claim it.",
 		"flow_runs_parked":                  "Runs with status waiting (parked), by what they wait for (signal, approval, timer, child), in this node's state.",
+		"flow_runs_deadline_missed_total":   "Runs that had not succeeded by their workflow's deadline, by workflow, as this node applied the leader's marks since it started.",
 		"flow_signals_total":                "Signals this node's API sent to runs.",
 		"flow_approvals_total":              "Approvals and rejections this node's API wrote, by decision (approve, reject).",
 		"flow_dlq_size":                     "Runs in the dead-letter queue.",
@@ -70,6 +71,8 @@ func newMetrics() *metrics {
 			labels = []string{"part"}
 		case "flow_runs_parked":
 			labels = []string{"kind"}
+		case "flow_runs_deadline_missed_total":
+			labels = []string{"workflow"}
 		case "flow_approvals_total":
 			labels = []string{"decision"}
 		case "flow_step_containment":
@@ -137,6 +140,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	gauge("flow_runs_assigned", float64(m0.Assigned))
 	for kind, n := range m0.Parked {
 		gauge("flow_runs_parked", float64(n), kind)
+	}
+	for wf, n := range m0.DeadlinesMissed {
+		counter("flow_runs_deadline_missed_total", float64(n), wf)
 	}
 	var c apiserver.Counts
 	if m.api != nil {

@@ -24,6 +24,7 @@ type Hooks struct {
 	NoConsumeOnce     bool `guard:"store"` // a commit may consume a signal another step consumed
 	NoEarlySignals    bool `guard:"store"` // a signal reaches only a run parked on it; one sent earlier is dropped (not kept for the wait)
 	NoCancelCascade   bool `guard:"store"` // a cancelled run's children go on
+	NoDeadlineCheck   bool `guard:"store"` // a deadline miss is recorded on a run that succeeded before its deadline
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
