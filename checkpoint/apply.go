@@ -290,6 +290,25 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 			return perr
 		}
 	}
+	if (err == nil || errors.Is(err, ErrDeadLettered)) && !wasTerminal && len(c.run.Handlers) > 0 {
+		var event string
+		switch c.run.Status {
+		case StatusFailed:
+			event = OnFailureEvent
+		case StatusDeadLettered:
+			event = OnDeadLetterEvent
+		}
+		if event != "" {
+			if herr := tx.startHandler(c, idx, e, event); herr != nil {
+				return herr
+			}
+		}
+	}
+	if err == nil && e.Kind == KindDeadlineMissed && len(c.run.Handlers) > 0 {
+		if herr := tx.startHandler(c, idx, e, OnDeadlineEvent); herr != nil {
+			return herr
+		}
+	}
 	var fe *FencedError
 	switch {
 	case err == nil:
@@ -323,7 +342,11 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		}
 	case errors.Is(err, ErrDeadLettered):
 		tx.s.counters.DeadLettered.Add(1)
-		tx.event(c, idx, e, "dead-lettered", c.run.DeadLetter)
+		detail := c.run.DeadLetter
+		if tx.detail != "" {
+			detail += "; " + tx.detail
+		}
+		tx.event(c, idx, e, "dead-lettered", detail)
 	default:
 		tx.event(c, idx, e, "rejected", err.Error())
 	}

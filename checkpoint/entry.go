@@ -115,6 +115,8 @@ type Submit struct {
 	Parent *ParentRef `json:"parent,omitempty"`
 	// Deadline is when the run should have succeeded (format 3; nightly.go).
 	Deadline time.Time `json:"deadline,omitzero"`
+	// Handlers are the workflow's handler steps by event (format 3; nightly.go).
+	Handlers map[string][]StepSpec `json:"handlers,omitempty"`
 }
 
 // WorkflowDef is one applied workflow definition.
@@ -283,12 +285,22 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 		return bad("negative max_epochs or version")
 	}
 	switch s.Trigger {
-	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill:
+	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill, TriggerHandler:
 	default:
 		return bad("trigger %q: use manual, cron, retry, child or backfill", s.Trigger)
 	}
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
+	}
+	for event, steps := range s.Handlers {
+		if event != OnFailureEvent && event != OnDeadLetterEvent && event != OnDeadlineEvent {
+			return bad("handler event %q: use on_failure, on_dead_letter or on_deadline", event)
+		}
+		for _, st := range steps {
+			if !ident.ValidName(st.Name) {
+				return bad("handler step name %q must be 1-64 of a-z, 0-9, '_' or '-'", st.Name)
+			}
+		}
 	}
 	if p := s.Parent; p != nil && (!ident.ValidID(p.Run) || !ident.ValidName(p.Step) || p.Item < ItemWhole) {
 		return bad("parent: a run ID, a step name and an item (or %d)", ItemWhole)
@@ -323,7 +335,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero()) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
+	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero() || len(e.Submit.Handlers) > 0) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
 		return 3
 	}
 	return FormatFor(e.Kind)

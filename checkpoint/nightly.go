@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -291,3 +292,74 @@ func (s *Store) countDeadlineMissed(workflow string) {
 	}
 	s.missed[workflow]++
 }
+
+// Handlers (issue 27): a run whose workflow has on_failure, on_dead_letter or
+// on_deadline steps carries their step lists from its submit (Run.Handlers). When the
+// run fails, is dead-lettered or misses its deadline, the applier itself starts a
+// handler run of that list, with an ID derived from the run, the event and how many of
+// it came before (ChildID(run, "on-failure", n)): every node applies the same entry the
+// same way, so each event starts one handler run, whatever fails over, and the handler
+// is checkpointed and fenced like any run. It does not change the run's outcome.
+
+// HandlerRef names the run and event a handler run handles, with what its templates see
+// of that run (run.error, run.failed_step).
+type HandlerRef struct {
+	Run        string `json:"run"`
+	Event      string `json:"event"` // on_failure | on_dead_letter | on_deadline
+	Error      string `json:"error,omitempty"`
+	FailedStep string `json:"failed_step,omitempty"`
+}
+
+// TriggerHandler is a handler run's trigger.
+const TriggerHandler = "handler"
+
+// startHandler starts the handler run of event for c, if its workflow has one.
+func (tx *applyBatch) startHandler(c *cachedRun, idx int, e *Entry, event string) error {
+	r := c.run
+	steps := r.Handlers[event]
+	if len(steps) == 0 || r.Handler != nil {
+		return nil
+	}
+	n := 0
+	for _, h := range r.HandlerRuns {
+		if strings.Contains(h, ".on-"+strings.ReplaceAll(event[3:], "_", "-")) {
+			n++
+		}
+	}
+	id := ChildID(r.ID, "on-"+strings.ReplaceAll(event[3:], "_", "-"), n)
+	if existing, err := tx.load(id); err != nil {
+		return err
+	} else if existing != nil {
+		return nil // a run of that ID exists (given by hand): the event's handler is not started twice
+	}
+	ref := &HandlerRef{Run: r.ID, Event: event, Error: r.Error, FailedStep: r.FailedStep}
+	if event == OnDeadLetterEvent {
+		ref.Error = r.DeadLetter
+	}
+	h := &Run{ID: id, Workflow: r.Workflow, Version: r.Version, Status: StatusPending, Trigger: TriggerHandler,
+		ScheduledAt: r.ScheduledAt, Inputs: r.Inputs, MaxEpochs: r.MaxEpochs, Epochs: []EpochRecord{},
+		CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At, StartedBy: r.StartedBy, Handler: ref}
+	hc := &cachedRun{run: h, steps: make(map[string]*Step, len(steps)), runDirty: true, dirtySteps: map[string]bool{}}
+	for _, st := range steps {
+		h.Steps = append(h.Steps, st.Name)
+		hc.steps[st.Name] = &Step{Name: st.Name, Foreach: st.Foreach, Status: StepPending}
+		hc.dirtySteps[st.Name] = true
+	}
+	tx.s.runs[id] = hc
+	tx.use(hc)
+	r.HandlerRuns = append(r.HandlerRuns, id)
+	c.runDirty = true
+	tx.event(hc, idx, e, "accepted", fmt.Sprintf("%s handler of %s", event, r.ID))
+	if tx.detail != "" {
+		tx.detail += "; "
+	}
+	tx.detail += fmt.Sprintf("%s: handler run %s started", event, id)
+	return nil
+}
+
+// The handler events, as in workflow keys (workflow.OnFailure...).
+const (
+	OnFailureEvent    = "on_failure"
+	OnDeadLetterEvent = "on_dead_letter"
+	OnDeadlineEvent   = "on_deadline"
+)

@@ -118,6 +118,12 @@ type Run struct {
 	// submit); DeadlineMissed, that the leader recorded it had not (nightly.go).
 	Deadline       time.Time `json:"deadline,omitzero"`
 	DeadlineMissed bool      `json:"deadline_missed,omitempty"`
+	// Handlers are its workflow's handler steps by event (on_failure, on_dead_letter,
+	// on_deadline); HandlerRuns the handler runs its events started; Handler, on a
+	// handler run, the run and event it handles (nightly.go).
+	Handlers    map[string][]StepSpec `json:"handlers,omitempty"`
+	HandlerRuns []string              `json:"handler_runs,omitempty"`
+	Handler     *HandlerRef           `json:"handler,omitempty"`
 
 	CreatedSeq uint64    `json:"created_seq"`
 	UpdatedSeq uint64    `json:"updated_seq"`

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
@@ -128,6 +129,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		sub.Trigger = checkpoint.TriggerChild
 	}
 	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
+	sub.Handlers = leader.HandlerSpecs(w)
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}

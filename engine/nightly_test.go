@@ -354,3 +354,53 @@ func TestDeadlineMissedOnceAcrossARestart(t *testing.T) {
 		t.Fatalf("flow_runs_deadline_missed_total{workflow=late} = %d", got)
 	}
 }
+
+// Handlers (issue 27): a failed run starts its on_failure steps once, as a handler run
+// with the failed run's context ({{ run.id }}, {{ run.failed_step }}, {{ run.error }});
+// the handler's own failure leaves the run failed; a retry that fails again starts a
+// second one (once per event).
+func TestFailureHandlerRunsOncePerFailure(t *testing.T) {
+	e := startEngine(t, nil)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "told")
+	apply(t, e, fmt.Sprintf(`
+name: nightly
+steps:
+  - {name: pay, uses: exec, with: {command: [sh, -c, "echo broke >&2; exit 3"]}}
+on_failure:
+  - name: tell
+    uses: exec
+    with: {command: [sh, -c, "echo '{{ run.id }} {{ run.failed_step }}' >> %s; exit 1"]}
+`, log))
+	ctx := ctxT(t, 60*time.Second)
+	id, err := e.StartRun(ctx, "nightly", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.WaitRun(ctx, id)
+	if err != nil || r.Status != checkpoint.StatusFailed {
+		t.Fatalf("%v %+v", err, r)
+	}
+	h1 := id + ".on-failure.0"
+	hr, err := e.WaitRun(ctx, h1)
+	if err != nil || hr.Status != checkpoint.StatusFailed || hr.Handler == nil || hr.Handler.Run != id || hr.Trigger != checkpoint.TriggerHandler {
+		t.Fatalf("the handler run: %v %+v", err, hr)
+	}
+	if r, _ := e.store.Run(id); r.Status != checkpoint.StatusFailed || len(r.HandlerRuns) != 1 {
+		t.Fatalf("the run after its handler failed: %+v", r)
+	}
+	if err := e.Retry(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id, 10*time.Second, "the retry applied", func(r *checkpoint.Run) bool { return !r.Status.Terminal() })
+	if _, err := e.WaitRun(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.WaitRun(ctx, id+".on-failure.1"); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(log)
+	if got := strings.Count(string(b), id+" pay\n"); got != 2 {
+		t.Fatalf("the handler told %d times (%q), want once per failure", got, b)
+	}
+}

@@ -159,7 +159,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -189,6 +189,13 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 		case "steps":
 			stepsNode = v
 			l.steps(k, v, w)
+		case "on_failure", "on_dead_letter", "on_deadline":
+			hw := &Workflow{}
+			l.steps(k, v, hw)
+			if w.Handlers == nil {
+				w.Handlers = map[string][]*Step{}
+			}
+			w.Handlers[key] = hw.Steps
 		}
 	})
 	if n.Kind == yaml.MappingNode {

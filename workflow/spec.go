@@ -29,10 +29,13 @@ type Workflow struct {
 	Steps    []*Step   `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
 	// rendered when it succeeds (a parent's workflow step gets them as its output).
-	Outputs   map[string]string `json:"outputs,omitempty"`
-	Source    string            `json:"source"` // the YAML as applied
-	Version   int               `json:"version,omitempty"`
-	Digest    string            `json:"digest,omitempty"` // sha256 of Source: same digest, same version
+	Outputs map[string]string `json:"outputs,omitempty"`
+	// Handlers are the steps run once per event of a run (on_failure, on_dead_letter,
+	// on_deadline): each event starts a handler run of them (handlers.go).
+	Handlers  map[string][]*Step `json:"handlers,omitempty"`
+	Source    string             `json:"source"` // the YAML as applied
+	Version   int                `json:"version,omitempty"`
+	Digest    string             `json:"digest,omitempty"` // sha256 of Source: same digest, same version
 	byName    map[string]*Step
 	outputsAt map[string][2]int // line, column of each output's template
 }
@@ -174,6 +177,11 @@ func (l *loader) load(data []byte, opts Options) (*Workflow, error) {
 	l.workflow(doc.Content[0], w)
 	if len(l.errs) == 0 {
 		l.validate(w, opts)
+		for _, event := range HandlerEvents {
+			if hw := w.HandlerWorkflow(event); hw != nil {
+				l.validate(hw, opts)
+			}
+		}
 	}
 	if len(l.errs) > 0 {
 		return nil, l.errs

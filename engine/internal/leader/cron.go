@@ -151,6 +151,7 @@ func TickSubmit(wf *workflow.Workflow, tick time.Time, trigger string) (*checkpo
 	raw, _ := json.Marshal(inputs)
 	sub := &checkpoint.Submit{Workflow: wf.Name, Version: wf.Version, Trigger: trigger,
 		ScheduledAt: tick.UTC(), MaxEpochs: wf.MaxEpochs, Inputs: raw}
+	sub.Handlers = HandlerSpecs(wf)
 	if trigger != checkpoint.TriggerBackfill { // a backfilled tick's deadline passed long ago: no alarm
 		sub.Deadline = workflow.DeadlineFor(wf, tick, tick)
 	}
@@ -170,4 +171,18 @@ func WorkflowActive(st State, name string) bool {
 		}
 	}
 	return false
+}
+
+// HandlerSpecs is what a run's submit carries of its workflow's handlers (nil: none).
+func HandlerSpecs(wf *workflow.Workflow) map[string][]checkpoint.StepSpec {
+	var out map[string][]checkpoint.StepSpec
+	for _, event := range workflow.HandlerEvents {
+		for _, st := range wf.Handlers[event] {
+			if out == nil {
+				out = map[string][]checkpoint.StepSpec{}
+			}
+			out[event] = append(out[event], checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
+		}
+	}
+	return out
 }

@@ -29,7 +29,7 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 	scope := map[string]any{
 		"inputs": inputs,
 		"steps":  stepsScope,
-		"run":    map[string]any{"id": x.run.ID, "epoch": x.epoch},
+		"run":    runScope(x.run, x.epoch),
 	}
 	if iv := workflow.Interval(x.wf, x.run.ScheduledAt, x.run.CreatedAt); iv != nil {
 		scope["schedule"] = iv
@@ -347,4 +347,14 @@ func decodeJSON(raw []byte) any {
 		return nil
 	}
 	return v
+}
+
+// runScope is what templates see as run: the run's ID and epoch, its error and failed
+// step ("" while it has none); in a handler run, those of the run it handles (its own
+// ID as run.handler_id).
+func runScope(r *checkpoint.Run, epoch int64) map[string]any {
+	if h := r.Handler; h != nil {
+		return map[string]any{"id": h.Run, "epoch": epoch, "error": h.Error, "failed_step": h.FailedStep, "handler_id": r.ID}
+	}
+	return map[string]any{"id": r.ID, "epoch": epoch, "error": r.Error, "failed_step": r.FailedStep}
 }
