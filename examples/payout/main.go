@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -179,7 +180,13 @@ func run(ctx context.Context, o options) ([]round, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wallet: listen on %s: %w (use --wallet HOST:PORT)", o.walletAddr, err)
 	}
-	hs := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	// The wallet, and /alerts: the demo's stand-in for a chat webhook, which the
+	// workflow's on_failure handler posts to.
+	alerts := &alertBox{}
+	mux := http.NewServeMux()
+	mux.Handle("/", w.Handler())
+	mux.HandleFunc("POST /alerts", alerts.post)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	defer hs.Close()
 	walletURL := "http://" + ln.Addr().String()
@@ -225,6 +232,9 @@ func run(ctx context.Context, o options) ([]round, error) {
 		if err != nil {
 			return rounds, err
 		}
+	}
+	for _, a := range alerts.all() {
+		fmt.Fprintf(o.out, "alert received: %s\n", a)
 	}
 	if len(rounds) > 1 {
 		var drivers int
@@ -469,4 +479,30 @@ func progress(v client.Run) string {
 		parts = append(parts, p)
 	}
 	return s + " " + strings.Join(parts, " ")
+}
+
+// alertBox keeps what the workflow's on_failure handler posted to /alerts.
+type alertBox struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (b *alertBox) post(rw http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Text string `json:"text"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil {
+		http.Error(rw, err.Error(), http.StatusBadRequest)
+		return
+	}
+	b.mu.Lock()
+	b.msgs = append(b.msgs, body.Text)
+	b.mu.Unlock()
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+func (b *alertBox) all() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.msgs...)
 }
