@@ -239,6 +239,10 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		return tx.workflow(e)
 	case KindCronPause, KindCronResume:
 		return tx.schedule(e)
+	case KindDeadlineMissed:
+		if e.Run == "" {
+			return tx.tickDeadlineMissed(e)
+		}
 	}
 	c, err := tx.load(e.Run)
 	if err != nil {

@@ -104,7 +104,7 @@ type Entry struct {
 type Submit struct {
 	Workflow    string          `json:"workflow"`
 	Version     int             `json:"version"`
-	Trigger     string          `json:"trigger"` // manual | cron | retry
+	Trigger     string          `json:"trigger"` // manual | cron | retry | child | backfill | handler
 	ScheduledAt time.Time       `json:"scheduled_at,omitzero"`
 	MaxEpochs   int             `json:"max_epochs"`
 	Inputs      json.RawMessage `json:"inputs,omitempty"`
@@ -138,6 +138,10 @@ type CronTick struct {
 	At       time.Time `json:"at"`               // the scheduled fire time
 	Outcome  string    `json:"outcome"`          // fired | skipped-overlap | missed | caught-up
 	RunID    string    `json:"run_id,omitempty"` // the run fired for it, if any
+	// Deadline, on a tick recorded without a run (missed, paused, skipped): when its run
+	// should have succeeded; the leader counts it as a missed deadline then, unless a
+	// backfill ran it (nightly.go; format 3).
+	Deadline time.Time `json:"deadline,omitzero"`
 }
 
 // Tick outcomes.
@@ -155,7 +159,8 @@ func (e *Entry) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
-	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && !ident.ValidID(e.Run) {
+	tickDeadline := e.Kind == KindDeadlineMissed && e.Run == "" && e.Tick != nil // a tick that never ran (nightly.go)
+	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && !tickDeadline && !ident.ValidID(e.Run) {
 		return bad("run ID %q: %s", e.Run, ident.IDRule)
 	}
 	if e.Owner != "" && !ident.ValidID(e.Owner) {
@@ -247,7 +252,14 @@ func (e *Entry) Validate() error {
 			return bad("a workflow entry needs a valid name, a digest and a JSON spec")
 		}
 		return nil
-	case KindDeadLetter, KindRetire, KindDeadlineMissed:
+	case KindDeadlineMissed:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+		if e.Run == "" && (e.Tick == nil || !ident.ValidName(e.Tick.Workflow) || e.Tick.At.IsZero()) {
+			return bad("a missed deadline names its run, or its tick (workflow and fire time)")
+		}
+	case KindDeadLetter, KindRetire:
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
@@ -335,7 +347,7 @@ func FormatFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func FormatOf(e *Entry) int {
-	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero() || len(e.Submit.Handlers) > 0) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled) {
+	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero() || len(e.Submit.Handlers) > 0) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled || !e.Tick.Deadline.IsZero()) {
 		return 3
 	}
 	return FormatFor(e.Kind)

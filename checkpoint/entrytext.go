@@ -35,7 +35,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 	if toks[0].val != "" {
 		return Entry{}, fmt.Errorf("an entry starts with its kind")
 	}
-	if e.Kind == KindSubmit {
+	if e.Kind == KindSubmit || e.Kind == KindCronTick {
 		e.Submit = &Submit{Workflow: "wf", Version: 1, Trigger: TriggerManual}
 	}
 	epochSet := false
@@ -133,6 +133,18 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				n, err = num()
 				e.Submit.Parent.Item = int(n)
 			}
+		case "tick", "outcome", "tick_deadline": // cron_tick (and a tick's deadline-missed): of workflow wf
+			if e.Tick == nil {
+				e.Tick = &CronTick{Workflow: "wf"}
+			}
+			switch k {
+			case "tick":
+				e.Tick.At, err = time.Parse(time.RFC3339, v)
+			case "outcome":
+				e.Tick.Outcome = v
+			case "tick_deadline":
+				e.Tick.Deadline, err = time.Parse(time.RFC3339, v)
+			}
 		case "schedule":
 			e.Schedule = &ScheduleChange{Workflow: v}
 		case "deadline":
@@ -202,6 +214,18 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		}
 		if err != nil {
 			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
+		}
+	}
+	if e.Kind == KindCronTick && e.Tick != nil {
+		if TickRan(e.Tick.Outcome) { // a tick that runs: its run ID, and the submit's trigger
+			e.Run, e.Tick.RunID = TickRunIDText(e.Tick), TickRunIDText(e.Tick)
+			e.Submit.Trigger = TriggerCron
+			if e.Tick.Outcome == TickBackfilled {
+				e.Submit.Trigger = TriggerBackfill
+			}
+			e.Submit.ScheduledAt = e.Tick.At
+		} else {
+			e.Submit = nil
 		}
 	}
 	if e.Schedule != nil && e.Reason != "" {
@@ -352,4 +376,9 @@ func valueLen(s string) (int, error) {
 		return n, nil
 	}
 	return len(s), nil
+}
+
+// TickRunIDText is a tick's run ID as workflow.TickRunID makes it.
+func TickRunIDText(t *CronTick) string {
+	return t.Workflow + "-" + t.At.UTC().Format("20060102T150405Z")
 }

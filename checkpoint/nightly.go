@@ -232,6 +232,52 @@ func deadlineKey(r *Run) []byte {
 	return keyDeadline(r.Deadline, r.ID)
 }
 
+// A tick recorded without a run has its own key in the deadline index, after every run
+// key's place for the same instant: l/<deadline>#<workflow>/<tick unixnano>. ('#' is no
+// run ID's character.)
+func keyTickDeadline(deadline time.Time, workflow string, tick time.Time) []byte {
+	k := append(binary.BigEndian.AppendUint64([]byte("l/"), uint64(deadline.UnixNano())), "#"+workflow+"/"...)
+	return binary.BigEndian.AppendUint64(k, uint64(tick.UnixNano()))
+}
+
+// DueTick is a tick of the deadline index: recorded without a run, due.
+type DueTick struct {
+	Workflow string
+	At       time.Time
+}
+
+// tickDeadlineDone drops a tick's deadline key once a backfill ran it.
+func (tx *applyBatch) tickDeadlineDone(workflow string, at time.Time) {
+	var t Tick
+	if found, err := getJSON(tx.s.db, keyTick(workflow, at), &t); err == nil && found && !t.Deadline.IsZero() {
+		_ = tx.b.Delete(keyTickDeadline(t.Deadline, workflow, at), nil)
+	}
+}
+
+// tickDeadlineMissed counts a tick that never ran by its deadline ("it did not even
+// start") and takes it out of the index.
+func (tx *applyBatch) tickDeadlineMissed(e *Entry) error {
+	key := keyTick(e.Tick.Workflow, e.Tick.At)
+	var t Tick
+	found, err := getJSON(tx.s.db, key, &t)
+	if err != nil {
+		return err
+	}
+	switch {
+	case found && TickRan(t.Outcome):
+		return fmt.Errorf("%w: the tick of %s at %s ran (%s)", ErrConflict, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339), t.Outcome)
+	case !found || t.Deadline.IsZero():
+		return fmt.Errorf("%w: no tick of %s at %s with a deadline", ErrNotFound, e.Tick.Workflow, e.Tick.At.Format(time.RFC3339))
+	case t.DeadlineMissed || tx.ticks[string(key)+"#missed"]:
+		return fmt.Errorf("%w: the tick's missed deadline is recorded", ErrConflict)
+	}
+	tx.mark(append(key, "#missed"...), &tx.ticks) // the batch does not read its own writes
+	t.DeadlineMissed = true
+	_ = tx.b.Delete(keyTickDeadline(t.Deadline, t.Workflow, t.At), nil)
+	tx.s.countDeadlineMissed(t.Workflow)
+	return tx.putJSON(key, t)
+}
+
 func (tx *applyBatch) deadlineMissed(c *cachedRun, e *Entry) error {
 	r := c.run
 	switch {
@@ -250,9 +296,11 @@ func (tx *applyBatch) deadlineMissed(c *cachedRun, e *Entry) error {
 }
 
 // DueDeadlines returns up to limit runs whose deadline is due at now and that have not
-// succeeded, and the earliest deadline not yet due (zero if none).
-func (s *Store) DueDeadlines(now time.Time, limit int) ([]string, time.Time, error) {
+// succeeded, the ticks due that never ran, and the earliest deadline not yet due (zero
+// if none).
+func (s *Store) DueDeadlines(now time.Time, limit int) ([]string, []DueTick, time.Time, error) {
 	var due []string
+	var ticks []DueTick
 	var next time.Time
 	err := scan(s.db, prefixDeadlines, nil, func(k, _ []byte) (bool, error) {
 		if len(k) < len(prefixDeadlines)+8 {
@@ -263,13 +311,18 @@ func (s *Store) DueDeadlines(now time.Time, limit int) ([]string, time.Time, err
 			next = at
 			return false, nil
 		}
-		if len(due) >= limit {
+		if len(due)+len(ticks) >= limit {
 			return false, nil
 		}
-		due = append(due, string(k[len(prefixDeadlines)+8:]))
+		rest := k[len(prefixDeadlines)+8:]
+		if len(rest) > 9 && rest[0] == '#' { // #<workflow>/<tick:8>
+			ticks = append(ticks, DueTick{Workflow: string(rest[1 : len(rest)-9]), At: time.Unix(0, int64(binary.BigEndian.Uint64(rest[len(rest)-8:]))).UTC()})
+			return true, nil
+		}
+		due = append(due, string(rest))
 		return true, nil
 	})
-	return due, next, err
+	return due, ticks, next, err
 }
 
 // DeadlinesMissed counts, by workflow, the runs this node saw miss their deadline since

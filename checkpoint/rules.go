@@ -70,7 +70,13 @@ func (tx *applyBatch) cronTick(idx int, e *Entry) error {
 	}
 	tx.mark(key, &tx.ticks)
 	if TickRan(e.Tick.Outcome) {
+		if overwrite {
+			tx.tickDeadlineDone(e.Tick.Workflow, e.Tick.At)
+		}
 		return tx.submit(idx, e, e.Submit)
+	}
+	if !e.Tick.Deadline.IsZero() {
+		_ = tx.b.Set(keyTickDeadline(e.Tick.Deadline, e.Tick.Workflow, e.Tick.At), nil, nil)
 	}
 	return nil
 }

@@ -225,11 +225,13 @@ type Tick struct {
 	CronTick
 	// Scheduled, on a backfilled tick: the schedule had recorded it before (missed,
 	// paused, skipped) and the backfill ran it; the schedule's walk carries on after it.
-	Scheduled bool      `json:"scheduled,omitempty"`
-	Owner     string    `json:"owner,omitempty"` // the leader node that recorded it
-	Term      int64     `json:"term"`
-	Seq       uint64    `json:"seq"`
-	Rec       time.Time `json:"recorded_at"`
+	Scheduled bool `json:"scheduled,omitempty"`
+	// DeadlineMissed: it never ran by its deadline (nightly.go).
+	DeadlineMissed bool      `json:"deadline_missed,omitempty"`
+	Owner          string    `json:"owner,omitempty"` // the leader node that recorded it
+	Term           int64     `json:"term"`
+	Seq            uint64    `json:"seq"`
+	Rec            time.Time `json:"recorded_at"`
 }
 
 // WorkflowVersion is one version of a workflow.

@@ -251,9 +251,12 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			d.Fatalf(t, "at=%s: %v", at, err)
 		}
-		due, next, err := tr.s.DueDeadlines(now, 100)
+		due, ticks, next, err := tr.s.DueDeadlines(now, 100)
 		if err != nil {
 			d.Fatalf(t, "due deadlines: %v", err)
+		}
+		for _, tk := range ticks {
+			due = append(due, fmt.Sprintf("tick %s@%s", tk.Workflow, tk.At.UTC().Format(time.RFC3339)))
 		}
 		out := fmt.Sprintf("due: %s\n", orDash(strings.Join(due, " ")))
 		if !next.IsZero() {

@@ -126,11 +126,15 @@ func PlanTicks(p CronPlan, now time.Time, grace time.Duration, active bool) (ent
 		}
 		e := checkpoint.Entry{Kind: checkpoint.KindCronTick,
 			Tick: &checkpoint.CronTick{Workflow: wf.Name, At: tick.UTC(), Outcome: outcome}}
+		if !fires { // no run: the tick's own deadline counts if nothing runs it by then
+			e.Tick.Deadline = workflow.DeadlineFor(wf, tick, tick)
+		}
 		if fires {
 			sub, err := TickSubmit(wf, tick, checkpoint.TriggerCron)
 			if err != nil {
 				warn = err
 				e.Tick.Outcome = checkpoint.TickMissed
+				e.Tick.Deadline = workflow.DeadlineFor(wf, tick, tick)
 			} else {
 				id := workflow.TickRunID(wf.Name, tick)
 				e.Run, e.Tick.RunID, e.Submit = id, id, sub

@@ -25,7 +25,7 @@ type State interface {
 	// Schedule is a workflow's pause state (nil: never paused; checkpoint/nightly.go).
 	Schedule(workflow string) (*checkpoint.ScheduleState, error)
 	// DueDeadlines gives the runs whose deadline passed unsucceeded (checkpoint/nightly.go).
-	DueDeadlines(now time.Time, limit int) ([]string, time.Time, error)
+	DueDeadlines(now time.Time, limit int) ([]string, []checkpoint.DueTick, time.Time, error)
 	// DueTimers gives the parked runs whose timer is due (checkpoint/wait.go).
 	DueTimers(now time.Time, limit int) ([]checkpoint.Due, time.Time, error)
 	Applied() uint64

@@ -37,10 +37,13 @@ func PlanWakes(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Tim
 // PlanDeadlines is the deadline-missed entries for the runs whose deadline is due at
 // now and that have not succeeded (checkpoint/nightly.go), and when to look again.
 func PlanDeadlines(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Time, error) {
-	due, next, err := st.DueDeadlines(now, limit)
-	entries := make([]checkpoint.Entry, 0, len(due))
+	due, ticks, next, err := st.DueDeadlines(now, limit)
+	entries := make([]checkpoint.Entry, 0, len(due)+len(ticks))
 	for _, id := range due {
 		entries = append(entries, checkpoint.Entry{Kind: checkpoint.KindDeadlineMissed, Run: id, At: now})
+	}
+	for _, t := range ticks { // a tick that never ran: "it did not even start"
+		entries = append(entries, checkpoint.Entry{Kind: checkpoint.KindDeadlineMissed, Tick: &checkpoint.CronTick{Workflow: t.Workflow, At: t.At}, At: now})
 	}
 	return entries, next, err
 }
@@ -59,6 +62,10 @@ func (t *termServices) runTimers(ctx context.Context) {
 			s.log.Error("deadlines: read the deadline index", "err", err)
 		}
 		for _, e := range missed {
+			if e.Run == "" {
+				s.log.Warn("a tick never ran by its deadline", "workflow", e.Tick.Workflow, "tick", e.Tick.At)
+				continue
+			}
 			s.log.Warn("a run has not succeeded by its deadline", "run", e.Run)
 		}
 		entries = append(entries, missed...)
