@@ -202,9 +202,15 @@ func TestCronBackfill(t *testing.T) {
 			started = append(started, r)
 		}
 	}
+	// In the log, each run's submit comes after the last entry of the run before it.
 	for i := 1; i < len(started); i++ {
-		if started[i].CreatedAt < started[i-1].UpdatedAt {
-			t.Fatalf("run %s was created at %s, before %s ended at %s", started[i].ID, started[i].CreatedAt, started[i-1].ID, started[i-1].UpdatedAt)
+		prev, err1 := api.History(started[i-1].ID)
+		cur, err2 := api.History(started[i].ID)
+		if err1 != nil || err2 != nil || len(prev) == 0 || len(cur) == 0 {
+			t.Fatalf("histories: %v %v", err1, err2)
+		}
+		if cur[0].Seq < prev[len(prev)-1].Seq {
+			t.Fatalf("run %s was submitted at seq %d, before %s ended at seq %d", started[i].ID, cur[0].Seq, started[i-1].ID, prev[len(prev)-1].Seq)
 		}
 	}
 	if rs := runs(); len(rs) != 6 {
