@@ -159,7 +159,7 @@ func (c *Client) Close() {
 // readOnly operations may be retried: any node answers them alike.
 var readOnly = map[string]bool{
 	"workflow.list": true, "workflow.show": true, "workflow.validate": true, "run.get": true, "run.list": true,
-	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cluster.status": true,
+	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cron.next": true, "cluster.status": true,
 }
 
 // call sends req (its V is set) to op and decodes the answer into out.

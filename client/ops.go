@@ -192,6 +192,22 @@ func (c *Client) decide(ctx context.Context, op, id string, opts DecideOptions) 
 	return out, err
 }
 
+// RetryOptions are a retry's step and changed inputs: From "" retries the run from its
+// checkpoints; with From, the step and every step that depends on it, directly or not,
+// run again (the others keep their checkpoints), with Inputs (strings, converted to the
+// declared types) changed. Inputs need From.
+type RetryOptions struct {
+	From   string
+	Inputs map[string]string
+}
+
+// RetryRunFrom retries a run that ended from a step, with inputs changed.
+func (c *Client) RetryRunFrom(ctx context.Context, id string, opts RetryOptions) (Change, error) {
+	var ch Change
+	err := c.call(ctx, "run.retry", Request{ID: id, From: opts.From, Inputs: opts.Inputs}, &ch)
+	return ch, err
+}
+
 // DeadLetters lists the dead-lettered runs (ListOptions.Status is ignored).
 func (c *Client) DeadLetters(ctx context.Context, opts ListOptions) ([]Run, error) {
 	var runs []Run
@@ -229,6 +245,52 @@ func (c *Client) Schedules(ctx context.Context) ([]CronEntry, error) {
 	var cs []CronEntry
 	err := c.call(ctx, "cron.list", Request{}, &cs)
 	return cs, err
+}
+
+// PauseSchedule pauses a workflow's schedule: nothing fires until ResumeSchedule; the
+// ticks that come meanwhile are recorded as paused unless the schedule's catchup fires
+// them at the resume. Pausing a paused schedule changes its reason.
+func (c *Client) PauseSchedule(ctx context.Context, workflow, reason string) (ScheduleChanged, error) {
+	var out ScheduleChanged
+	err := c.call(ctx, "cron.pause", Request{Workflow: workflow, Reason: reason}, &out)
+	return out, err
+}
+
+// ResumeSchedule resumes a paused schedule (a conflict if it is not paused).
+func (c *Client) ResumeSchedule(ctx context.Context, workflow string) (ScheduleChanged, error) {
+	var out ScheduleChanged
+	err := c.call(ctx, "cron.resume", Request{Workflow: workflow}, &out)
+	return out, err
+}
+
+// NextTicks are the next n fire times of a workflow's schedule (n 0: 5).
+func (c *Client) NextTicks(ctx context.Context, workflow string, n int) ([]NextTick, error) {
+	var out []NextTick
+	err := c.call(ctx, "cron.next", Request{Workflow: workflow, N: n}, &out)
+	return out, err
+}
+
+// BackfillOptions are a backfill's range (RFC 3339 or dates, both ends included; a
+// date is midnight in the schedule's timezone; a To in the future is now), whether
+// only the ticks the schedule recorded without a run (missed, paused, skipped) run,
+// the order (oldest, the default, or newest), at most how many runs this call starts
+// (0: all; the answer then ends with the last tick it started), and whether it only
+// lists what would run.
+type BackfillOptions struct {
+	From, To    string
+	OnlyMissed  bool
+	Order       string
+	MaxParallel int
+	DryRun      bool
+}
+
+// Backfill starts a run per tick of the range that has none, with the tick's own run ID
+// (trigger backfill), so that a tick never runs twice; it answers each tick's outcome.
+func (c *Client) Backfill(ctx context.Context, workflow string, opts BackfillOptions) ([]BackfillTick, error) {
+	var out []BackfillTick
+	err := c.call(ctx, "cron.backfill", Request{Workflow: workflow, From: opts.From, To: opts.To, OnlyMissed: opts.OnlyMissed,
+		Order: opts.Order, MaxParallel: opts.MaxParallel, DryRun: opts.DryRun}, &out)
+	return out, err
 }
 
 // ClusterStatus is the leader, its term and the nodes that answered.

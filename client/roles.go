@@ -14,7 +14,7 @@ import (
 // operation has its own subject, Subject.<op>): flowd checks no role itself.
 const (
 	RoleViewer   = "viewer"   // every read; approve and reject (the step's approvers role is the node's to check)
-	RoleOperator = "operator" // workflow apply, run start/retry/cancel/signal, dlq retry, cluster snapshot
+	RoleOperator = "operator" // workflow apply, run start/retry/cancel/signal, dlq retry, cron pause/resume/backfill, cluster snapshot
 	RoleAdmin    = "admin"    // dlq purge, drill zombie
 	RoleNode     = "node"     // a flowd process: the log, the buckets, flow's streams; not the API
 )
@@ -26,13 +26,14 @@ var Roles = []string{RoleViewer, RoleOperator, RoleAdmin, RoleNode}
 var opRoles = map[string]string{
 	"workflow.list": RoleViewer, "workflow.show": RoleViewer, "workflow.validate": RoleViewer,
 	"run.get": RoleViewer, "run.list": RoleViewer, "run.wait": RoleViewer, "run.history": RoleViewer, "run.verify": RoleViewer,
-	"dlq.list": RoleViewer, "dlq.show": RoleViewer, "cron.list": RoleViewer, "cluster.status": RoleViewer,
+	"dlq.list": RoleViewer, "dlq.show": RoleViewer, "cron.list": RoleViewer, "cron.next": RoleViewer, "cluster.status": RoleViewer,
 	// Anyone may ask to approve or reject: the node checks the person against the
 	// approval step's approvers role (engine.Decide).
 	"run.approve": RoleViewer, "run.reject": RoleViewer,
 
 	"workflow.apply": RoleOperator, "run.start": RoleOperator, "run.retry": RoleOperator, "run.cancel": RoleOperator,
 	"run.signal": RoleOperator, "dlq.retry": RoleOperator, "cluster.snapshot": RoleOperator,
+	"cron.pause": RoleOperator, "cron.resume": RoleOperator, "cron.backfill": RoleOperator,
 
 	"dlq.purge": RoleAdmin, "drill.zombie": RoleAdmin,
 }

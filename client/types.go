@@ -51,6 +51,20 @@ type Request struct {
 	// the run waits on, or its only one).
 	Step    string `json:"step,omitempty"`
 	Comment string `json:"comment,omitempty"`
+	// Reason is cron.pause's. N is cron.next's count (default 5, at most 1000).
+	Reason string `json:"reason,omitempty"`
+	N      int    `json:"n,omitempty"`
+	// From is run.retry's step (it and every step that depends on it run again; Inputs
+	// are then the inputs changed), or cron.backfill's first time; To is cron.backfill's
+	// last. A backfill's times are RFC 3339 or a date (2026-11-01: midnight in the
+	// schedule's timezone), both ends included.
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+	// OnlyMissed, MaxParallel, Order (oldest or newest) and DryRun are cron.backfill's.
+	OnlyMissed  bool   `json:"only_missed,omitempty"`
+	MaxParallel int    `json:"max_parallel,omitempty"`
+	Order       string `json:"order,omitempty"`
+	DryRun      bool   `json:"dry_run,omitempty"`
 }
 
 // Run is the contract's JSON shape of a run.
@@ -248,6 +262,49 @@ type CronEntry struct {
 	Catchup  string   `json:"catchup"`
 	Next     []string `json:"next"`
 	Last     []Tick   `json:"last_ticks"`
+	// Paused says the schedule fires nothing until it is resumed; PausedReason,
+	// PausedBy (the person, "" without auth) and PausedSince (RFC 3339) say why, who
+	// and since when.
+	Paused       bool   `json:"paused"`
+	PausedReason string `json:"paused_reason,omitempty"`
+	PausedBy     string `json:"paused_by,omitempty"`
+	PausedSince  string `json:"paused_since,omitempty"`
+}
+
+// ScheduleChanged is the answer to cron.pause and cron.resume: the schedule's workflow,
+// whether it is now paused, the reason given and who changed it ("" without auth).
+type ScheduleChanged struct {
+	Workflow string `json:"workflow"`
+	Paused   bool   `json:"paused"`
+	Reason   string `json:"reason,omitempty"`
+	By       string `json:"by,omitempty"`
+}
+
+// NextTick is one coming fire time of a schedule (cron.next): in the schedule's
+// timezone and in UTC (RFC 3339), and on a daylight-saving day what the change does to
+// its local times ("" on other days).
+type NextTick struct {
+	Local string `json:"local"`
+	UTC   string `json:"utc"`
+	DST   string `json:"dst,omitempty"`
+}
+
+// Tick outcomes of a backfill (cron.backfill): a run started with the tick's run ID
+// (backfilled), what a dry run would start (would-run), a tick that already has its
+// run (ran: fired, caught up or backfilled before), and, with only_missed, a tick the
+// schedule never recorded (not-missed).
+const (
+	BackfillBackfilled = "backfilled"
+	BackfillWouldRun   = "would-run"
+	BackfillRan        = "ran"
+	BackfillNotMissed  = "not-missed"
+)
+
+// BackfillTick is one tick of a backfill's range and what became of it.
+type BackfillTick struct {
+	At      string `json:"at"` // RFC 3339, in the schedule's timezone
+	RunID   string `json:"run_id"`
+	Outcome string `json:"outcome"`
 }
 
 // Tick is a recorded fire time.

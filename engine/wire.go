@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -138,6 +139,9 @@ func (a *API) Schedules() ([]client.CronEntry, error) {
 				c.Next = append(c.Next, t.Format(time.RFC3339))
 			}
 		}
+		if st, err := a.e.ScheduleState(w.Name); err == nil && st != nil && st.Paused {
+			c.Paused, c.PausedReason, c.PausedBy, c.PausedSince = true, st.Reason, st.Actor, ts(st.Since)
+		}
 		ticks, _ := a.e.Ticks(w.Name)
 		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
 			c.Last = append(c.Last, wireTick(ticks[i]))
@@ -245,6 +249,118 @@ func (a *API) Retry(ctx context.Context, id string) error { return wireError(a.e
 // Cancel cancels a pending or running run, for the default reason (Cancel).
 func (a *API) Cancel(ctx context.Context, id string) error {
 	return wireError(a.e.Cancel(ctx, id, ""))
+}
+
+// RetryFrom retries a run that ended from a step with inputs changed (RetryFrom), the
+// inputs as the wire gives them (strings, converted to the declared types).
+func (a *API) RetryFrom(ctx context.Context, id string, opts client.RetryOptions) error {
+	var inputs map[string]any
+	if len(opts.Inputs) > 0 {
+		inputs = map[string]any{}
+		for k, v := range opts.Inputs {
+			inputs[k] = v
+		}
+	}
+	return wireError(a.e.RetryFrom(ctx, id, RetryOptions{From: opts.From, Inputs: inputs}))
+}
+
+// PauseSchedule pauses a workflow's schedule for ctx's actor (PauseSchedule).
+func (a *API) PauseSchedule(ctx context.Context, workflow, reason string) error {
+	return wireError(a.e.PauseSchedule(ctx, workflow, reason))
+}
+
+// ResumeSchedule resumes a paused schedule (ResumeSchedule).
+func (a *API) ResumeSchedule(ctx context.Context, workflow string) error {
+	return wireError(a.e.ResumeSchedule(ctx, workflow))
+}
+
+// NextTicks are the next n fire times of a workflow's schedule (NextTicks).
+func (a *API) NextTicks(workflow string, n int) ([]client.NextTick, error) {
+	ticks, err := a.e.NextTicks(workflow, n)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := make([]client.NextTick, 0, len(ticks))
+	for _, t := range ticks {
+		out = append(out, client.NextTick{Local: t.Local.Format(time.RFC3339), UTC: t.UTC.Format(time.RFC3339), DST: t.DST})
+	}
+	return out, nil
+}
+
+// Backfill starts a run per tick of the range that has none (Backfill). The range's
+// ends are RFC 3339 or dates (midnight in the schedule's timezone). With MaxParallel N
+// (and not a dry run), it starts at most N runs, one tick at a time, and answers the
+// ticks up to the last one it started: the caller backfills the rest once they end.
+func (a *API) Backfill(ctx context.Context, workflow string, opts client.BackfillOptions) ([]client.BackfillTick, error) {
+	w, err := a.e.Workflow(workflow, 0)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	if w.Schedule == nil {
+		return nil, wireError(fmt.Errorf("%w: workflow %s has no schedule to backfill", ErrBadInput, workflow))
+	}
+	loc, err := time.LoadLocation(w.Schedule.Timezone)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	from, err := ParseScheduleTime("from", opts.From, loc)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	to, err := ParseScheduleTime("to", opts.To, loc)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, Newest: opts.Order == "newest", DryRun: opts.DryRun}
+	if opts.MaxParallel <= 0 || opts.DryRun {
+		ticks, err := a.e.Backfill(ctx, workflow, eo)
+		return wireBackfill(ticks, loc), wireError(err)
+	}
+	eo.DryRun = true
+	plan, err := a.e.Backfill(ctx, workflow, eo)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	var out []BackfillTick
+	started := 0
+	for _, t := range plan {
+		if started == opts.MaxParallel {
+			break
+		}
+		if t.Outcome != client.BackfillWouldRun {
+			out = append(out, t)
+			continue
+		}
+		one, err := a.e.Backfill(ctx, workflow, BackfillOptions{From: t.At, To: t.At, OnlyMissed: opts.OnlyMissed})
+		out = append(out, one...)
+		if err != nil {
+			return wireBackfill(out, loc), wireError(err)
+		}
+		if len(one) == 1 && one[0].Outcome == client.BackfillBackfilled {
+			started++
+		}
+	}
+	return wireBackfill(out, loc), nil
+}
+
+// ParseScheduleTime reads a backfill's end: RFC 3339, or a date (2006-01-02) meaning
+// midnight in loc. A bad one is ErrBadInput naming what (from, to).
+func ParseScheduleTime(what, s string, loc *time.Location) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.ParseInLocation(time.DateOnly, s, loc); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("%w: %s %q: use RFC 3339 (2026-11-01T02:00:00Z) or a date (2026-11-01, midnight in the schedule's timezone)", ErrBadInput, what, s)
+}
+
+func wireBackfill(ticks []BackfillTick, loc *time.Location) []client.BackfillTick {
+	out := make([]client.BackfillTick, 0, len(ticks))
+	for _, t := range ticks {
+		out = append(out, client.BackfillTick{At: t.At.In(loc).Format(time.RFC3339), RunID: t.RunID, Outcome: t.Outcome})
+	}
+	return out
 }
 
 // Signal sends a signal to a run that has not ended (Signal); it returns once the

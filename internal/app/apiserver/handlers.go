@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/ident"
 )
 
@@ -160,7 +161,16 @@ func (s *Server) runRetry(ctx context.Context, r *client.Request) (any, error) {
 	if err := needID(r); err != nil {
 		return nil, err
 	}
-	if err := s.n.Retry(ctx, r.ID); err != nil {
+	if r.From == "" && len(r.Inputs) > 0 {
+		return nil, badRequest("inputs need a step to retry from (a retry without one resumes from the checkpoints, whose inputs are fixed)")
+	}
+	var err error
+	if r.From == "" {
+		err = s.n.Retry(ctx, r.ID)
+	} else {
+		err = s.n.RetryFrom(ctx, r.ID, client.RetryOptions{From: r.From, Inputs: r.Inputs})
+	}
+	if err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "pending"}, nil
@@ -253,6 +263,7 @@ func (s *Server) dlqRetry(ctx context.Context, r *client.Request) (any, error) {
 	if _, err := s.dlqRun(r); err != nil {
 		return nil, err
 	}
+	r.From, r.Inputs = "", nil // a dead letter is retried from its checkpoints
 	return s.runRetry(ctx, r)
 }
 
@@ -273,6 +284,70 @@ func (s *Server) cronList(context.Context, *client.Request) (any, error) {
 		return nil, err
 	}
 	return cron, nil
+}
+
+func needWorkflow(r *client.Request) error {
+	if r.Workflow == "" {
+		return badRequest("a workflow name is required")
+	}
+	if !ident.ValidName(r.Workflow) {
+		return badRequest("workflow %q: use 1-64 of a-z, 0-9, '_' or '-'", r.Workflow)
+	}
+	return nil
+}
+
+func (s *Server) cronPause(ctx context.Context, r *client.Request) (any, error) {
+	if err := needWorkflow(r); err != nil {
+		return nil, err
+	}
+	if err := s.n.PauseSchedule(ctx, r.Workflow, r.Reason); err != nil {
+		return nil, err
+	}
+	return client.ScheduleChanged{Workflow: r.Workflow, Paused: true, Reason: r.Reason, By: audit.Actor(ctx)}, nil
+}
+
+func (s *Server) cronResume(ctx context.Context, r *client.Request) (any, error) {
+	if err := needWorkflow(r); err != nil {
+		return nil, err
+	}
+	if err := s.n.ResumeSchedule(ctx, r.Workflow); err != nil {
+		return nil, err
+	}
+	return client.ScheduleChanged{Workflow: r.Workflow, Paused: false, By: audit.Actor(ctx)}, nil
+}
+
+// defaultNext is how many fire times cron.next answers without n.
+const defaultNext = 5
+
+func (s *Server) cronNext(_ context.Context, r *client.Request) (any, error) {
+	if err := needWorkflow(r); err != nil {
+		return nil, err
+	}
+	n := r.N
+	if n == 0 {
+		n = defaultNext
+	}
+	if n < 1 || n > 1000 {
+		return nil, badRequest("n %d: use 1 to 1000", r.N)
+	}
+	return s.n.NextTicks(r.Workflow, n)
+}
+
+func (s *Server) cronBackfill(ctx context.Context, r *client.Request) (any, error) {
+	if err := needWorkflow(r); err != nil {
+		return nil, err
+	}
+	if r.From == "" || r.To == "" {
+		return nil, badRequest("a backfill needs from and to (RFC 3339, or a date such as 2026-11-01)")
+	}
+	if r.Order != "" && r.Order != "oldest" && r.Order != "newest" {
+		return nil, badRequest("order %q: use oldest or newest", r.Order)
+	}
+	if r.MaxParallel < 0 || r.MaxParallel > 10000 {
+		return nil, badRequest("max_parallel %d: use 0 (all) to 10000", r.MaxParallel)
+	}
+	return s.n.Backfill(ctx, r.Workflow, client.BackfillOptions{From: r.From, To: r.To, OnlyMissed: r.OnlyMissed,
+		Order: r.Order, MaxParallel: r.MaxParallel, DryRun: r.DryRun})
 }
 
 func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error) {

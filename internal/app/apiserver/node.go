@@ -65,6 +65,19 @@ type Node interface {
 	Decide(ctx context.Context, id, step string, approve bool, comment string) (string, error)
 	DrillZombie(ctx context.Context) (client.Drill, error)
 
+	// RetryFrom retries a run that ended from a step (opts.From): the step and its
+	// dependents run again, with opts.Inputs changed (strings, converted to the declared
+	// types); From "" with no inputs is Retry. A run that has not ended is a conflict.
+	RetryFrom(ctx context.Context, id string, opts client.RetryOptions) error
+	// PauseSchedule and ResumeSchedule pause and resume a workflow's schedule for ctx's
+	// actor; resuming a schedule that is not paused is a conflict.
+	PauseSchedule(ctx context.Context, workflow, reason string) error
+	ResumeSchedule(ctx context.Context, workflow string) error
+	// NextTicks are the next n fire times of a workflow's schedule.
+	NextTicks(workflow string, n int) ([]client.NextTick, error)
+	// Backfill starts a run per tick of the range that has none (cron.backfill).
+	Backfill(ctx context.Context, workflow string, opts client.BackfillOptions) ([]client.BackfillTick, error)
+
 	// Snapshot writes a snapshot of this node's state now.
 	Snapshot(ctx context.Context) (client.Snapshot, error)
 }

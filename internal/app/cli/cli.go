@@ -200,7 +200,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		&cobra.Command{Use: "watch RUN", Short: "Follow a run until it ends; exit 1 unless it succeeded", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.watch(args[0]) }},
 		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
 		&cobra.Command{Use: "verify RUN", Short: "Re-check a run's invariants from the state; exit 1 on a violation", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.verify(args[0]) }},
-		&cobra.Command{Use: "retry RUN", Short: "Retry a failed, dead-lettered or cancelled run from its checkpoints", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).RetryRun, args[0]) }},
+		a.retryCommand(),
 		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).CancelRun, args[0]) }},
 	)
 	run.AddCommand(a.waitCommands()...)
@@ -219,7 +219,8 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		}},
 	)
 	cronCmd := group("cron", "Scheduled workflows")
-	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
+	cronCmd.AddCommand(&cobra.Command{Use: "list", Short: "Schedules, next fire times, last ticks, pauses", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.cronList() }})
+	cronCmd.AddCommand(a.cronCommands()...)
 	cluster := group("cluster", "The flowd nodes")
 	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term, nodes and the log's bounds", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }},
 		&cobra.Command{Use: "snapshot", Short: "Write a snapshot of the state now (the log is compacted below the newest)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.snapshot() }})
@@ -603,10 +604,21 @@ func cronTable(w io.Writer, cs []client.CronEntry) {
 		if len(c.Next) > 0 {
 			next = short(c.Next[0])
 		}
+		if c.Paused {
+			next = "paused"
+		}
 		if len(c.Last) > 0 {
 			last = short(c.Last[len(c.Last)-1].At) + " " + c.Last[len(c.Last)-1].Outcome
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", c.Workflow, c.Cron, c.Timezone, next, last)
+	}
+	for _, c := range cs {
+		if c.Paused {
+			fmt.Fprintf(w, "\n%s is paused by %s since %s UTC\n", c.Workflow, dash(c.PausedBy), shortTime(c.PausedSince))
+			for _, l := range wrap("reason: "+dash(oneLine(c.PausedReason)), 76) {
+				fmt.Fprintf(w, "  %s\n", l)
+			}
+		}
 	}
 }
 

@@ -60,6 +60,21 @@ func TestTableGolden(t *testing.T) {
 		cronTable(w, []client.CronEntry{{Workflow: "nightly-payout", Cron: "0 2 * * *", Timezone: "Asia/Jakarta",
 			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []client.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "fired"}}}})
 	}
+	cases["cron-list-paused"] = func(w io.Writer) {
+		cronTable(w, []client.CronEntry{{Workflow: "nightly-payout", Cron: "0 2 * * *", Timezone: "Asia/Jakarta",
+			Next: []string{"2026-11-30T02:00:00+07:00"}, Last: []client.Tick{{At: "2026-11-29T19:00:00Z", Outcome: "paused"}},
+			Paused: true, PausedReason: "incident 42: the bank's API is down", PausedBy: "olga", PausedSince: "2026-11-29T14:05:00Z"},
+			{Workflow: "report", Cron: "0 6 * * *", Timezone: "UTC", Next: []string{"2026-11-30T06:00:00Z"}}})
+	}
+	cases["cron-next"] = func(w io.Writer) {
+		nextTable(w, []client.NextTick{{Local: "2026-10-24T02:30:00+02:00", UTC: "2026-10-24T00:30:00Z"},
+			{Local: "2026-10-25T02:30:00+01:00", UTC: "2026-10-25T01:30:00Z", DST: "daylight-saving day: UTC+02:00 to UTC+01:00; local times in the change are repeated (the clocks go back)"}})
+	}
+	cases["cron-backfill"] = func(w io.Writer) {
+		backfillTable(w, []client.BackfillTick{{At: "2026-11-01T02:00:00+07:00", RunID: "nightly-payout-20261031T190000Z", Outcome: "ran"},
+			{At: "2026-11-02T02:00:00+07:00", RunID: "nightly-payout-20261101T190000Z", Outcome: "backfilled"},
+			{At: "2026-11-03T02:00:00+07:00", RunID: "nightly-payout-20261102T190000Z", Outcome: "backfilled"}})
+	}
 	cases["cluster-status"] = func(w io.Writer) {
 		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, FirstSeq: 8000, LastSeq: 9003, SnapshotSeq: 7999, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}}})
 	}

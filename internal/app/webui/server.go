@@ -187,6 +187,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /ui/workflows", s.page(s.workflowsPage))
 	m.HandleFunc("GET /ui/workflows/{name}", s.page(s.workflowPage))
 	m.HandleFunc("GET /ui/cron", s.page(s.cronPage))
+	m.HandleFunc("POST /ui/cron/{name}/pause", s.action(s.cronAction("cron.pause")))
+	m.HandleFunc("POST /ui/cron/{name}/resume", s.action(s.cronAction("cron.resume")))
 	m.HandleFunc("GET /ui/dlq", s.page(s.dlqPage))
 	m.HandleFunc("GET /ui/dlq/{id}/purge", s.page(s.purgeConfirmPage))
 	m.HandleFunc("POST /ui/dlq/{id}/retry", s.action(s.runAction("dlq.retry")))
@@ -356,6 +358,22 @@ func (s *Server) runAction(op string) func(http.ResponseWriter, *http.Request, *
 			req.Name = "cancelled from the web UI"
 		case "run.approve", "run.reject":
 			req.Step, req.Comment = r.PostFormValue("step"), r.PostFormValue("comment")
+		case "run.retry":
+			req.From = strings.TrimSpace(r.PostFormValue("from"))
+			for _, line := range strings.Split(r.PostFormValue("inputs"), "\n") {
+				if line = strings.TrimSpace(line); line == "" {
+					continue
+				}
+				k, v, ok := strings.Cut(line, "=")
+				if !ok || strings.TrimSpace(k) == "" {
+					s.errorPage(w, r, se, &client.Error{Code: client.CodeBadRequest, Message: fmt.Sprintf("input %q: use KEY=VALUE, one a line; nothing was retried", line)})
+					return
+				}
+				if req.Inputs == nil {
+					req.Inputs = map[string]string{}
+				}
+				req.Inputs[strings.TrimSpace(k)] = v
+			}
 		case "run.signal":
 			req.Name = strings.TrimSpace(r.PostFormValue("name"))
 			if data := strings.TrimSpace(r.PostFormValue("data")); data != "" {
@@ -376,6 +394,27 @@ func (s *Server) runAction(op string) func(http.ResponseWriter, *http.Request, *
 			back = "/ui/dlq"
 		}
 		http.Redirect(w, r, back, http.StatusSeeOther)
+	}
+}
+
+// cronAction is a POST of pause or resume of the schedule of the workflow in the path
+// (a pause with the form's reason): it needs the operation's role, and goes back to
+// the cron page.
+func (s *Server) cronAction(op string) func(http.ResponseWriter, *http.Request, *session) {
+	return func(w http.ResponseWriter, r *http.Request, se *session) {
+		if !client.RoleAllows(se.role, op) {
+			http.Error(w, fmt.Sprintf("not authorized: %s needs the %s role", op, client.RoleFor(op)), http.StatusForbidden)
+			return
+		}
+		req := client.Request{Workflow: r.PathValue("name")}
+		if op == "cron.pause" {
+			req.Reason = strings.TrimSpace(r.PostFormValue("reason"))
+		}
+		if _, err := s.cfg.Backend.Do(audit.WithActor(r.Context(), se.user), op, req); err != nil {
+			s.errorPage(w, r, se, err)
+			return
+		}
+		http.Redirect(w, r, "/ui/cron", http.StatusSeeOther)
 	}
 }
 
