@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 )
@@ -116,5 +117,43 @@ func TestRunPageRetryFromStep(t *testing.T) {
 	r := n.waitUntil(t, "c1", func(r client.Run) bool { return r.Terminal() && r.Epoch != before.Epoch })
 	if r.Status != "succeeded" || r.Steps[0].Epoch != before.Steps[0].Epoch || r.Steps[1].Epoch == before.Steps[1].Epoch || !strings.Contains(string(r.Inputs), `"day":"x"`) {
 		t.Fatalf("after the retry from b: %s, steps %+v (before %+v), inputs %s", r.Status, r.Steps, before.Steps, r.Inputs)
+	}
+}
+
+// Backfill from the cron page (issue 27): an operator backfills a range of dates; the
+// ticks without a run get one each, with the tick's run ID; a viewer has no form and
+// her POST is refused.
+func TestCronPageBackfill(t *testing.T) {
+	n := startPeopleNode(t)
+	n.apply(t, "name: nightly\nschedule:\n  cron: \"0 2 * * *\"\n  timezone: Asia/Jakarta\nsteps:\n  - {name: a, uses: noop}\n")
+	signIn := func(user, pw string) *http.Client {
+		c := browser(t)
+		if code, _ := post(t, c, n.srv.URL+"/ui/login", url.Values{"user": {user}, "password": {pw}, "next": {"/ui/"}}, nil); code != http.StatusSeeOther {
+			t.Fatalf("%s's sign-in: %d", user, code)
+		}
+		return c
+	}
+	otto, vera := signIn("otto", "o-pw"), signIn("vera", "v-pw")
+	_, page := get(t, otto, n.srv.URL+"/ui/cron")
+	if !strings.Contains(page, `action="/ui/cron/nightly/backfill"`) {
+		t.Fatalf("an operator's cron page has no backfill form:\n%s", page)
+	}
+	if _, vpage := get(t, vera, n.srv.URL+"/ui/cron"); strings.Contains(vpage, "/backfill") {
+		t.Fatalf("a viewer's cron page has the backfill form")
+	}
+	from, to := time.Now().AddDate(0, 0, -3).Format("2006-01-02"), time.Now().AddDate(0, 0, -1).Format("2006-01-02")
+	form := url.Values{"csrf": {csrfOf(t, page)}, "from": {from}, "to": {to}}
+	if code, _ := post(t, vera, n.srv.URL+"/ui/cron/nightly/backfill", url.Values{"csrf": {csrfOf(t, page)}, "from": {from}, "to": {to}}, nil); code == http.StatusSeeOther {
+		t.Fatalf("a viewer's backfill was accepted")
+	}
+	if code, body := post(t, otto, n.srv.URL+"/ui/cron/nightly/backfill", form, nil); code != http.StatusSeeOther {
+		t.Fatalf("the backfill: %d %s", code, body)
+	}
+	runs, _, err := n.e.ListRuns(checkpoint.ListOptions{Workflow: "nightly", Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].Trigger != checkpoint.TriggerBackfill {
+		t.Fatalf("runs after backfilling %s to %s: %+v", from, to, runs)
 	}
 }

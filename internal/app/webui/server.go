@@ -189,6 +189,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /ui/cron", s.page(s.cronPage))
 	m.HandleFunc("POST /ui/cron/{name}/pause", s.action(s.cronAction("cron.pause")))
 	m.HandleFunc("POST /ui/cron/{name}/resume", s.action(s.cronAction("cron.resume")))
+	m.HandleFunc("POST /ui/cron/{name}/backfill", s.action(s.cronAction("cron.backfill")))
 	m.HandleFunc("GET /ui/dlq", s.page(s.dlqPage))
 	m.HandleFunc("GET /ui/dlq/{id}/purge", s.page(s.purgeConfirmPage))
 	m.HandleFunc("POST /ui/dlq/{id}/retry", s.action(s.runAction("dlq.retry")))
@@ -407,8 +408,13 @@ func (s *Server) cronAction(op string) func(http.ResponseWriter, *http.Request, 
 			return
 		}
 		req := client.Request{Workflow: r.PathValue("name")}
-		if op == "cron.pause" {
+		switch op {
+		case "cron.pause":
 			req.Reason = strings.TrimSpace(r.PostFormValue("reason"))
+		case "cron.backfill": // the range's ticks without a run, each with its tick's run ID
+			req.From, req.To = strings.TrimSpace(r.PostFormValue("from")), strings.TrimSpace(r.PostFormValue("to"))
+			req.OnlyMissed = r.PostFormValue("only_missed") != ""
+			req.DryRun = r.PostFormValue("dry_run") != ""
 		}
 		if _, err := s.cfg.Backend.Do(audit.WithActor(r.Context(), se.user), op, req); err != nil {
 			s.errorPage(w, r, se, err)
