@@ -239,6 +239,11 @@ type BackfillTick struct {
 	Outcome string
 }
 
+// backfillRandomIDs, set at link time (-ldflags "-X .../engine.backfillRandomIDs=1") and
+// empty in every release build, is Hooks.BackfillRandomIDs for a process
+// (TestBackfillsAcrossALeaderKill's control).
+var backfillRandomIDs string
+
 // MaxBackfillTicks bounds one backfill's range.
 const MaxBackfillTicks = 10000
 
@@ -291,7 +296,7 @@ func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions
 	var out []BackfillTick
 	for _, t := range ticks {
 		bt := BackfillTick{At: t, RunID: workflow.TickRunID(name, t)}
-		if e.hooks.BackfillRandomIDs.Load() { // the control: a run per backfill, not per tick
+		if e.hooks.BackfillRandomIDs.Load() || backfillRandomIDs != "" { // the control: a run per backfill, not per tick
 			bt.RunID = NewRunID()
 		}
 		rec, seen := byTime[t.UnixNano()]
@@ -309,7 +314,7 @@ func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions
 			}
 			entry := checkpoint.Entry{Kind: checkpoint.KindCronTick, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub,
 				Tick: &checkpoint.CronTick{Workflow: name, At: t.UTC(), Outcome: checkpoint.TickBackfilled, RunID: bt.RunID}}
-			if e.hooks.BackfillRandomIDs.Load() {
+			if e.hooks.BackfillRandomIDs.Load() || backfillRandomIDs != "" {
 				entry = checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub}
 			}
 			switch err := e.clog.Writer.Write(ctx, entry).Await(ctx); {

@@ -313,8 +313,8 @@ func checkPath(p []string, inputs map[string]bool, st *Step, where string) (msg,
 			return "item exists only in the with and if of a step with foreach", ""
 		}
 	case "run":
-		if len(p) != 2 || (p[1] != "id" && p[1] != "epoch" && p[1] != "error" && p[1] != "failed_step") {
-			return "run has id, epoch, error and failed_step", ""
+		if len(p) != 2 || (p[1] != "id" && p[1] != "epoch" && p[1] != "error" && p[1] != "failed_step" && p[1] != "handler_id") {
+			return "run has id, epoch, error, failed_step and (in a handler) handler_id", ""
 		}
 	case "schedule":
 		if len(p) != 2 || !IntervalKeys[p[1]] {
