@@ -404,3 +404,36 @@ on_failure:
 		t.Fatalf("the handler told %d times (%q), want once per failure", got, b)
 	}
 }
+
+// A paused schedule fires nothing; the control has the leader ignore the pause
+// (Hooks.IgnorePause): ticks go on firing while it is paused.
+func TestPausedScheduleFiresNothing(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "paused", true: "control-ignore-pause"}[control], func(t *testing.T) {
+			h := &testhooks.Hooks{}
+			h.IgnorePause.Store(control)
+			e := startEngineWith(t, h, func(c *Config) { c.CronGrace = 400 * time.Millisecond })
+			apply(t, e, "name: tick\nschedule:\n  cron: \"* * * * * *\"\n  overlap: allow\nsteps:\n  - name: a\n    uses: noop\n")
+			ctx := ctxT(t, 30*time.Second)
+			if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 1 }); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.PauseSchedule(ctx, "tick", "quiet"); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := e.store.Ticks("tick")
+			waitUntil(t, time.Now().Add(3*time.Second))
+			after, _ := e.store.Ticks("tick")
+			fired := len(after) - len(before)
+			if control {
+				if fired < 2 {
+					t.Fatalf("the control fired %d ticks while paused", fired)
+				}
+				return
+			}
+			if fired > 1 { // one tick may have been planned before the pause applied
+				t.Fatalf("%d ticks fired while paused", fired)
+			}
+		})
+	}
+}

@@ -305,7 +305,11 @@ func (t *termServices) runCron(ctx context.Context) {
 func (t *termServices) cronOnce(ctx context.Context) (time.Time, bool) {
 	s := t.s
 	now := s.clock.Now()
-	plans, next, err := CronDue(s.cfg.State, s.cfg.Specs, now)
+	var st State = s.cfg.State
+	if s.hooks.IgnorePause.Load() {
+		st = ignorePause{st} // the control: a pause changes nothing
+	}
+	plans, next, err := CronDue(st, s.cfg.Specs, now)
 	if err != nil {
 		s.log.Warn("cron", "err", err)
 		return next, false
@@ -454,3 +458,8 @@ func (t *termServices) retireOnce(ctx context.Context) int {
 	}
 	return asked
 }
+
+// ignorePause is a State that says no schedule was ever paused (Hooks.IgnorePause).
+type ignorePause struct{ State }
+
+func (ignorePause) Schedule(string) (*checkpoint.ScheduleState, error) { return nil, nil }

@@ -50,6 +50,7 @@ type Hooks struct {
 	KeepEndedRunning  atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
 	NoTermRaise       atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
 	NoSitOut          atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
+	IgnorePause       atomic.Bool  // the leader's cron fires a paused schedule's ticks (TestPausedScheduleFiresNothing's control)
 	BackfillRandomIDs atomic.Bool  // a backfill's runs get new IDs, not their ticks' (TestBackfillRunsEachTickOnce's control)
 	RetryResetsAll    atomic.Bool  // a retry from a step resets every step, not only it and its dependents (TestRetryFromAStepRunsItAndItsDependentsOnce's control)
 	RandomChildIDs    atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
