@@ -135,10 +135,11 @@ func TestCancelReachesGrandchildren(t *testing.T) {
 			if control {
 				want = checkpoint.StatusWaiting
 			}
+			// The cascade is applied with the parent's cancel, in the same message.
+			awaitRun(t, e, id, 10*time.Second, "the cancel applied", isStatus(checkpoint.StatusCancelled))
 			for _, run := range []string{id + ".c", leaf} {
-				r := awaitRun(t, e, run, 10*time.Second, "cancel applied", func(r *checkpoint.Run) bool { return r.Status.Terminal() || r.UpdatedSeq > 0 })
-				if r, _ = e.store.Run(run); r.Status != want {
-					t.Fatalf("%s is %s after its ancestor's cancel, want %s", run, r.Status, want)
+				if r, err := e.store.Run(run); err != nil || r.Status != want {
+					t.Fatalf("%s is %+v after its ancestor's cancel (%v), want %s", run, r, err, want)
 				}
 			}
 		})
