@@ -35,6 +35,9 @@ type applyBatch struct {
 	// schedules changed by this message (nightly.go); scheduleMoved wakes cron.
 	schedules     map[string]*ScheduleState
 	scheduleMoved bool
+	// clusterVersion is the version a cluster_version entry of this message raised the
+	// cluster to (0: none did).
+	clusterVersion int
 }
 
 // cachedRun is a decoded run and its steps. The applier is the only writer, so the
@@ -114,6 +117,9 @@ func (tx *applyBatch) commit() error {
 	// The newest-first indexes are current at this sequence too (newest.go).
 	_ = tx.b.Set(keyNewestAt, binary.BigEndian.AppendUint64(nil, tx.seq), nil)
 	_ = tx.b.Set(keyTerm, binary.BigEndian.AppendUint64(nil, uint64(tx.term)), nil)
+	if tx.clusterVersion > 0 {
+		_ = tx.b.Set(keyClusterVersion, binary.BigEndian.AppendUint64(nil, uint64(tx.clusterVersion)), nil)
+	}
 	// NoSync: the log is the durable record. A crash that loses this batch replays it,
 	// since the applied sequence is in the same batch.
 	if err := tx.b.Commit(pebble.NoSync); err != nil {
@@ -243,6 +249,8 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		if e.Run == "" {
 			return tx.tickDeadlineMissed(e)
 		}
+	case KindClusterVersion:
+		return tx.raiseClusterVersion(e)
 	}
 	c, err := tx.load(e.Run)
 	if err != nil {

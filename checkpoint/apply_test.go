@@ -285,7 +285,7 @@ func TestUndecodableMessagesAreRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := msg(t, Entry{Kind: KindCancel, Run: "r1", At: t0})
-	future := bytes.Replace(good, []byte(`"v":1`), fmt.Appendf(nil, `"v":%d`, FormatVersion+1), 1)
+	future := bytes.Replace(good, []byte(`"v":1`), fmt.Appendf(nil, `"v":%d`, Revision+1), 1)
 	if _, err := s.Apply(s.Applied()+1, future); !errors.Is(err, ErrNewerFormat) || !strings.Contains(err.Error(), "upgrade flowd") {
 		t.Fatalf("a newer format: %v; want ErrNewerFormat saying to upgrade", err)
 	}
@@ -307,7 +307,7 @@ func TestUndecodableMessagesAreRejected(t *testing.T) {
 		{"unknown field", "unknown field", bytes.Replace(good, []byte(`"run":`), []byte(`"zzz":1,"run":`), 1)},
 		{"no entries", "no entries", []byte(`{"v":1,"entries":[]}`)},
 		{"trailing", "trailing data", append(append([]byte(nil), good...), []byte(`{}`)...)},
-		{"older version", "format version 0", bytes.Replace(good, []byte(`"v":1`), []byte(`"v":0`), 1)},
+		{"older version", "revision 0", bytes.Replace(good, []byte(`"v":1`), []byte(`"v":0`), 1)},
 	}
 	first := s.Applied() + 1
 	for i, c := range cases {
@@ -538,7 +538,7 @@ func TestRetireLeavesNothing(t *testing.T) {
 	}
 	otherBefore, _ := s.View("other")
 	seq := s.Applied() + 1
-	verdicts, err := s.Apply(seq, EncodeEnvelopeVersion("test", 2, [][]byte{mustJSON(t, Entry{Kind: KindRetire, Run: "r1", Term: 1, At: t0})}))
+	verdicts, err := s.Apply(seq, EncodeJSONEnvelope("test", 2, [][]byte{mustJSON(t, Entry{Kind: KindRetire, Run: "r1", Term: 1, At: t0})}))
 	if err != nil || verdicts[0] != nil {
 		t.Fatalf("retire: %v %v", verdicts, err)
 	}
@@ -552,7 +552,7 @@ func TestRetireLeavesNothing(t *testing.T) {
 		t.Fatalf("Retired = %d", got)
 	}
 	// In format 1 the kind does not exist: such a message is rejected as undecodable.
-	if v, err := s.Apply(s.Applied()+1, EncodeEnvelopeVersion("test", 1, [][]byte{mustJSON(t, Entry{Kind: KindRetire, Run: "other", Term: 1, At: t0})})); err != nil || len(v) != 0 {
+	if v, err := s.Apply(s.Applied()+1, EncodeJSONEnvelope("test", 1, [][]byte{mustJSON(t, Entry{Kind: KindRetire, Run: "other", Term: 1, At: t0})})); err != nil || len(v) != 0 {
 		t.Fatalf("a retire in a format-1 message: %v %v; want the message rejected", v, err)
 	}
 }

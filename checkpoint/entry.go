@@ -34,14 +34,19 @@ const (
 	KindDecide     Kind = "decide"      // a person's approval or rejection of an approval step (format 3)
 	KindPark       Kind = "park"        // the owner ends its epoch cleanly to wait (a signal, approvals, a timer) (format 3)
 	KindWake       Kind = "wake"        // the scheduler wakes a parked run whose timer is due (format 3)
+	// KindClusterVersion raises the cluster version: writers use its log format from
+	// the entry on (scheduler; revision 4; logformat.go).
+	KindClusterVersion Kind = "cluster_version"
 )
 
-// FormatVersion is the newest version of the message envelope this code reads and
-// writes. Version 2 adds the retire entry, version 3 the waits (signal, decide, park,
-// wake, and a commit's consumption of a signal); a message is written at the lowest version
-// that holds its entries (FormatFor). A message of a newer version stops the applier
-// (it was written by newer code): "upgrade flowd".
-const FormatVersion = 3
+// Revision is the newest revision of the entries this code reads and writes (the "v"
+// of a format-1 message, the second field of a format-2 one; logformat.go). Revision 2
+// adds the retire entry, 3 the waits (signal, decide, park, wake, and a commit's
+// consumption of a signal) and the nightly operations, 4 the cluster version entry; a
+// format-1 message is written at the lowest revision that holds its entries
+// (RevisionOf). A message of a newer revision stops the applier (it was written by
+// newer code): "upgrade flowd".
+const Revision = 4
 
 // ItemWhole is the Item of an entry about a whole step rather than one foreach item.
 const ItemWhole = -1
@@ -94,6 +99,9 @@ type Entry struct {
 	// any, as a JSON object in Output.
 	Schedule *ScheduleChange `json:"schedule,omitempty"`
 	Steps    []string        `json:"steps,omitempty"`
+
+	// ClusterVersion is a cluster_version entry's new version (logformat.go).
+	ClusterVersion int `json:"cluster_version,omitempty"`
 
 	// At is the writer's wall clock. It is recorded for people to read and never
 	// used to decide anything.
@@ -160,7 +168,7 @@ func (e *Entry) Validate() error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
 	tickDeadline := e.Kind == KindDeadlineMissed && e.Run == "" && e.Tick != nil // a tick that never ran (nightly.go)
-	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && !tickDeadline && !ident.ValidID(e.Run) {
+	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && e.Kind != KindClusterVersion && !tickDeadline && !ident.ValidID(e.Run) {
 		return bad("run ID %q: %s", e.Run, ident.IDRule)
 	}
 	if e.Owner != "" && !ident.ValidID(e.Owner) {
@@ -263,6 +271,13 @@ func (e *Entry) Validate() error {
 		if e.Term <= 0 {
 			return bad("term is required on a scheduler entry")
 		}
+	case KindClusterVersion:
+		if e.Term <= 0 {
+			return bad("term is required on a scheduler entry")
+		}
+		if e.ClusterVersion < 1 {
+			return bad("cluster version %d: versions start at 1", e.ClusterVersion)
+		}
 	case KindCronTick:
 		if e.Tick == nil || !ident.ValidName(e.Tick.Workflow) || e.Tick.At.IsZero() {
 			return bad("tick needs a workflow name and a fire time")
@@ -330,31 +345,33 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	return nil
 }
 
-// FormatFor is the lowest format version whose readers know kind: a message is written
+// RevisionFor is the lowest format version whose readers know kind: a message is written
 // at the highest of its entries', so that a node that does not know a kind stops with
 // "upgrade" instead of rejecting the message that others apply.
-func FormatFor(kind Kind) int {
+func RevisionFor(kind Kind) int {
 	switch kind {
 	case KindRetire:
 		return 2
 	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
 		return 3
+	case KindClusterVersion:
+		return 4
 	}
 	return 1
 }
 
-// FormatOf is the format an entry needs: its kind's, or 3 for a commit that consumes a
+// RevisionOf is the format an entry needs: its kind's, or 3 for a commit that consumes a
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
-func FormatOf(e *Entry) int {
+func RevisionOf(e *Entry) int {
 	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero() || len(e.Submit.Handlers) > 0) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled || !e.Tick.Deadline.IsZero()) {
 		return 3
 	}
-	return FormatFor(e.Kind)
+	return RevisionFor(e.Kind)
 }
 
-// EncodeMessage encodes entries as one log message, at the lowest format version that
-// holds them all (FormatFor).
+// EncodeMessage encodes entries as one format-1 log message, at the lowest revision
+// that holds them all (RevisionOf); EncodeMessageIn encodes in any format.
 func EncodeMessage(node string, entries ...Entry) ([]byte, error) {
 	version := 1
 	datas := make([][]byte, len(entries))
@@ -364,19 +381,19 @@ func EncodeMessage(node string, entries ...Entry) ([]byte, error) {
 			return nil, fmt.Errorf("%w: encode: %v", ErrInvalidEntry, err)
 		}
 		datas[i] = raw
-		version = max(version, FormatOf(&entries[i]))
+		version = max(version, RevisionOf(&entries[i]))
 	}
-	return EncodeEnvelopeVersion(node, version, datas), nil
+	return EncodeJSONEnvelope(node, version, datas), nil
 }
 
-// EncodeEnvelope joins already-encoded entries into one message of format version 1
+// EncodeEnvelope joins already-encoded entries into one format-1 message of revision 1
 // without re-encoding.
 func EncodeEnvelope(node string, entries [][]byte) []byte {
-	return EncodeEnvelopeVersion(node, 1, entries)
+	return EncodeJSONEnvelope(node, 1, entries)
 }
 
-// EncodeEnvelopeVersion is EncodeEnvelope at a format version (FormatFor).
-func EncodeEnvelopeVersion(node string, version int, entries [][]byte) []byte {
+// EncodeJSONEnvelope is EncodeEnvelope at a format version (RevisionFor).
+func EncodeJSONEnvelope(node string, version int, entries [][]byte) []byte {
 	n := 32 + len(node)
 	for _, e := range entries {
 		n += len(e) + 1
@@ -394,15 +411,15 @@ func EncodeEnvelopeVersion(node string, version int, entries [][]byte) []byte {
 	return b.Bytes()
 }
 
-// DecodeEnvelope decodes a message strictly: unknown fields or kinds are corruption
-// (*CorruptError), since they mean a writer this code does not understand; a newer
-// format version is ErrNewerFormat.
-func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
+// decodeJSON decodes a format-1 message strictly: unknown fields or kinds are
+// corruption (*CorruptError), since they mean a writer this code does not understand;
+// a newer revision is ErrNewerFormat.
+func (rd reader) decodeJSON(seq uint64, data []byte) (Message, error) {
 	var head struct {
 		V int `json:"v"`
 	}
-	if json.Unmarshal(data, &head) == nil && head.V > FormatVersion {
-		return nil, fmt.Errorf("%w: the message at sequence %d has format version %d, this flowd reads version %d", ErrNewerFormat, seq, head.V, FormatVersion)
+	if json.Unmarshal(data, &head) == nil && head.V > rd.revision {
+		return Message{}, fmt.Errorf("%w: the message at sequence %d has log format 1 revision %d, this flowd reads revisions up to %d", ErrNewerFormat, seq, head.V, rd.revision)
 	}
 	var env struct {
 		V       int     `json:"v"`
@@ -412,26 +429,35 @@ func DecodeEnvelope(seq uint64, data []byte) ([]Entry, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&env); err != nil {
-		return nil, &CorruptError{Seq: seq, Detail: "decode: " + err.Error()}
+		return Message{}, &CorruptError{Seq: seq, Detail: "decode: " + err.Error()}
 	}
 	if dec.More() {
-		return nil, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
+		return Message{}, &CorruptError{Seq: seq, Detail: "trailing data after the envelope"}
 	}
-	if env.V < 1 || env.V > FormatVersion {
-		return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format version %d, this code reads versions 1 to %d", env.V, FormatVersion)}
+	if env.V < 1 || env.V > rd.revision {
+		return Message{}, &CorruptError{Seq: seq, Detail: fmt.Sprintf("revision %d, this code reads revisions 1 to %d", env.V, rd.revision)}
 	}
-	if len(env.Entries) == 0 {
-		return nil, &CorruptError{Seq: seq, Detail: "no entries"}
+	m := Message{Format: LogFormatJSON, Revision: env.V, Node: env.Node, Entries: env.Entries}
+	if err := m.check(seq); err != nil {
+		return Message{}, err
 	}
-	for i := range env.Entries {
-		if !knownKind(env.Entries[i].Kind, env.V) {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q", i, env.Entries[i].Kind)}
+	return m, nil
+}
+
+// check holds a decoded message's entries to its revision.
+func (m Message) check(seq uint64) error {
+	if len(m.Entries) == 0 {
+		return &CorruptError{Seq: seq, Detail: "no entries"}
+	}
+	for i := range m.Entries {
+		if !knownKind(m.Entries[i].Kind, m.Revision) {
+			return &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d: unknown kind %q", i, m.Entries[i].Kind)}
 		}
-		if FormatOf(&env.Entries[i]) > env.V {
-			return nil, &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d needs format %d, the message says %d", i, FormatOf(&env.Entries[i]), env.V)}
+		if RevisionOf(&m.Entries[i]) > m.Revision {
+			return &CorruptError{Seq: seq, Detail: fmt.Sprintf("entry %d needs revision %d, the message says %d", i, RevisionOf(&m.Entries[i]), m.Revision)}
 		}
 	}
-	return env.Entries, nil
+	return nil
 }
 
 func knownKind(k Kind, version int) bool {
@@ -443,6 +469,8 @@ func knownKind(k Kind, version int) bool {
 		return version >= 2
 	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
 		return version >= 3
+	case KindClusterVersion:
+		return version >= 4
 	}
 	return false
 }

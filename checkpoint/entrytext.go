@@ -179,6 +179,9 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			}
 		case "term":
 			e.Term, err = num()
+		case "to": // cluster_version
+			n, err = num()
+			e.ClusterVersion = int(n)
 		case "item":
 			n, err = num()
 			e.Item = int(n)

@@ -92,14 +92,14 @@ func newestLog(t *rapid.T, s *Store) [][]byte {
 		version := 1
 		for range rapid.IntRange(1, 4).Draw(t, "entries") {
 			e := newestEntry(t, s, &ticks)
-			version = max(version, FormatFor(e.Kind))
+			version = max(version, RevisionFor(e.Kind))
 			raw, err := json.Marshal(e)
 			if err != nil {
 				t.Fatal(err)
 			}
 			datas = append(datas, raw)
 		}
-		m := EncodeEnvelopeVersion("test", version, datas)
+		m := EncodeJSONEnvelope("test", version, datas)
 		if _, err := s.Apply(s.Applied()+1, m); err != nil {
 			t.Fatal(err)
 		}
@@ -415,7 +415,7 @@ func TestRunsNewestWhileApplying(t *testing.T) {
 		id := fmt.Sprintf("run-%03d", i)
 		cancel := mustJSON(t, Entry{Kind: KindCancel, Run: id, Reason: "r", At: t0})
 		retire := mustJSON(t, Entry{Kind: KindRetire, Run: id, Term: 1, At: t0})
-		msgs = append(msgs, EncodeEnvelopeVersion("test", 2, [][]byte{cancel, retire}))
+		msgs = append(msgs, EncodeJSONEnvelope("test", 2, [][]byte{cancel, retire}))
 	}
 	done := make(chan error, 1)
 	go func() {

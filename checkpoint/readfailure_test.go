@@ -57,7 +57,7 @@ func TestReadFailuresDuringApplyStopTheApplier(t *testing.T) {
 			ref := memStore(t, nil) // the same log on a well disk: what every other node has
 			apply := func(e Entry) uint64 {
 				t.Helper()
-				m := EncodeEnvelopeVersion("test", FormatFor(e.Kind), [][]byte{mustJSON(t, e)})
+				m := EncodeJSONEnvelope("test", RevisionFor(e.Kind), [][]byte{mustJSON(t, e)})
 				seq := s.Applied() + 1
 				for _, st := range []*Store{s, ref} {
 					if _, err := st.Apply(seq, m); err != nil {
@@ -94,7 +94,7 @@ func TestReadFailuresDuringApplyStopTheApplier(t *testing.T) {
 			}
 			applied := s.Applied()
 			e := c.entry(s)
-			m := EncodeEnvelopeVersion("test", FormatFor(e.Kind), [][]byte{mustJSON(t, e)})
+			m := EncodeJSONEnvelope("test", RevisionFor(e.Kind), [][]byte{mustJSON(t, e)})
 			toggle.On()
 			_, err = s.Apply(applied+1, m)
 			toggle.Off()

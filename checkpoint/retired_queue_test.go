@@ -46,7 +46,7 @@ func TestRunEndedAndRetiredInOneMessageLeavesTheQueue(t *testing.T) {
 			for _, e := range append(c.end, Entry{Kind: KindRetire, Run: "r", Term: 1, At: t0}) {
 				datas = append(datas, mustJSON(t, e))
 			}
-			res, err := s.Apply(s.Applied()+1, EncodeEnvelopeVersion("test", 2, datas))
+			res, err := s.Apply(s.Applied()+1, EncodeJSONEnvelope("test", 2, datas))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,6 +34,9 @@ type StoreOptions struct {
 	// OnStatus, if set, is called after each applied message for every run whose
 	// status it changed, from the applier's goroutine: it must not block.
 	OnStatus func(run string, status RunStatus)
+	// ReadFormat, if set, makes the store read log formats up to it only, as the release
+	// that read that much did (tests of mixed clusters; 0: this binary's, MaxReadFormat).
+	ReadFormat int
 }
 
 // Store is one node's Pebble copy of the run state, built by applying the log.
@@ -53,6 +56,11 @@ type Store struct {
 	runs    map[string]*cachedRun // decoded runs recently applied to
 	applied atomic.Uint64
 	term    atomic.Int64
+	// clusterVersion is the applied cluster version: the log format writers use
+	// (cluster.go). reader is what this store reads (this binary's, unless
+	// StoreOptions.ReadFormat says older).
+	clusterVersion atomic.Int64
+	reader         reader
 
 	// latest caches each workflow's latest version (name -> *WorkflowVersion): every
 	// StartRun asks for it, and reading it from Pebble was an iterator and a decode.
@@ -94,7 +102,10 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: open state in %s: %w", dir, err)
 	}
-	s := &Store{db: db, hooks: testhooks.OrProduction(opts.Hooks), onStatus: opts.OnStatus, runs: map[string]*cachedRun{}}
+	s := &Store{db: db, hooks: testhooks.OrProduction(opts.Hooks), onStatus: opts.OnStatus, runs: map[string]*cachedRun{}, reader: thisBinary}
+	if opts.ReadFormat > 0 && opts.ReadFormat < thisBinary.format {
+		s.reader = readerOf(opts.ReadFormat)
+	}
 	applied, err := s.getUint(keyApplied)
 	if err != nil {
 		db.Close()
@@ -105,12 +116,18 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	version, err := s.getUint(keyClusterVersion)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	if err := s.ensureNewestIndex(applied); err != nil {
 		db.Close()
 		return nil, err
 	}
 	s.applied.Store(applied)
 	s.term.Store(int64(term))
+	s.clusterVersion.Store(max(int64(version), 1))
 	s.queue.init()
 	for _, st := range []RunStatus{StatusPending, StatusRunning} {
 		if err := s.EachRun(ListOptions{Status: st}, func(r *Run) bool {
@@ -210,13 +227,15 @@ func (s *Store) ApplyIfNext(seq uint64, data []byte, entries []Entry) (verdicts 
 func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error, error) {
 	if entries == nil {
 		var err error
-		if entries, err = DecodeEnvelope(seq, data); err != nil {
+		var m Message
+		if m, err = s.reader.decode(seq, data); err != nil {
 			var corrupt *CorruptError
 			if !errors.As(err, &corrupt) || s.hooks.StopOnUndecodable {
 				return nil, err
 			}
 			return []error{}, s.reject(corrupt)
 		}
+		entries = m.Entries
 	}
 	indexed := false
 	for i := range entries {
@@ -227,7 +246,7 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 	verdicts := make([]error, len(entries))
 	for i := range entries {
 		verdicts[i] = tx.judge(i, &entries[i])
-		if errors.Is(verdicts[i], ErrStorage) {
+		if errors.Is(verdicts[i], ErrStorage) || errors.Is(verdicts[i], ErrNewerFormat) {
 			s.dropCache() // it may hold this batch's changes
 			return nil, fmt.Errorf("checkpoint: apply sequence %d, entry %d: %w", seq, i, verdicts[i])
 		}
@@ -237,6 +256,9 @@ func (s *Store) applyDecoded(seq uint64, data []byte, entries []Entry) ([]error,
 	}
 	s.applied.Store(seq)
 	s.term.Store(tx.term)
+	if tx.clusterVersion > 0 {
+		s.clusterVersion.Store(int64(tx.clusterVersion))
+	}
 	return verdicts, nil
 }
 

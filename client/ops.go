@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -306,6 +307,42 @@ func (c *Client) Snapshot(ctx context.Context) (Snapshot, error) {
 	var snap Snapshot
 	err := c.call(ctx, "cluster.snapshot", Request{}, &snap)
 	return snap, err
+}
+
+// ForgetNode removes a node that is gone for good from the cluster's members, so that
+// the cluster version can move past the log formats it read. A live node is a conflict.
+func (c *Client) ForgetNode(ctx context.Context, node string) error {
+	return c.call(ctx, "cluster.forget", Request{Name: node}, nil)
+}
+
+// HoldClusterVersion keeps the cluster version where it is (while an upgrade is tried)
+// until ReleaseClusterVersion.
+func (c *Client) HoldClusterVersion(ctx context.Context, reason string) error {
+	return c.call(ctx, "cluster.hold", Request{Reason: reason}, nil)
+}
+
+// ReleaseClusterVersion ends an operator's hold on the cluster version.
+func (c *Client) ReleaseClusterVersion(ctx context.Context) error {
+	return c.call(ctx, "cluster.unhold", Request{}, nil)
+}
+
+// LogDumpOptions select log.dump's messages.
+type LogDumpOptions struct {
+	From  uint64 // the first sequence (0: the log's first)
+	Run   string // only the entries about this run ("": all)
+	Limit int    // messages per page (default 200, at most 1000)
+}
+
+// DumpLog reads a page of the log from opts.From, decoded whatever each message's
+// format; LogPage.Next is where the next page starts (0: the end was reached).
+func (c *Client) DumpLog(ctx context.Context, opts LogDumpOptions) (LogPage, error) {
+	var page LogPage
+	req := Request{ID: opts.Run, Limit: opts.Limit}
+	if opts.From > 0 {
+		req.From = strconv.FormatUint(opts.From, 10)
+	}
+	err := c.call(ctx, "log.dump", req, &page)
+	return page, err
 }
 
 // DrillZombie runs the zombie drill: a worker paused past its lease, another taking

@@ -14,8 +14,8 @@ import (
 // operation has its own subject, Subject.<op>): flowd checks no role itself.
 const (
 	RoleViewer   = "viewer"   // every read; approve and reject (the step's approvers role is the node's to check)
-	RoleOperator = "operator" // workflow apply, run start/retry/cancel/signal, dlq retry, cron pause/resume/backfill, cluster snapshot
-	RoleAdmin    = "admin"    // dlq purge, drill zombie
+	RoleOperator = "operator" // workflow apply, run start/retry/cancel/signal, dlq retry, cron pause/resume/backfill, cluster snapshot/hold, log dump
+	RoleAdmin    = "admin"    // dlq purge, drill zombie, cluster forget/unhold
 	RoleNode     = "node"     // a flowd process: the log, the buckets, flow's streams; not the API
 )
 
@@ -34,8 +34,12 @@ var opRoles = map[string]string{
 	"workflow.apply": RoleOperator, "run.start": RoleOperator, "run.retry": RoleOperator, "run.cancel": RoleOperator,
 	"run.signal": RoleOperator, "dlq.retry": RoleOperator, "cluster.snapshot": RoleOperator,
 	"cron.pause": RoleOperator, "cron.resume": RoleOperator, "cron.backfill": RoleOperator,
+	"log.dump": RoleOperator, "cluster.hold": RoleOperator,
 
 	"dlq.purge": RoleAdmin, "drill.zombie": RoleAdmin,
+	// Forgetting a node, or releasing a hold, lets the cluster version move past what
+	// the nodes still running read.
+	"cluster.forget": RoleAdmin, "cluster.unhold": RoleAdmin,
 }
 
 // Operations are the API's operations, sorted.
@@ -152,7 +156,7 @@ func PermissionsOf(role, user string) (Permissions, error) {
 // flowStreams are flow's JetStream streams (the buckets' and the object store's
 // included), named as the engine names them (engine's TestNodeRoleDoesAllAFlowdDoes
 // fails if a node needs another).
-var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "OBJ_FLOW_SNAPSHOTS"}
+var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS"}
 
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
 // starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's
@@ -182,6 +186,6 @@ func nodePublish() []string {
 	}
 	return append(out,
 		"flow.log", "flow.tasks", "flow.dlq.>",
-		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$O.FLOW_SNAPSHOTS.>",
+		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$KV.FLOW_CLUSTER.>", "$O.FLOW_SNAPSHOTS.>",
 		Subject+".node", "$SRV.PING.flow.*", "$SYS.REQ.SERVER.*.VARZ")
 }

@@ -232,6 +232,58 @@ type ClusterStatus struct {
 	FirstSeq    uint64 `json:"first_seq"`
 	LastSeq     uint64 `json:"last_seq"`
 	SnapshotSeq uint64 `json:"snapshot_seq"`
+	// ClusterVersion is the log format writers use (docs/operations.md, "Upgrading");
+	// PromisedVersion the one the leader promised and writes next, if above it.
+	// VersionNote says why the version does not move ("" when it may).
+	ClusterVersion  int    `json:"cluster_version"`
+	PromisedVersion int    `json:"promised_version,omitempty"`
+	VersionNote     string `json:"version_note,omitempty"`
+	// Hold is an operator's hold on the cluster version (cluster hold).
+	Hold *ClusterHold `json:"hold,omitempty"`
+	// Members are every node of the cluster the version waits for, live or not, until
+	// one is forgotten (cluster forget).
+	Members []ClusterMember `json:"members"`
+}
+
+// ClusterMember is one node of the cluster as the cluster version counts it.
+type ClusterMember struct {
+	ID      string `json:"id"`
+	Binary  string `json:"binary,omitempty"`
+	Formats []int  `json:"formats"`
+	// Hold: started with --hold-cluster-version. Inferred: a release before the
+	// cluster version, which said nothing of its formats (counted as reading format 1).
+	Hold     bool   `json:"hold,omitempty"`
+	Inferred bool   `json:"inferred,omitempty"`
+	Since    string `json:"since,omitempty"`
+	// Live: it answered this cluster status.
+	Live bool `json:"live"`
+}
+
+// ClusterHold is an operator's hold on the cluster version.
+type ClusterHold struct {
+	By     string `json:"by,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	At     string `json:"at"`
+}
+
+// LogMessage is one message of the log, decoded whatever its format (log.dump).
+type LogMessage struct {
+	Seq      uint64            `json:"seq"`
+	Format   int               `json:"format,omitempty"`
+	Revision int               `json:"revision,omitempty"`
+	Node     string            `json:"node,omitempty"`
+	Entries  []json.RawMessage `json:"entries,omitempty"`
+	// Error says why the message does not decode here (and nothing else is set).
+	Error string `json:"error,omitempty"`
+}
+
+// LogPage is a page of log.dump: the messages read, and the sequence to ask from for
+// the next page (0: the log's end was reached).
+type LogPage struct {
+	Messages []LogMessage `json:"messages"`
+	Next     uint64       `json:"next,omitempty"`
+	// FirstSeq is the log's first sequence (the messages before it were compacted).
+	FirstSeq uint64 `json:"first_seq"`
 }
 
 // Snapshot is a snapshot of the state written to the cluster's snapshot bucket.
@@ -249,6 +301,9 @@ type Node struct {
 	Running int    `json:"running"`
 	// LeasesDegraded: a lease this node holds goes unrenewed (it takes no new task).
 	LeasesDegraded bool `json:"leases_degraded,omitempty"`
+	// Binary is the flowd build it runs; Formats the log formats it reads.
+	Binary  string `json:"binary,omitempty"`
+	Formats []int  `json:"formats,omitempty"`
 	// Problems are the node's parts that fell silent (as /readyz says them).
 	Problems []string `json:"problems,omitempty"`
 }

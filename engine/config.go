@@ -71,6 +71,9 @@ type Config struct {
 	MaxOutputBytes int
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
 	ReconcileInterval time.Duration
+	// HoldClusterVersion keeps the cluster version where it is while this node is a
+	// member (flowd --hold-cluster-version; docs/operations.md, "Upgrading").
+	HoldClusterVersion bool
 	// DisableScheduler keeps this node out of leader elections: it only runs steps
 	// (a worker-only node; tests that write scheduler entries themselves).
 	DisableScheduler bool

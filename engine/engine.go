@@ -12,6 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
+	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/engine/internal/nodes"
 	"github.com/flowrun/flow/engine/internal/specs"
@@ -53,6 +54,7 @@ type Engine struct {
 	leases   *epoch.Leases
 	tasks    *tasks.Queue
 	nodesKV  jetstream.KeyValue
+	gate     *gate.Gate
 	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
 	// election, the lease watcher, the task fetcher (and the API service, which
 	// internal/app/apiserver adds). internal/base/supervise.
@@ -133,10 +135,16 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: e.elector, State: e.store, Specs: e.specs, Log: log,
 		Leases: e.leases, Tasks: e.tasks, Snapshots: e.clog.Snapshots, Compactor: compactor{e},
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.js, m) },
+		Gate:        gatePromoter{e},
 		Admission:   e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
 		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Silence: e.Silence(),
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})
-	e.reporter = nodes.NewReporter(e.nodesKV, e.cfg.NodeID, e.store.Applied, e.cfg.Clock, e.log)
+	// A member of the cluster from now on: the cluster version does not move past what
+	// this binary reads; a cluster already past it refuses this node (gate.go).
+	if err := e.register(ctx); err != nil {
+		return err
+	}
+	e.reporter = nodes.NewReporter(e.nodesKV, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: checkpoint.ReadFormats()}, e.store.Applied, e.cfg.Clock, e.log)
 	// Live from now on: the leader's compaction keeps what this node still needs while it
 	// catches up.
 	e.reporter.Report(ctx)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
+	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/nodes"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
@@ -121,6 +122,9 @@ func (e *Engine) setupJetStream(ctx context.Context) (err error) {
 		return err
 	}
 	if e.nodesKV, err = nodes.Open(sctx, e.js, e.replicas); err != nil {
+		return err
+	}
+	if e.gate, err = gate.Open(sctx, e.js, e.replicas); err != nil {
 		return err
 	}
 	return dlq.Open(sctx, e.js, e.replicas)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -30,7 +31,8 @@ func (e *Engine) API() *API { return &API{e: e} }
 // has applied, whether it leads, and whether a lease it holds goes unrenewed.
 func (a *API) Status() client.Node {
 	e := a.e
-	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.IsLeader(), LeasesDegraded: e.LeasesDegraded()}
+	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.IsLeader(), LeasesDegraded: e.LeasesDegraded(),
+		Binary: Binary(), Formats: checkpoint.ReadFormats()}
 }
 
 // Cluster is what this node reads of the cluster: the leader the leader key names with
@@ -45,7 +47,51 @@ func (a *API) Cluster(ctx context.Context) client.ClusterStatus {
 	if first, last, snap, err := a.e.LogBounds(ctx); err == nil {
 		st.FirstSeq, st.LastSeq, st.SnapshotSeq = first, last, snap
 	}
+	st.Members = []client.ClusterMember{}
+	r, applied, err := a.e.ClusterRoster(ctx)
+	st.ClusterVersion = applied
+	if err != nil {
+		st.VersionNote = "the roster cannot be read: " + err.Error()
+		return st
+	}
+	if r.Version > applied {
+		st.PromisedVersion = r.Version
+	}
+	_, st.VersionNote = r.Next(applied)
+	if r.Hold != nil {
+		st.Hold = &client.ClusterHold{By: r.Hold.By, Reason: r.Hold.Reason, At: ts(r.Hold.At)}
+	}
+	for _, id := range r.IDs() {
+		m := r.Members[id]
+		st.Members = append(st.Members, client.ClusterMember{ID: id, Binary: m.Binary, Formats: m.Formats, Hold: m.Hold, Inferred: m.Inferred, Since: ts(m.Since)})
+	}
 	return st
+}
+
+// ForgetNode removes a node that is gone for good from the cluster's members.
+func (a *API) ForgetNode(ctx context.Context, node string) error {
+	return wireError(a.e.ForgetNode(ctx, node))
+}
+
+// HoldClusterVersion sets (hold) or releases the operator's hold on the cluster version,
+// for ctx's actor.
+func (a *API) HoldClusterVersion(ctx context.Context, hold bool, reason string) error {
+	return wireError(a.e.HoldClusterVersion(ctx, hold, audit.Actor(ctx), reason))
+}
+
+// DumpLog is a page of the log, decoded whatever each message's format (log.dump).
+func (a *API) DumpLog(ctx context.Context, from uint64, run string, limit int) (client.LogPage, error) {
+	msgs, next, first, err := a.e.DumpLog(ctx, from, run, limit)
+	if err != nil {
+		return client.LogPage{}, err
+	}
+	page := client.LogPage{Messages: make([]client.LogMessage, 0, len(msgs)), Next: next, FirstSeq: first}
+	for _, d := range msgs {
+		var m client.LogMessage
+		m.Seq, m.Format, m.Revision, m.Node, m.Entries, m.Error = wireDump(d)
+		page.Messages = append(page.Messages, m)
+	}
+	return page, nil
 }
 
 // CatchUp waits until this node has applied the log as it is now.

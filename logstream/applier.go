@@ -258,7 +258,19 @@ func (a *Applier) runConsumer(ctx context.Context, it jetstream.MessagesContext,
 	done := make(chan error, 1)
 	go func() { done <- a.runApplier(actx, it, alive) }()
 	end := func() {
+		// Next returns when its context ends; only then is the iterator stopped. nats.go's
+		// ordered iterator stops the inner iterator it holds at that moment, and a Next
+		// that is replacing it (a reset) would leave the new one running for good: seen
+		// as a leaked pull goroutine at a test's end under load.
 		stopApplier()
+		wait := time.NewTimer(2 * time.Second)
+		defer wait.Stop()
+		select {
+		case <-done:
+			it.Stop()
+			return
+		case <-wait.C: // a Next that does not return on its context: stop it the other way
+		}
 		it.Stop()
 		<-done
 	}

@@ -61,7 +61,7 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	seq := uint64(0)
 	compacted := false // the soak compacts as it goes: the whole log can no longer be replayed
 	publish := func(version int, entries ...[]byte) {
-		if _, err := env.js.PublishAsync(DefaultSubject, checkpoint.EncodeEnvelopeVersion("bench", version, entries)); err != nil {
+		if _, err := env.js.PublishAsync(DefaultSubject, checkpoint.EncodeJSONEnvelope("bench", version, entries)); err != nil {
 			b.Fatal(err)
 		}
 		seq++

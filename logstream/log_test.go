@@ -260,7 +260,7 @@ func TestApplierStopsOnANewerFormat(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("applier did not stop on a message of a newer format")
 	}
-	if err := env.log.Applier.Err(); !errors.Is(err, checkpoint.ErrNewerFormat) || !strings.Contains(err.Error(), "sequence 2") || !strings.Contains(err.Error(), "version 9") {
+	if err := env.log.Applier.Err(); !errors.Is(err, checkpoint.ErrNewerFormat) || !strings.Contains(err.Error(), "sequence 2") || !strings.Contains(err.Error(), "revision 9") {
 		t.Fatalf("applier error = %v; want ErrNewerFormat at sequence 2", err)
 	}
 	if _, err := write(ctx, env.log.Writer, submitEntry("r2", checkpoint.StepSpec{Name: "one"})); err == nil {

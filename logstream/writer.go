@@ -2,7 +2,6 @@ package logstream
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -123,12 +122,13 @@ func (w *Writer) Stop() {
 func (w *Writer) MaxOutputBytes() int { return w.maxOutput }
 
 type request struct {
-	data    [][]byte // the entries, encoded, in the order written
-	size    int      // bytes they take in a message
-	version int      // the log format they need
-	assigns []string // runs they assign: two assigns of a run in one message would share an epoch
-	note    bool     // rides with the next message, or goes out within NoteDelay
-	future  *Future
+	data     [][]byte // the entries, encoded, in the order written
+	size     int      // bytes they take in a message
+	format   int      // the log format they are encoded in (the cluster version's when encoded)
+	revision int      // the revision they need (format 1: RevisionOf; format 2: Revision)
+	assigns  []string // runs they assign: two assigns of a run in one message would share an epoch
+	note     bool     // rides with the next message, or goes out within NoteDelay
+	future   *Future
 }
 
 // Write appends entries to the log in one message, in this order, and returns their
@@ -187,10 +187,13 @@ func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 	if len(entries) > w.maxEntries {
 		return nil, fmt.Errorf("%w: %d entries for one message, at most %d", checkpoint.ErrInvalidEntry, len(entries), w.maxEntries)
 	}
-	r := &request{data: make([][]byte, 0, len(entries)), version: 1, note: true}
+	r := &request{data: make([][]byte, 0, len(entries)), format: w.format(), revision: 1, note: true}
+	if r.format >= checkpoint.LogFormatBinary {
+		r.revision = checkpoint.Revision
+	}
 	for i := range entries {
 		e := &entries[i]
-		data, err := w.encodeEntry(*e)
+		data, err := w.encodeEntry(r.format, *e)
 		if err != nil {
 			return nil, err
 		}
@@ -198,7 +201,7 @@ func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 			return nil, fmt.Errorf("%w: %d entries of %d bytes together do not fit one log message (at most %d)", ErrOutputTooLarge, len(entries), r.size, w.maxBytes)
 		}
 		r.data = append(r.data, data)
-		r.version = max(r.version, checkpoint.FormatOf(e))
+		r.revision = max(r.revision, checkpoint.RevisionOf(e))
 		r.note = r.note && isNote(e)
 		if e.Kind == checkpoint.KindAssign {
 			r.assigns = append(r.assigns, e.Run)
@@ -208,7 +211,22 @@ func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 	return r, nil
 }
 
-func (w *Writer) encodeEntry(entry checkpoint.Entry) ([]byte, error) {
+// format is the log format new writes are encoded in: the applied cluster version's
+// (checkpoint/cluster.go), or the newest with the gate off (writeNewestLinked).
+func (w *Writer) format() int {
+	if writeNewestLinked != "" {
+		return checkpoint.NewestLogFormat
+	}
+	return min(w.a.store.ClusterVersion(), w.a.store.ReadFormat())
+}
+
+// writeNewestLinked, set at link time (-X
+// github.com/flowrun/flow/logstream.writeNewestLinked=1), makes writers use the newest
+// log format whatever the cluster version: the gate's negative control (an older node's
+// applier stops at the first such message; clustertest's upgrade test).
+var writeNewestLinked string
+
+func (w *Writer) encodeEntry(format int, entry checkpoint.Entry) ([]byte, error) {
 	if entry.At.IsZero() {
 		entry.At = time.Now().UTC()
 	}
@@ -219,9 +237,9 @@ func (w *Writer) encodeEntry(entry checkpoint.Entry) ([]byte, error) {
 		return nil, fmt.Errorf("%w: step %q item %d output is %d bytes, the limit is %d: write large results elsewhere and return a reference",
 			ErrOutputTooLarge, entry.Step, entry.Item, len(entry.Output), w.maxOutput)
 	}
-	data, err := json.Marshal(&entry)
+	data, err := checkpoint.EncodeEntry(format, &entry)
 	if err != nil {
-		return nil, fmt.Errorf("%w: encode: %v", checkpoint.ErrInvalidEntry, err)
+		return nil, err
 	}
 	if len(data) > w.maxBytes {
 		return nil, fmt.Errorf("%w: the encoded entry is %d bytes, a log message holds at most %d", ErrOutputTooLarge, len(data), w.maxBytes)
@@ -441,7 +459,9 @@ type batcher struct {
 // add takes r into the batch, or reports that it must open the next one. A write is
 // never split: its entries share one message.
 func (b *batcher) add(r *request) bool {
-	if len(b.batch) > 0 && (b.size+r.size > b.w.maxBytes || b.entries+len(r.data) > b.w.maxEntries) {
+	// One message has one format: a write encoded before the cluster version moved
+	// goes in a message of its own.
+	if len(b.batch) > 0 && (b.size+r.size > b.w.maxBytes || b.entries+len(r.data) > b.w.maxEntries || r.format != b.batch[0].format) {
 		return false
 	}
 	// Two assigns of one run in one message would share an epoch.
@@ -484,15 +504,15 @@ func (w *Writer) publish(ctx context.Context, batch []*request) {
 		n += len(r.data)
 	}
 	datas := make([][]byte, 0, n)
-	version := 1
+	revision := 1
 	for i, r := range batch {
 		futures[i] = r.future
 		datas = append(datas, r.data...)
-		version = max(version, r.version)
+		revision = max(revision, r.revision)
 	}
 	w.a.expect(id, futures)
 
-	msg := &nats.Msg{Subject: w.subject, Data: checkpoint.EncodeEnvelopeVersion(w.node, version, datas), Header: nats.Header{}}
+	msg := &nats.Msg{Subject: w.subject, Data: checkpoint.EncodeEnvelopeIn(batch[0].format, w.node, revision, datas), Header: nats.Header{}}
 	job := w.predecode(msg.Data)
 	pctx, cancel := context.WithTimeout(ctx, w.publishTimeout)
 	defer cancel()

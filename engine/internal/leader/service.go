@@ -73,6 +73,8 @@ type Config struct {
 	Tasks     Tasks
 	Snapshots Snapshots
 	Compactor Compactor
+	// Gate raises the cluster version (gate.go); nil: never raised.
+	Gate Gate
 	// DeadLetters publishes a dead-lettered run's notice (dlq.Publish).
 	DeadLetters func(ctx context.Context, m dlq.Message) error
 	Admission   *Admission

@@ -29,6 +29,8 @@ type State interface {
 	// DueTimers gives the parked runs whose timer is due (checkpoint/wait.go).
 	DueTimers(now time.Time, limit int) ([]checkpoint.Due, time.Time, error)
 	Applied() uint64
+	// ClusterVersion is the applied cluster version (checkpoint/cluster.go).
+	ClusterVersion() int
 	// ScheduleChanged is closed when a workflow or a tick is applied (cron wakes).
 	ScheduleChanged() <-chan struct{}
 }

@@ -55,7 +55,20 @@ func (t *termServices) run(parent context.Context) {
 	go func() { defer close(cronDone); t.runCron(ctx) }()
 	go func() { defer close(snapDone); t.runSnapshots(ctx) }()
 	go func() { defer close(retireDone); t.runRetention(ctx) }()
-	defer func() { cancel(); <-cronDone; <-snapDone; <-retireDone; <-timersDone }()
+	gateDone := make(chan struct{})
+	if s.cfg.Gate != nil {
+		go func() { defer close(gateDone); t.runGate(ctx) }()
+	} else {
+		close(gateDone)
+	}
+	defer func() {
+		cancel()
+		<-cronDone
+		<-snapDone
+		<-retireDone
+		<-timersDone
+		<-gateDone
+	}()
 	reconcile := s.clock.NewTicker(s.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	for {

@@ -28,10 +28,14 @@ const (
 	ReportTTL = time.Minute
 )
 
-// Report is what a node says of itself.
+// Report is what a node says of itself. Binary and Formats (the log formats it reads)
+// came with the cluster version: a report without them is from a release before it
+// (engine/internal/gate counts such a node as reading format 1 only).
 type Report struct {
 	Applied uint64    `json:"applied"`
 	At      time.Time `json:"at"`
+	Binary  string    `json:"binary,omitempty"`
+	Formats []int     `json:"formats,omitempty"`
 }
 
 // Open creates the bucket if needed.
@@ -44,6 +48,7 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.
 type Reporter struct {
 	kv      jetstream.KeyValue
 	node    string
+	about   Report // Binary and Formats
 	applied func() uint64
 	clock   clockwork.Clock
 	log     *slog.Logger
@@ -53,14 +58,15 @@ type Reporter struct {
 	done   chan struct{}
 }
 
-// NewReporter reports node's applied sequence (applied) into kv.
-func NewReporter(kv jetstream.KeyValue, node string, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
-	return &Reporter{kv: kv, node: node, applied: applied, clock: clock, log: log}
+// NewReporter reports node's applied sequence (applied) into kv, with about's Binary and
+// Formats.
+func NewReporter(kv jetstream.KeyValue, node string, about Report, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
+	return &Reporter{kv: kv, node: node, about: about, applied: applied, clock: clock, log: log}
 }
 
 // Report puts the report once.
 func (r *Reporter) Report(ctx context.Context) {
-	b, _ := json.Marshal(Report{Applied: r.applied(), At: r.clock.Now().UTC()})
+	b, _ := json.Marshal(Report{Applied: r.applied(), At: r.clock.Now().UTC(), Binary: r.about.Binary, Formats: r.about.Formats})
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := r.kv.Put(pctx, r.node, b); err != nil {
@@ -107,15 +113,30 @@ func (r *Reporter) Stop() {
 // LiveApplied is the lowest applied sequence a live node other than self reported,
 // and whether any did.
 func LiveApplied(ctx context.Context, kv jetstream.KeyValue, self string) (uint64, bool, error) {
-	keys, err := kv.ListKeys(ctx)
+	live, err := Live(ctx, kv)
 	if err != nil {
 		return 0, false, err
 	}
 	low, any := uint64(0), false
-	for k := range keys.Keys() {
-		if k == self {
+	for id, r := range live {
+		if id == self {
 			continue // a node's own applied sequence is read directly
 		}
+		if !any || r.Applied < low {
+			low, any = r.Applied, true
+		}
+	}
+	return low, any, nil
+}
+
+// Live are the live nodes' reports, by node ID.
+func Live(ctx context.Context, kv jetstream.KeyValue) (map[string]Report, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Report{}
+	for k := range keys.Keys() {
 		entry, err := kv.Get(ctx, k)
 		if err != nil {
 			continue // expired meanwhile
@@ -124,9 +145,7 @@ func LiveApplied(ctx context.Context, kv jetstream.KeyValue, self string) (uint6
 		if json.Unmarshal(entry.Value(), &r) != nil {
 			continue
 		}
-		if !any || r.Applied < low {
-			low, any = r.Applied, true
-		}
+		out[k] = r
 	}
-	return low, any, nil
+	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -392,7 +393,50 @@ func (s *Server) clusterStatus(ctx context.Context, _ *client.Request) (any, err
 		}
 	}
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
+	for i := range st.Members {
+		for _, n := range st.Nodes {
+			if n.ID == st.Members[i].ID {
+				st.Members[i].Live = true
+			}
+		}
+	}
 	return st, nil
+}
+
+func (s *Server) clusterForget(ctx context.Context, r *client.Request) (any, error) {
+	if !ident.ValidID(r.Name) {
+		return nil, badRequest("cluster.forget needs the node's ID (name): %s", ident.IDRule)
+	}
+	return nil, s.n.ForgetNode(ctx, r.Name)
+}
+
+func (s *Server) clusterHold(ctx context.Context, r *client.Request) (any, error) {
+	if len(r.Reason) > 1000 {
+		return nil, badRequest("the reason is %d bytes: at most 1000", len(r.Reason))
+	}
+	return nil, s.n.HoldClusterVersion(ctx, true, r.Reason)
+}
+
+func (s *Server) clusterUnhold(ctx context.Context, _ *client.Request) (any, error) {
+	return nil, s.n.HoldClusterVersion(ctx, false, "")
+}
+
+func (s *Server) logDump(ctx context.Context, r *client.Request) (any, error) {
+	var from uint64
+	if r.From != "" {
+		n, err := strconv.ParseUint(r.From, 10, 64)
+		if err != nil || n == 0 {
+			return nil, badRequest("log.dump: from %q is not a log sequence (a whole number from 1)", r.From)
+		}
+		from = n
+	}
+	if r.ID != "" && !ident.ValidID(r.ID) {
+		return nil, badRequest("log.dump: run ID %q: %s", r.ID, ident.IDRule)
+	}
+	if r.Limit < 0 || r.Limit > 1000 {
+		return nil, badRequest("log.dump: limit %d: use 1 to 1000 (0: 200)", r.Limit)
+	}
+	return s.n.DumpLog(ctx, from, r.ID, r.Limit)
 }
 
 func (s *Server) clusterSnapshot(ctx context.Context, _ *client.Request) (any, error) {

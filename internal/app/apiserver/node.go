@@ -21,6 +21,13 @@ type Node interface {
 	// Cluster is the leader, its term and the log's bounds as this node reads them
 	// (zero when it cannot), without the Nodes.
 	Cluster(ctx context.Context) client.ClusterStatus
+	// ForgetNode removes a node gone for good from the cluster's members (a live one:
+	// conflict); HoldClusterVersion sets or releases the operator's hold for ctx's actor.
+	ForgetNode(ctx context.Context, node string) error
+	HoldClusterVersion(ctx context.Context, hold bool, reason string) error
+	// DumpLog is a page of the log from a sequence (0: the first), decoded whatever
+	// each message's format, only the entries about run if run is set.
+	DumpLog(ctx context.Context, from uint64, run string, limit int) (client.LogPage, error)
 	// CatchUp waits until this node has applied the log as it is now.
 	CatchUp(ctx context.Context) error
 	// Changed is closed when this node has applied more of the log.

@@ -169,6 +169,7 @@ func (s *Server) handlers() map[string]handler {
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
 		"cron.list": s.cronList, "cron.next": s.cronNext, "cron.pause": s.cronPause, "cron.resume": s.cronResume, "cron.backfill": s.cronBackfill,
 		"cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
+		"cluster.forget": s.clusterForget, "cluster.hold": s.clusterHold, "cluster.unhold": s.clusterUnhold, "log.dump": s.logDump,
 	}
 }
 

@@ -224,10 +224,11 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	cluster := group("cluster", "The flowd nodes")
 	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term, nodes and the log's bounds", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }},
 		&cobra.Command{Use: "snapshot", Short: "Write a snapshot of the state now (the log is compacted below the newest)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.snapshot() }})
+	cluster.AddCommand(a.clusterCommands()...)
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
-	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.authCommand(), a.benchCommand())
+	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.logCommand(), a.authCommand(), a.benchCommand())
 	return root
 }
 
@@ -624,11 +625,13 @@ func cronTable(w io.Writer, cs []client.CronEntry) {
 
 func clusterTable(w io.Writer, st client.ClusterStatus) {
 	fmt.Fprintf(w, "LEADER\t%s (term %d)\n", dash(st.Leader), st.Term)
-	fmt.Fprintf(w, "LOG\t%d to %d, newest snapshot at %d\n\n", st.FirstSeq, st.LastSeq, st.SnapshotSeq)
-	fmt.Fprintln(w, "NODE\tAPPLIED\tLEADER")
+	fmt.Fprintf(w, "LOG\t%d to %d, newest snapshot at %d\n", st.FirstSeq, st.LastSeq, st.SnapshotSeq)
+	clusterVersionLines(w, st)
+	fmt.Fprintln(w, "\nNODE\tAPPLIED\tLEADER")
 	for _, n := range st.Nodes {
 		fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
 	}
+	membersTable(w, st)
 }
 
 func (a *app) snapshot() error {

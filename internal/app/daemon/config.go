@@ -41,8 +41,10 @@ type Config struct {
 	LogFormat  string // auto | text | json
 	LogLevel   string // debug | info | warn | error
 	FastFail   bool
-	Scheduler  bool
-	DrainTime  time.Duration
+	// HoldClusterVersion keeps the cluster version while this node is a member.
+	HoldClusterVersion bool
+	Scheduler          bool
+	DrainTime          time.Duration
 	// SnapshotEvery is how many log messages pass between the leader's snapshots.
 	SnapshotEvery uint64
 	// Retention is how long an ended run is kept.
@@ -111,6 +113,7 @@ var options = []option{
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID (docs/security.md)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
+	{"hold-cluster-version", "false", "keep the cluster version (the log format writers use) where it is while this node is a member, while an upgrade is tried (docs/operations.md, Upgrading)"},
 	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
 }
 
@@ -123,6 +126,7 @@ func Flags() *pflag.FlagSet {
 	}
 	// A switch: given alone it is on (--nats-insecure-plaintext=false turns it off).
 	fs.Lookup("nats-insecure-plaintext").NoOptDefVal = "true"
+	fs.Lookup("hold-cluster-version").NoOptDefVal = "true"
 	fs.SortFlags = false
 	return fs
 }
@@ -277,6 +281,13 @@ func Load(args []string, env []string) (*Config, error) {
 	case "false", "0", "no", "":
 	default:
 		bad("fast-fail", "%q: use true or false", get("fast-fail"))
+	}
+	switch get("hold-cluster-version") {
+	case "true", "1", "yes":
+		c.HoldClusterVersion = true
+	case "false", "0", "no", "":
+	default:
+		bad("hold-cluster-version", "%q: use true or false", get("hold-cluster-version"))
 	}
 	switch get("scheduler") {
 	case "true", "1", "yes", "":

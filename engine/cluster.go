@@ -1,0 +1,143 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/gate"
+	"github.com/flowrun/flow/engine/internal/nodes"
+)
+
+// The cluster version (docs/operations.md, "Upgrading"; engine/internal/gate): each
+// node registers the log formats it reads in the roster when it starts; the leader
+// raises the version once every member reads the next format; an older binary is
+// refused once the version moved past it.
+
+// ErrTooOld: this flowd cannot read the cluster's log format (gate.ErrTooOld).
+var ErrTooOld = gate.ErrTooOld
+
+// Binary names this flowd build: its module version, or its commit (and "-dirty" when
+// built from changed files), as the build recorded them.
+func Binary() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "flowd (unknown build)"
+	}
+	version := info.Main.Version
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value[:min(len(s.Value), 12)]
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "-dirty"
+			}
+		}
+	}
+	switch {
+	case version != "" && version != "(devel)":
+		return "flowd " + version
+	case rev != "":
+		return "flowd " + rev + dirty
+	}
+	return "flowd (devel)"
+}
+
+// register records this node in the roster, refused when the cluster's version is past
+// what this binary reads.
+func (e *Engine) register(ctx context.Context) error {
+	m := gate.Member{Binary: Binary(), Formats: checkpoint.ReadFormats(), Hold: e.cfg.HoldClusterVersion, Since: e.cfg.Clock.Now().UTC()}
+	r, err := e.gate.Register(ctx, e.cfg.NodeID, m, e.store.ClusterVersion())
+	if err != nil {
+		return err
+	}
+	if m.Hold {
+		e.log.Warn("holding the cluster version (--hold-cluster-version): it stays while this node is a member", "version", max(r.Version, e.store.ClusterVersion()))
+	}
+	return nil
+}
+
+// gatePromoter is the leader's Gate: the live reports from the nodes bucket, the
+// promise in the roster.
+type gatePromoter struct{ e *Engine }
+
+func (g gatePromoter) Promote(ctx context.Context, applied int) (int, string, error) {
+	e := g.e
+	live, err := nodes.Live(ctx, e.nodesKV)
+	if err != nil {
+		return 0, "", fmt.Errorf("read the live nodes: %w", err)
+	}
+	seen := make(map[string]gate.Seen, len(live))
+	for id, r := range live {
+		seen[id] = gate.Seen{Binary: r.Binary, Formats: r.Formats}
+	}
+	if _, err := e.gate.Infer(ctx, seen, e.cfg.Clock.Now().UTC()); err != nil {
+		return 0, "", err
+	}
+	r, promised, err := e.gate.Promise(ctx, applied)
+	if err != nil {
+		return 0, "", err
+	}
+	if promised == 0 {
+		promised = r.Version // an earlier leader's promise, perhaps not yet in the log
+	}
+	_, why := r.Next(applied)
+	return promised, why, nil
+}
+
+// ClusterRoster is the roster with the applied cluster version.
+func (e *Engine) ClusterRoster(ctx context.Context) (gate.Roster, int, error) {
+	r, err := e.gate.Roster(ctx)
+	return r, e.store.ClusterVersion(), err
+}
+
+// ForgetNode removes a node that is gone for good from the roster, so that the
+// cluster version can move past what it read. A live node is refused.
+func (e *Engine) ForgetNode(ctx context.Context, node string) error {
+	live, err := nodes.Live(ctx, e.nodesKV)
+	if err != nil {
+		return fmt.Errorf("engine: read the live nodes: %w", err)
+	}
+	_, isLive := live[node]
+	_, err = e.gate.Forget(ctx, node, isLive)
+	switch {
+	case errors.Is(err, gate.ErrLive):
+		return fmt.Errorf("%w: %w", checkpoint.ErrConflict, err)
+	case errors.Is(err, gate.ErrUnknown):
+		return fmt.Errorf("%w: %w", checkpoint.ErrNotFound, err)
+	}
+	return err
+}
+
+// HoldClusterVersion sets (hold) or releases an operator's hold on the cluster version.
+func (e *Engine) HoldClusterVersion(ctx context.Context, hold bool, by, reason string) error {
+	var h *gate.Hold
+	if hold {
+		h = &gate.Hold{By: by, Reason: strings.TrimSpace(reason), At: e.cfg.Clock.Now().UTC()}
+	}
+	_, err := e.gate.SetHold(ctx, h)
+	return err
+}
+
+// WaitClusterVersion waits until this node applied cluster version v (or ctx ends).
+func (e *Engine) WaitClusterVersion(ctx context.Context, v int) error {
+	for e.store.ClusterVersion() < v {
+		changed := e.Changed()
+		if e.store.ClusterVersion() >= v {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}
