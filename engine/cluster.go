@@ -69,6 +69,7 @@ type gatePromoter struct{ e *Engine }
 
 func (g gatePromoter) Promote(ctx context.Context, applied int) (int, string, error) {
 	e := g.e
+	defer e.gatePasses.Add(1)
 	live, err := nodes.Live(ctx, e.nodesKV)
 	if err != nil {
 		return 0, "", fmt.Errorf("read the live nodes: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,6 +56,8 @@ type Engine struct {
 	tasks    *tasks.Queue
 	nodesKV  jetstream.KeyValue
 	gate     *gate.Gate
+	// gatePasses counts the leader's looks at the roster (tests wait on it).
+	gatePasses atomic.Int64
 	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
 	// election, the lease watcher, the task fetcher (and the API service, which
 	// internal/app/apiserver adds). internal/base/supervise.

@@ -62,16 +62,17 @@ func (e *Engine) DumpLog(ctx context.Context, from uint64, run string, limit int
 		if err != nil {
 			return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
 		}
-		got := 0
-		for m := range batch.Messages() {
+		got, full := 0, false
+		for m := range batch.Messages() { // read to the batch's end: a fetch left open outlives the call
 			got++
 			meta, err := m.Metadata()
-			if err != nil {
+			if err != nil || full {
 				continue
 			}
 			seq := meta.Sequence.Stream
 			if seq > last || len(out) >= limit || bytes >= dumpPageBytes {
-				break
+				full = true
+				continue
 			}
 			next, scanned = seq+1, scanned+1
 			d := DumpedMessage{Seq: seq}

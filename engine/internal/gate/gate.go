@@ -97,11 +97,11 @@ func (r Roster) IDs() []string {
 func (r Roster) Holders() string {
 	var by []string
 	if r.Hold != nil {
-		by = append(by, "a hold by "+orSomeone(r.Hold.By))
+		by = append(by, orSomeone(r.Hold.By)+"'s cluster hold")
 	}
 	for _, id := range r.IDs() {
 		if r.Members[id].Hold {
-			by = append(by, "node "+id+" (--hold-cluster-version)")
+			by = append(by, "node "+id+"'s --hold-cluster-version")
 		}
 	}
 	return strings.Join(by, ", ")
@@ -125,7 +125,7 @@ func (r Roster) Next(applied int) (int, string) {
 	case readable <= current:
 		return 0, fmt.Sprintf("%s log formats up to %d", r.slowest(), readable)
 	case r.Holders() != "":
-		return 0, "held by " + r.Holders()
+		return 0, "held: " + r.Holders()
 	}
 	return readable, ""
 }
@@ -160,6 +160,10 @@ var ErrUnknown = errors.New("gate: no such node in the cluster")
 // Gate reads and changes the roster.
 type Gate struct {
 	kv jetstream.KeyValue
+	// Tests only: afterRead runs between an update's read and its write; blind makes
+	// the write unconditional (the compare-and-set's negative control).
+	afterRead func()
+	blind     bool
 }
 
 // Open creates the bucket if needed (file storage, no expiry: a member stays until it
@@ -214,8 +218,13 @@ func (g *Gate) update(ctx context.Context, change func(*Roster) error) (Roster, 
 		} else if err != nil {
 			return r, err
 		}
+		if g.afterRead != nil {
+			g.afterRead()
+		}
 		raw, _ := json.Marshal(r)
-		if rev == 0 {
+		if g.blind {
+			_, err = g.kv.Put(ctx, rosterKey, raw)
+		} else if rev == 0 {
 			_, err = g.kv.Create(ctx, rosterKey, raw)
 		} else {
 			_, err = g.kv.Update(ctx, rosterKey, raw, rev)
@@ -289,6 +298,7 @@ func (g *Gate) Infer(ctx context.Context, live map[string]Seen, now time.Time) (
 func (g *Gate) Promise(ctx context.Context, applied int) (Roster, int, error) {
 	promised := 0
 	r, err := g.update(ctx, func(r *Roster) error {
+		promised = 0 // a retry after a failed write decides again
 		next, _ := r.Next(applied)
 		if next == 0 {
 			return errNoChange

@@ -70,7 +70,7 @@ func TestReadyzFailsWhenTheApplierStopped(t *testing.T) {
 	code, body := get(t, "http://"+d.HTTPAddr()+"/readyz")
 	// Its own check's line (the log consumer's supervised part reports the same stop
 	// in its own words).
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "the applier stopped: ") || !strings.Contains(body, "format version 999") {
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "the applier stopped: ") || !strings.Contains(body, "revision 999") {
 		t.Fatalf("/readyz %d %q; want 503 saying the applier stopped, and why", code, body)
 	}
 	// /healthz is about the process, not the node's state: still ok.
