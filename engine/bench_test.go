@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -25,13 +26,36 @@ import (
 // Run: go test -run '^$' -bench 'W1|W2|Queued' -benchtime 1x ./engine
 
 func benchEngine(b testing.TB, workers int) *Engine {
+	format1 := os.Getenv("FLOW_BENCH_FORMAT") == "1"
 	e := startEngine(b, func(c *Config) {
 		c.Workers = workers
 		c.Lease.TTL = 10 * time.Second
+		// FLOW_BENCH_FORMAT=1: the cluster version held at 1, every message in log
+		// format 1 (JSON), to compare with format 2 (issue 28; docs/perf.md).
+		c.HoldClusterVersion = format1
 	})
+	if !format1 {
+		if err := e.WaitClusterVersion(ctxT(b, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
+			b.Fatal(err)
+		}
+	}
 	// FLOW_BENCH_NO_ADMISSION=1: admission off (the code before issue 12), to compare.
 	e.hooks.NoAdmission.Store(os.Getenv("FLOW_BENCH_NO_ADMISSION") == "1")
 	return e
+}
+
+// reportLogBytes reports the log's bytes per run (the stream's bytes, every message
+// since the start, over runs).
+func reportLogBytes(b *testing.B, e *Engine, runs int) {
+	s, err := e.js.Stream(ctxT(b, 10*time.Second), logstream.DefaultStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	info, err := s.Info(ctxT(b, 10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(info.State.Bytes)/float64(runs), "log-B/run")
 }
 
 func BenchmarkW1(b *testing.B) {
@@ -64,6 +88,7 @@ func BenchmarkW1(b *testing.B) {
 		b.ReportMetric(float64(runs*5)/elapsed.Seconds(), "steps/s")
 		b.ReportMetric(float64(runs)/elapsed.Seconds(), "runs/s")
 		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+		reportLogBytes(b, e, runs)
 	}
 }
 
@@ -118,6 +143,7 @@ func benchW2(b *testing.B, e *Engine) {
 		b.ReportMetric(ms(runs[len(runs)/2].total), "run-p50-ms")
 		b.ReportMetric(ms(runs[len(runs)*99/100].total), "run-p99-ms")
 		b.ReportMetric(ms(stepLat[len(stepLat)/2]), "step-p50-ms")
+		reportLogBytes(b, e, len(runs)*(i+1))
 	}
 }
 

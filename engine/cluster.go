@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -107,13 +106,7 @@ func (e *Engine) ForgetNode(ctx context.Context, node string) error {
 	}
 	_, isLive := live[node]
 	_, err = e.gate.Forget(ctx, node, isLive)
-	switch {
-	case errors.Is(err, gate.ErrLive):
-		return fmt.Errorf("%w: %w", checkpoint.ErrConflict, err)
-	case errors.Is(err, gate.ErrUnknown):
-		return fmt.Errorf("%w: %w", checkpoint.ErrNotFound, err)
-	}
-	return err
+	return err // gate.ErrLive, gate.ErrUnknown: the API answers conflict, not found
 }
 
 // HoldClusterVersion sets (hold) or releases an operator's hold on the cluster version.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
@@ -70,7 +71,16 @@ func (a *API) Cluster(ctx context.Context) client.ClusterStatus {
 
 // ForgetNode removes a node that is gone for good from the cluster's members.
 func (a *API) ForgetNode(ctx context.Context, node string) error {
-	return wireError(a.e.ForgetNode(ctx, node))
+	err := a.e.ForgetNode(ctx, node)
+	for _, c := range []struct {
+		sentinel error
+		code     string
+	}{{gate.ErrLive, client.CodeConflict}, {gate.ErrUnknown, client.CodeNotFound}} {
+		if errors.Is(err, c.sentinel) {
+			return &client.Error{Code: c.code, Message: strings.TrimPrefix(err.Error(), c.sentinel.Error()+": ")}
+		}
+	}
+	return wireError(err)
 }
 
 // HoldClusterVersion sets (hold) or releases the operator's hold on the cluster version,

@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,14 +83,22 @@ func benchCommit(b *testing.B, synced bool) {
 				}
 				return seq
 			}
+			// FLOW_BENCH_FORMAT=1: log format 1 (JSON); otherwise the cluster version is
+			// raised first and the commits are in format 2 (issue 28; docs/perf.md).
+			if os.Getenv("FLOW_BENCH_FORMAT") != "1" {
+				mustWrite(checkpoint.Entry{Kind: checkpoint.KindClusterVersion, ClusterVersion: checkpoint.LogFormatBinary, Term: 1, Owner: "leader"})
+			}
 			mustWrite(submitEntry("bench", checkpoint.StepSpec{Name: "each", Foreach: true}))
 			epoch := int64(mustWrite(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "bench", Term: 1}))
 			mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "bench", Epoch: epoch, Owner: "w"})
 			out := json.RawMessage(`{"driver":"d-000123","cents":123456}`)
+			cpu := processCPU()
 			parallel(b, w, func(i int) error {
 				return env.log.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "bench", Step: "each", Item: i, Epoch: epoch, Owner: "w", Output: out}).Await(ctx)
 			})
 			b.ReportMetric(float64(b.N)/float64(max(env.store.Applied(), 1)), "entries/msg")
+			// The process's CPU (the writer, the applier and the embedded server) per entry.
+			b.ReportMetric(float64((processCPU()-cpu).Microseconds())/float64(b.N), "cpu-us/entry")
 		})
 	}
 }
@@ -130,4 +140,13 @@ func BenchmarkFloorPebbleSynced(b *testing.B) {
 			})
 		})
 	}
+}
+
+// processCPU is the CPU time this process used so far (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/streams"
 )
 
@@ -122,6 +123,8 @@ func (r Roster) Next(applied int) (int, string) {
 	switch {
 	case len(r.Members) == 0:
 		return 0, "no node has registered"
+	case readable <= current && readable >= checkpoint.NewestLogFormat:
+		return 0, "" // every member reads the newest format: nothing to move to
 	case readable <= current:
 		return 0, fmt.Sprintf("%s log formats up to %d", r.slowest(), readable)
 	case r.Holders() != "":
@@ -152,10 +155,10 @@ func (r Roster) slowest() string {
 var ErrTooOld = errors.New("gate: this flowd is too old for the cluster")
 
 // ErrLive: a node that is live cannot be forgotten.
-var ErrLive = errors.New("gate: the node is live")
+var ErrLive = errors.New("the node is live")
 
 // ErrUnknown: no such member.
-var ErrUnknown = errors.New("gate: no such node in the cluster")
+var ErrUnknown = errors.New("no such node in the cluster")
 
 // Gate reads and changes the roster.
 type Gate struct {
@@ -313,11 +316,11 @@ func (g *Gate) Promise(ctx context.Context, applied int) (Roster, int, error) {
 // live node is refused (it would be recorded again at once).
 func (g *Gate) Forget(ctx context.Context, node string, live bool) (Roster, error) {
 	if live {
-		return Roster{}, fmt.Errorf("%w: node %s reports itself alive; stop it (or wait a minute after it stopped) before forgetting it", ErrLive, node)
+		return Roster{}, fmt.Errorf("%w: node %s reports itself alive: stop it (or wait a minute after it stopped) before forgetting it", ErrLive, node)
 	}
 	return g.update(ctx, func(r *Roster) error {
 		if _, ok := r.Members[node]; !ok {
-			return fmt.Errorf("%w: %q is not a member (cluster status lists them)", ErrUnknown, node)
+			return fmt.Errorf("%w: node %q is not a member (cluster status lists them)", ErrUnknown, node)
 		}
 		delete(r.Members, node)
 		return nil

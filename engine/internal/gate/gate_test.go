@@ -74,6 +74,9 @@ func TestTranscripts(t *testing.T) {
 				var applied int
 				d.ScanArgs(t, "applied", &applied)
 				next, why := r.Next(applied)
+				if next == 0 && why == "" {
+					return "stays: nothing newer to move to\n"
+				}
 				if next == 0 {
 					return "stays: " + why + "\n"
 				}

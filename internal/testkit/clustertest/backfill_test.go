@@ -102,9 +102,5 @@ func TestBackfillsAcrossALeaderKill(t *testing.T) {
 
 // startFlowdBin is StartFlowd with another flowd binary (a linked control's).
 func startFlowdBin(t *testing.T, c *Cluster, name, bin string, extra ...string) *Proc {
-	p := StartFlowd(t, c, name, extra...)
-	p.Kill()
-	p.args[0] = bin
-	p.Restart(t)
-	return p
+	return startFlowdExe(t, c, name, bin, nil, extra...)
 }

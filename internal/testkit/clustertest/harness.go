@@ -414,13 +414,17 @@ func StartFlowd(t testing.TB, c *Cluster, name string, extra ...string) *Proc {
 
 // StartFlowdEnv is StartFlowd with variables added to its environment (FLOWD_*).
 func StartFlowdEnv(t testing.TB, c *Cluster, name string, env []string, extra ...string) *Proc {
-	bin := Binaries(t)
+	return startFlowdExe(t, c, name, filepath.Join(Binaries(t), "flowd"), env, extra...)
+}
+
+// startFlowdExe starts the flowd executable exe as node name on the cluster.
+func startFlowdExe(t testing.TB, c *Cluster, name, exe string, env []string, extra ...string) *Proc {
 	dir := t.TempDir()
 	logf, err := os.Create(filepath.Join(dir, "flowd.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{filepath.Join(bin, "flowd"), "--node-id", name, "--nats-url", c.URL(), "--data-dir", filepath.Join(dir, "data"),
+	args := append([]string{exe, "--node-id", name, "--nats-url", c.URL(), "--data-dir", filepath.Join(dir, "data"),
 		"--http", "off", "--log-format", "json", "--log-level", "debug", "--park-after", "24h"}, extra...) // long sleeps hold a worker (the tests' runs to cancel, steal, drain)
 	p := &Proc{Name: name, args: args, env: env, log: logf}
 	p.start(t)

@@ -130,6 +130,32 @@ func TestRollingUpgrade(t *testing.T) {
 					}
 					return false
 				})
+				if i == 0 && !control {
+					// A rollback before the version moved: the first node goes back to the
+					// previous build, comes back as it was, then is upgraded again.
+					nodes[n].Term(t)
+					nodes[n].args[0] = old
+					nodes[n].Restart(t)
+					WaitFor(t, 60*time.Second, n+" back on the previous build", func() bool {
+						for _, nd := range status().Nodes {
+							if nd.ID == n && len(nd.Formats) == 1 {
+								return true
+							}
+						}
+						return false
+					})
+					nodes[n].Term(t)
+					nodes[n].args[0] = filepath.Join(Binaries(t), "flowd")
+					nodes[n].Restart(t)
+					WaitFor(t, 60*time.Second, n+" back on the new build", func() bool {
+						for _, nd := range status().Nodes {
+							if nd.ID == n && len(nd.Formats) == 2 {
+								return true
+							}
+						}
+						return false
+					})
+				}
 				if control {
 					WaitFor(t, 30*time.Second, "format 2 in the log", func() bool { firstFormat2 = firstCBOR(t, url); return firstFormat2 != 0 })
 					at := fmt.Sprintf("the message at sequence %d has log format 2", firstFormat2)
@@ -160,6 +186,13 @@ func TestRollingUpgrade(t *testing.T) {
 				if l := LogOf(nodes[n]); strings.Contains(l, "upgrade flowd") || strings.Contains(l, "applier stopped") {
 					t.Fatalf("%s's applier stopped during the upgrade", n)
 				}
+			}
+			// After the version moved, the previous build refuses to start, naming the
+			// version it would need.
+			late := startFlowdBin(t, c, "node-d", old, "--lease-ttl", "2s")
+			WaitFor(t, 60*time.Second, "the previous build to refuse to start", func() bool { return !late.Alive() })
+			if l := LogOf(late); late.ExitCode() == 0 || !strings.Contains(l, "the cluster version is 2") || !strings.Contains(l, "reads format 2") {
+				t.Fatalf("the previous build on a cluster at version 2: exit %d, log:\n%s", late.ExitCode(), tail(l))
 			}
 			mu.Lock()
 			ids := append([]string(nil), started...)
