@@ -87,6 +87,23 @@ func FuzzApply(f *testing.F) {
 	for i, m := range undecodable {
 		f.Add(msgs[fuzzSeeded], m, uint8(i))
 	}
+	// The same messages in log format 2 (CBOR), and one of each format after the other.
+	for i := fuzzSeeded; i+1 < len(msgs) && i < fuzzSeeded+40; i += 2 {
+		var pair [2][]byte
+		for j := range pair {
+			m, err := DecodeMessage(0, msgs[i+j])
+			if err != nil {
+				continue
+			}
+			if pair[j], err = EncodeMessageIn(LogFormatBinary, m.Node, m.Entries...); err != nil {
+				f.Fatal(err)
+			}
+		}
+		if pair[0] != nil && pair[1] != nil {
+			f.Add(pair[0], pair[1], uint8(0))
+			f.Add(msgs[i], pair[1], uint8(1))
+		}
+	}
 	f.Add([]byte(`{"v":3,"node":"x","entries":[{"k":"cancel","run":"run-1","at":"2026-11-29T02:00:00Z"}]}`), msgs[fuzzSeeded], uint8(1))
 	f.Add([]byte(`{"v":2,"node":"x","entries":[{"k":"retire","run":"run-1","term":99,"at":"2026-11-29T02:00:00Z"},{"k":"submit","run":"run-1","submit":{"workflow":"wf0","version":1,"trigger":"manual","max_epochs":1,"steps":[{"name":"a"}]},"at":"2026-11-29T02:00:00Z"}]}`), []byte(`{}`), uint8(2))
 	f.Fuzz(func(t *testing.T, first, second []byte, back uint8) {
