@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
 )
