@@ -125,6 +125,10 @@ type Submit struct {
 	Deadline time.Time `json:"deadline,omitzero"`
 	// Handlers are the workflow's handler steps by event (format 3; nightly.go).
 	Handlers map[string][]StepSpec `json:"handlers,omitempty"`
+	// Trace is the W3C traceparent of the run's submit span: every span of the run, on
+	// any node and in any epoch, is in its trace (revision 4; written only at cluster
+	// version 2 and up; internal/base/tracing).
+	Trace string `json:"trace,omitempty"`
 }
 
 // WorkflowDef is one applied workflow definition.
@@ -319,6 +323,9 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
 	}
+	if len(s.Trace) > 128 {
+		return bad("trace: %d bytes, a traceparent is 55", len(s.Trace))
+	}
 	for event, steps := range s.Handlers {
 		if event != OnFailureEvent && event != OnDeadLetterEvent && event != OnDeadlineEvent {
 			return bad("handler event %q: use on_failure, on_dead_letter or on_deadline", event)
@@ -364,6 +371,9 @@ func RevisionFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func RevisionOf(e *Entry) int {
+	if e.Submit != nil && e.Submit.Trace != "" {
+		return 4
+	}
 	if e.Consume > 0 || e.Submit != nil && (e.Submit.Parent != nil || !e.Submit.Deadline.IsZero() || len(e.Submit.Handlers) > 0) || len(e.Steps) > 0 || e.Tick != nil && (e.Tick.Outcome == TickPaused || e.Tick.Outcome == TickBackfilled || !e.Tick.Deadline.IsZero()) {
 		return 3
 	}

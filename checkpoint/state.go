@@ -96,6 +96,9 @@ type Run struct {
 	// StartedBy is the person who started the run (the submit's actor): an approval
 	// step with not_the_starter does not count them.
 	StartedBy string `json:"started_by,omitempty"`
+	// Trace is the run's trace context (Submit.Trace), a W3C traceparent; a handler run
+	// has the run's that started it.
+	Trace string `json:"trace,omitempty"`
 	// Waiting is what a parked run waits for (status waiting); nil otherwise.
 	Waiting *Waiting `json:"waiting,omitempty"`
 	// Resume: the run woke from a park; its next epoch is not counted.

@@ -44,6 +44,9 @@ type StartOptions struct {
 	ID string
 	// Inputs are the run's inputs, as the workflow's inputs section declares them.
 	Inputs map[string]string
+	// Traceparent (W3C) makes the run's trace a part of the caller's: its spans, and
+	// the traceparent its steps get, are in that trace.
+	Traceparent string
 }
 
 // StartRun starts a run of the workflow's latest version and returns its ID.
@@ -51,7 +54,7 @@ func (c *Client) StartRun(ctx context.Context, workflow string, opts StartOption
 	var started struct {
 		ID string `json:"id"`
 	}
-	err := c.call(ctx, "run.start", Request{Workflow: workflow, ID: opts.ID, Inputs: opts.Inputs}, &started)
+	err := c.call(ctx, "run.start", Request{Workflow: workflow, ID: opts.ID, Inputs: opts.Inputs, Traceparent: opts.Traceparent}, &started)
 	return started.ID, err
 }
 

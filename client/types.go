@@ -65,6 +65,8 @@ type Request struct {
 	MaxParallel int    `json:"max_parallel,omitempty"`
 	Order       string `json:"order,omitempty"`
 	DryRun      bool   `json:"dry_run,omitempty"`
+	// Traceparent is run.start's caller's trace context (W3C traceparent).
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Run is the contract's JSON shape of a run.

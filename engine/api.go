@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/engine/internal/tasks"
@@ -17,6 +20,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/ident"
+	"github.com/flowrun/flow/internal/base/tracing"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
@@ -85,6 +89,10 @@ type RunOptions struct {
 	ScheduledAt time.Time // cron runs
 	// Parent makes the run a child of a workflow step (engine/internal/worker/child.go).
 	Parent *checkpoint.ParentRef
+	// Traceparent, a W3C traceparent, makes the run's trace a part of the caller's
+	// (flowctl run start --traceparent). The run's spans are in ctx's trace otherwise
+	// (a child run's, its parent step's), or in a trace of their own.
+	Traceparent string
 }
 
 // StartRun submits a run of the latest version of a workflow. inputs are checked
@@ -133,6 +141,18 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
+	if err := tracing.ValidTraceparent(opts.Traceparent); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadInput, err)
+	}
+	// The run's trace starts here: the submit span, whose context the log keeps for every
+	// node and epoch of the run (a new field: only once the cluster version has it).
+	tctx, span := tracing.Tracer().Start(tracing.WithTraceparent(ctx, opts.Traceparent), "flow.run.submit", trace.WithAttributes(
+		attribute.String("flow.run.id", id), attribute.String("flow.workflow", w.Name), attribute.Int("flow.workflow.version", w.Version),
+		attribute.String("flow.trigger", sub.Trigger)))
+	defer span.End()
+	if e.store.ClusterVersion() >= checkpoint.LogFormatBinary {
+		sub.Trace = tracing.Traceparent(tctx)
+	}
 	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Submit: sub}
 	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
 	// the submit may be refused as a repeat while the assign, judged on its own, would
@@ -141,7 +161,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// and no older run waiting for one (admission.go).
 	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
 		defer e.admission.Admitted()
-		return id, e.submitAndAssign(ctx, submit, term)
+		return id, e.submitAndAssign(tctx, submit, term)
 	}
 	if err := e.clog.Writer.Write(ctx, submit).Await(ctx); err != nil {
 		return "", err
@@ -192,6 +212,10 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", errs[1])
 		return nil
 	}
+	// The first epoch, named in the submit span (its owner's own span may never be sent).
+	trace.SpanFromContext(ctx).AddEvent("epoch assigned", trace.WithAttributes(attribute.Int64("flow.epoch", int64(f.Seq())),
+		attribute.String("flow.epoch.reason", checkpoint.ReasonAssigned), attribute.String("flow.owner", assign.Worker)))
+	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("flow.epoch", int64(f.Seq())))
 	if !own {
 		if err := e.tasks.Publish(ctx, tasks.Task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
 			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)

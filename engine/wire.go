@@ -227,7 +227,7 @@ func (a *API) StartRun(ctx context.Context, workflow string, opts client.StartOp
 	for k, v := range opts.Inputs {
 		inputs[k] = v
 	}
-	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID})
+	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID, Traceparent: opts.Traceparent})
 	return id, wireError(err)
 }
 

@@ -9,10 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flowrun/flow/checkpoint"
-
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )

@@ -11,11 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flowrun/flow/checkpoint"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )

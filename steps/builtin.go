@@ -14,6 +14,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/flowrun/flow/internal/base/tracing"
 )
 
 // KillGrace is the default time a stopped exec step's processes have between SIGTERM
@@ -25,7 +29,8 @@ const KillGrace = 2 * time.Second
 //	with: {command: [prog, args...], env: {K: V}, dir: path, stdin: text}
 //
 // The environment is BaseEnv and PassEnv of this process's, plus `env`, plus
-// FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM, FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY, FLOW_ATTEMPT. A
+// FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM, FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY, FLOW_ATTEMPT, and
+// TRACEPARENT when the run is traced (the step attempt's span, W3C). A
 // JSON object on stdout is the output; any other stdout becomes {"stdout": "..."}. The
 // command runs in a fresh, empty working directory of its own, removed after it,
 // unless `dir` names one.
@@ -122,6 +127,9 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		"FLOW_RUN_ID="+in.Run, "FLOW_STEP="+in.Step, "FLOW_ITEM="+strconv.Itoa(in.Item),
 		"FLOW_EPOCH="+strconv.FormatInt(in.Epoch, 10), "FLOW_IDEMPOTENCY_KEY="+in.IdempotencyKey,
 		"FLOW_ATTEMPT="+strconv.Itoa(in.Attempt))
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		p.env = append(p.env, "TRACEPARENT="+tp) // the step attempt's span: the command's own spans join the run's trace
+	}
 	p.dir, _ = in.With["dir"].(string)
 	if p.path, err = programPath(argv[0], p.dir != ""); err != nil {
 		return nil, Permanentf("exec: start %s: %v", argv[0], err)
@@ -213,6 +221,7 @@ func (h HTTP) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 	req.Header.Set("Flow-Step", in.Step)
 	req.Header.Set("Flow-Item", strconv.Itoa(in.Item))
 	req.Header.Set("Idempotency-Key", in.IdempotencyKey)
+	tracing.Inject(ctx, propagation.HeaderCarrier(req.Header)) // traceparent: the step attempt's span
 	client := h.Client
 	if client == nil {
 		client = http.DefaultClient

@@ -58,6 +58,9 @@ type options struct {
 	nodeBin string
 	// walletOptions are extra wallet options (tests: wallet.WithoutGuards).
 	walletOptions []wallet.Option
+	// traceparent, if set, is the caller's trace context the payout run joins
+	// (--traceparent).
+	traceparent string
 	// now is the single node's clock for the workflow's {{ yesterday }} default (default
 	// time.Now; tests pin it so that no test depends on today's date).
 	now func() time.Time
@@ -72,6 +75,7 @@ func main() {
 	flag.StringVar(&o.dataDir, "data-dir", "", "where flow and the wallet keep their data (default: a new temporary directory, removed at the end)")
 	flag.StringVar(&o.walletAddr, "wallet", "127.0.0.1:9090", "the wallet's listen address")
 	flag.IntVar(&o.drivers, "drivers", 1000, "drivers in the generated data set")
+	flag.StringVar(&o.traceparent, "traceparent", "", "a W3C traceparent the payout run joins (with OTEL_* set, flowd's spans join it too)")
 	flag.BoolVar(&o.chaos, "chaos", false, "run three nodes and, during the transfer, pause the run's owner past its lease TTL and kill another node")
 	flag.IntVar(&o.rounds, "rounds", 1, "payouts to run, one date each (going back a day per round); with --chaos each is disrupted")
 	flag.DurationVar(&o.leaseTTL, "lease-ttl", 2*time.Second, "run lease and leader term TTL")
@@ -313,7 +317,21 @@ func payOnce(ctx context.Context, o options, cl *client.Client, approvers []*cli
 	if date != "" {
 		inputs["date"] = date
 	}
-	started, err := cl.StartRun(ctx, "nightly-payout", client.StartOptions{Inputs: inputs})
+	if o.traceparent != "" {
+		// The run records its trace context from cluster version 2 on: a node that just
+		// started raises it within moments.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			st, err := cl.ClusterStatus(ctx)
+			if err == nil && st.ClusterVersion >= 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("the cluster version did not reach 2: the run would not be traced (%v)", err)
+			}
+			time.Sleep(50 * time.Millisecond) // polling the cluster's version, with a deadline
+		}
+	}
+	started, err := cl.StartRun(ctx, "nightly-payout", client.StartOptions{Inputs: inputs, Traceparent: o.traceparent})
 	if err != nil {
 		return nil, fmt.Errorf("start the payout: %w", err)
 	}

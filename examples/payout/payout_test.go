@@ -54,6 +54,33 @@ func TestPayoutDemo(t *testing.T) {
 	}
 }
 
+// The wallet's requests carry the run's trace context (issue 29): a payout started
+// with a caller's traceparent sends every transfer with a traceparent of that trace.
+func TestPayoutWalletRequestsCarryTheTraceparent(t *testing.T) {
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	var mu sync.Mutex
+	seen := map[string]string{}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rounds, err := run(ctx, options{date: "2026-11-28", dataDir: t.TempDir(), walletAddr: "127.0.0.1:0", drivers: 50, rounds: 1,
+		leaseTTL: 2 * time.Second, walletLatency: -1, out: &out, traceparent: "00-" + traceID + "-00f067aa0ba902b7-01",
+		walletOptions: []wallet.Option{wallet.WithCreditSeen(func(driver, tp string) { mu.Lock(); seen[driver] = tp; mu.Unlock() })}})
+	if err != nil || len(rounds) != 1 || !rounds[0].ok() {
+		t.Fatalf("%v %+v\n%s", err, rounds, out.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("the wallet saw no credit")
+	}
+	for driver, tp := range seen {
+		if parts := strings.Split(tp, "-"); len(parts) != 4 || parts[1] != traceID {
+			t.Fatalf("the credit of %s carried traceparent %q; want one of trace %s", driver, tp, traceID)
+		}
+	}
+}
+
 // Without --date the workflow's default applies: yesterday in Asia/Jakarta, not in UTC.
 // The clock is pinned where the two differ: 2026-11-28 18:30 UTC is already 2026-11-29
 // 01:30 in Jakarta, so yesterday there is 2026-11-28 (in UTC it would be 2026-11-27).

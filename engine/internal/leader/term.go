@@ -151,6 +151,7 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 			t.assignFailed(runs[i].ID, err)
 			continue
 		}
+		t.traceAssign(runs[i], int64(written.Seq()), runs[i].Epoch, "", s.clock.Now())
 		if f, err := s.cfg.Tasks.PublishAsync(tasks.Task{Run: runs[i].ID, Epoch: int64(written.Seq())}); err == nil {
 			acks = append(acks, f)
 		} else {
@@ -172,6 +173,9 @@ func (t *termServices) assignFailed(run string, err error) {
 	switch {
 	case errors.Is(err, checkpoint.ErrDeadLettered):
 		t.s.log.Warn("run dead-lettered: max_epochs exceeded", "run", run, "term", t.term.Term())
+		if r, err := t.s.cfg.State.Run(run); err == nil {
+			traceDeadLetter(r)
+		}
 		t.announceDeadLetter(run)
 	case errors.Is(err, checkpoint.ErrConflict):
 		// someone moved it on meanwhile
@@ -234,6 +238,7 @@ func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 		t.assignFailed(rc.Run, err)
 		return
 	}
+	t.traceAssign(r, int64(f.Seq()), rc.Epoch, rc.Reason, s.clock.Now())
 	if err := s.cfg.Tasks.Publish(ctx, tasks.Task{Run: rc.Run, Epoch: int64(f.Seq())}); err != nil {
 		s.log.Warn("task not queued; reconcile will retry", "run", rc.Run, "err", err)
 	}

@@ -57,6 +57,25 @@ const (
 	EndPark                       // a step waits for the world: write the park (wait.go)
 )
 
+// String names the action (the epoch span's outcome).
+func (a EndAction) String() string {
+	switch a {
+	case EndNothing:
+		return "settled"
+	case EndHandBack:
+		return "handed-back"
+	case EndSteal:
+		return ReasonStolen
+	case EndFailed:
+		return "failed"
+	case EndSucceeded:
+		return "succeeded"
+	case EndPark:
+		return "parked"
+	}
+	return "unknown"
+}
+
 // EndState is what the epoch knows when its steps have stopped.
 type EndState struct {
 	Stolen, Completed, Ended bool  // already settled (Completed: with the last commit)

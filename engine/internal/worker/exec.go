@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
@@ -52,6 +55,9 @@ type runExec struct {
 	// fresh: the epoch was assigned in the submit's own message (the leader's own
 	// run), so no step can have a checkpoint yet: execute skips reading them.
 	fresh bool
+	// span is the epoch's trace span (trace.go); ended once, by execute or by whoever
+	// abandons the epoch before it.
+	span trace.Span
 }
 
 func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, error) {
@@ -67,7 +73,7 @@ func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, err
 	x := &runExec{p: p, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
 		log: p.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen}
 	// The epoch's work ends when the lease ends (kill switch) or the run is drained.
-	x.ctx, x.cancel = context.WithCancelCause(lease.Context())
+	x.ctx, x.cancel = context.WithCancelCause(x.startSpan(lease.Context()))
 	return x, nil
 }
 
@@ -86,6 +92,7 @@ func (x *runExec) handBack() {
 	}
 	_ = x.lease.Release(ctx)
 	x.p.stats.HandedBack.Add(1)
+	x.spanEvent("handed back")
 	x.log.Info("run handed back")
 }
 
@@ -98,6 +105,7 @@ func (x *runExec) steal(cause error) error {
 	if first {
 		x.p.stats.Stolen.Add(1)
 		x.log.Warn(ReasonStolen, "cause", cause)
+		x.spanEvent(ReasonStolen, attribute.String("cause", fmt.Sprint(cause)))
 	}
 	x.cancel(errStolen)
 	return errStolen
@@ -142,6 +150,9 @@ func (x *runExec) writeAll(es ...checkpoint.Entry) []error {
 	defer cancel()
 	errs := x.p.cfg.Log.Write(ctx, es...).Results(ctx)
 	for i, err := range errs {
+		if errors.Is(err, checkpoint.ErrFenced) {
+			x.spanEvent("commit fenced", attribute.String("flow.entry", string(es[i].Kind)), attribute.String("flow.step", es[i].Step), attribute.String("error", err.Error()))
+		}
 		if err != nil && !IsVerdict(err) {
 			errs[i] = x.steal(err)
 		}
@@ -285,6 +296,7 @@ func (x *runExec) execute() {
 	}
 	end.Parked = parked != nil
 	d := DecideEnd(end)
+	defer func() { x.endSpan(d.Action.String(), d.Cause) }()
 	switch d.Action {
 	case EndNothing:
 		if end.Completed && !end.Stolen { // with the last commit; a drain meanwhile has nothing to hand back

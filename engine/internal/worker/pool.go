@@ -366,6 +366,7 @@ func (p *Pool) runClaimed(run string, ep int64, lease *epoch.Lease, log *slog.Lo
 	if p.mu.stopping {
 		p.mu.Unlock()
 		x.handBack()
+		x.endSpan(EndHandBack.String(), nil)
 		return
 	}
 	p.mu.running[run] = x
@@ -499,6 +500,7 @@ func (p *Pool) ProbeEnded(id string, ep int64, lease *epoch.Lease, between func(
 	if err != nil {
 		return nil, err
 	}
+	defer x.endSpan("probed", nil)
 	between()
 	x.checkEnded()
 	if x.ended.Load() != (x.ctx.Err() != nil) {

@@ -128,6 +128,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		}
 		x.p.stats.StepAttempts.Add(1)
 		began := x.p.clock.Now()
+		sctx, span := x.startStepSpan(sctx, st.Name, st.Uses, item, attempt)
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
 			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
 			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil})
@@ -136,6 +137,8 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		}
 		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
 		cancel()
+		retrying := err != nil && x.ctx.Err() == nil && !steps.IsPermanent(err) && attempt < st.Retry.MaxAttempts
+		endStepSpan(span, err, retrying)
 		if err == nil {
 			if len(out) == 0 {
 				out = json.RawMessage(`{}`)

@@ -49,6 +49,7 @@ type Wallet struct {
 	mu       sync.Mutex // one check-and-set at a time (FACTS.md: hold it over Get + Commit(Sync))
 	latency  time.Duration
 	noGuards bool
+	seen     func(driver, traceparent string)
 }
 
 // Option configures a Wallet.
@@ -63,6 +64,13 @@ func WithLatency(d time.Duration) Option { return func(w *Wallet) { w.latency = 
 // added to the driver's balance. For negative-control tests only: it shows the double
 // payouts the guards prevent.
 func WithoutGuards() Option { return func(w *Wallet) { w.noGuards = true } }
+
+// WithCreditSeen calls seen with each credit request's driver and W3C traceparent
+// header ("" without one), before it is applied: the run's trace context reaches the
+// wallet with every transfer (the payout's tests check it).
+func WithCreditSeen(seen func(driver, traceparent string)) Option {
+	return func(w *Wallet) { w.seen = seen }
+}
 
 // Open opens (or creates) the wallet's database in dir.
 func Open(dir string, opts ...Option) (*Wallet, error) {
@@ -186,6 +194,9 @@ func (w *Wallet) Handler() http.Handler {
 			return
 		}
 		epoch, _ := strconv.ParseInt(r.Header.Get("Flow-Epoch"), 10, 64)
+		if w.seen != nil {
+			w.seen(body.Driver, r.Header.Get("traceparent"))
+		}
 		if w.latency > 0 {
 			t := time.NewTimer(w.latency)
 			select {

@@ -95,7 +95,7 @@ func (s *Server) runStart(ctx context.Context, r *client.Request) (any, error) {
 	if r.Workflow == "" {
 		return nil, badRequest("a workflow name is required")
 	}
-	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs})
+	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs, Traceparent: r.Traceparent})
 	if err != nil {
 		return nil, err
 	}

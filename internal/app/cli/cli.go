@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/tracing"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
@@ -181,9 +182,10 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	run := group("run", "Start, inspect, signal, approve, retry and cancel runs")
 	var inputs []string
 	var wait bool
-	var runID string
+	var runID, traceparent string
 	start := &cobra.Command{Use: "start WORKFLOW", Short: "Start a run; prints its ID", Args: exactArgs(1, "WORKFLOW"),
-		RunE: func(_ *cobra.Command, args []string) error { return a.start(args[0], runID, inputs, wait) }}
+		RunE: func(_ *cobra.Command, args []string) error { return a.start(args[0], runID, traceparent, inputs, wait) }}
+	start.Flags().StringVar(&traceparent, "traceparent", "", "a W3C traceparent: the run's trace joins the caller's (default: $TRACEPARENT)")
 	start.Flags().StringArrayVar(&inputs, "input", nil, "an input as KEY=VALUE (repeat for several)")
 	start.Flags().BoolVar(&wait, "wait", false, "wait for the run to end; exit 1 unless it succeeded")
 	start.Flags().StringVar(&runID, "id", "", "the run's ID (default: generated)")
@@ -353,7 +355,13 @@ func (a *app) apply(path string) error {
 	})
 }
 
-func (a *app) start(wf, id string, inputs []string, wait bool) error {
+func (a *app) start(wf, id, traceparent string, inputs []string, wait bool) error {
+	if traceparent == "" {
+		traceparent = a.getenv("TRACEPARENT") // as exec steps get it: a step's flowctl joins its trace
+	}
+	if err := tracing.ValidTraceparent(traceparent); err != nil {
+		return usage("--traceparent: %v", err)
+	}
 	in := map[string]string{}
 	for _, kv := range inputs {
 		k, v, ok := strings.Cut(kv, "=")
@@ -363,7 +371,7 @@ func (a *app) start(wf, id string, inputs []string, wait bool) error {
 		in[k] = v
 	}
 	started, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
-		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in})
+		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in, Traceparent: traceparent})
 	})
 	if err != nil {
 		return err

@@ -35,6 +35,8 @@ type Daemon struct {
 	http   *http.Server
 	ln     net.Listener
 	done   chan struct{}
+	// flushTraces sends the spans still buffered (nil: no traces exported).
+	flushTraces func(context.Context) error
 }
 
 // NewLogger is flowd's slog logger: text on a terminal, JSON otherwise (or as asked).
@@ -187,6 +189,13 @@ func (d *Daemon) Stop() {
 		cancel()
 	}
 	d.stopEngine()
+	if d.flushTraces != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := d.flushTraces(ctx); err != nil {
+			d.log.Warn("traces: the last spans were not sent", "err", err)
+		}
+	}
 }
 
 // uiUsers are the --auth users who sign in to the web UI: people (not nodes) with a

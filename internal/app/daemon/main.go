@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/flowrun/flow/internal/base/tracing/otlp"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 )
@@ -107,11 +108,21 @@ func Open(ctx context.Context, args []string, emb Embedding) (d *Daemon, logger 
 	if cfg.NATSPassword != "" && flagGiven(args, "nats-password") {
 		logger.Warn("--nats-password is readable in /proc/PID/cmdline by every process on this machine, exec steps included: give it as FLOWD_NATS_PASSWORD or in the config file (mode 0600)")
 	}
+	// Traces, if the OTEL_* variables ask for them (internal/base/tracing).
+	flush, err := otlp.Setup(ctx, "flowd", nil, logger)
+	if err != nil {
+		logger.Error("flowd could not start", "err", err)
+		return nil, logger, 2
+	}
 	d, err = Start(ctx, cfg, logger)
 	if err != nil {
+		if flush != nil {
+			_ = flush(context.Background())
+		}
 		logger.Error("flowd could not start", "err", err)
 		return nil, logger, 1
 	}
+	d.flushTraces = flush
 	return d, logger, 0
 }
 
