@@ -19,6 +19,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,6 +71,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "node" {
 		os.Exit(runNode(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "wallet" {
+		os.Exit(runWallet(os.Args[2:]))
+	}
 	o := options{out: os.Stdout}
 	flag.StringVar(&o.date, "date", "", "the day to pay, YYYY-MM-DD (default: the workflow's, yesterday in the schedule's timezone, Asia/Jakarta)")
 	flag.StringVar(&o.dataDir, "data-dir", "", "where flow and the wallet keep their data (default: a new temporary directory, removed at the end)")
@@ -91,6 +95,43 @@ func main() {
 		fmt.Fprintln(os.Stderr, "payout:", err)
 		os.Exit(1)
 	}
+}
+
+// runWallet serves the wallet (and /alerts) on its own, for a cluster started apart (the
+// compose cluster of deploy/compose.yaml): payout wallet [--listen ADDR] [--data DIR].
+func runWallet(args []string) int {
+	fs := flag.NewFlagSet("payout wallet", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:9090", "the wallet's listen address")
+	data := fs.String("data", "./wallet-data", "the wallet's ledger directory")
+	latency := fs.Duration("latency", 0, "how long each credit takes, as a bank's API would")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	w, err := wallet.Open(*data, wallet.WithLatency(*latency))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payout wallet:", err)
+		return 1
+	}
+	defer w.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "payout wallet: listen on %s: %v (use --listen HOST:PORT)\n", *listen, err)
+		return 1
+	}
+	alerts := &alertBox{}
+	mux := http.NewServeMux()
+	mux.Handle("/", w.Handler())
+	mux.HandleFunc("POST /alerts", alerts.post)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); _ = hs.Close() }()
+	fmt.Fprintf(os.Stderr, "payout wallet: serving on %s (POST /credit, GET /ledger?date=)\n", ln.Addr())
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, "payout wallet:", err)
+		return 1
+	}
+	return 0
 }
 
 // runNode is one chaos node: flowd, configured by its own flags, with the payout's step

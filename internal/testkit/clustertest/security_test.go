@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/testkit/testcerts"
 )
 
@@ -83,7 +85,8 @@ func TestExternalClusterWithRoles(t *testing.T) {
 	url := c.URLs[0]
 	WaitFor(t, 60*time.Second, "two nodes and a leader", func() bool {
 		code, out := flowctlAs(t, url, "vera", certs, "cluster", "status", "-o", "json")
-		return code == 0 && strings.Contains(out, `"leader": "node-`) && strings.Count(out, `"id": "node-`) == 2
+		var st client.ClusterStatus
+		return code == 0 && json.Unmarshal([]byte(out), &st) == nil && strings.HasPrefix(st.Leader, "node-") && len(st.Nodes) == 2
 	})
 	wf := filepath.Join(t.TempDir(), "one.yaml")
 	if err := os.WriteFile(wf, []byte(oneStep), 0o600); err != nil {

@@ -1,0 +1,41 @@
+# flow's image: flowd and flowctl, static, run as a non-root user, no shell needed.
+# Also in it: nats-server (the same version flowd embeds, for the compose cluster's
+# NATS containers) and the payout example (`payout node`: flowd with the payout's step
+# kinds; `payout wallet`: its wallet), so that deploy/compose.yaml needs no other image.
+#
+# Two ways to build it:
+#   docker build -t flow:dev .              the builder stage compiles in golang:1.26
+#   deploy/build-image.sh                   binaries built on this machine, then the
+#                                           "prebuilt" stage: no image is pulled at all
+# The runtime stages are FROM scratch: there is no shell, no package manager, nothing
+# but the binaries, CA certificates and the data directory.
+
+# --- prebuilt: the binaries deploy/build-image.sh compiled into deploy/out/rootfs --------
+FROM scratch AS prebuilt
+COPY deploy/out/rootfs/ /
+COPY --chown=65532:65532 deploy/out/rootfs/data/ /data/
+USER 65532:65532
+ENV FLOWD_DATA_DIR=/data FLOWD_HTTP=0.0.0.0:8080 TMPDIR=/data/tmp
+WORKDIR /data
+VOLUME ["/data"]
+EXPOSE 4222 8080
+ENTRYPOINT ["/usr/local/bin/flowd"]
+
+# --- build: compile in a Go image (needs a registry) ---------------------------------------
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN deploy/rootfs.sh /out/rootfs
+
+# --- image: the default target ------------------------------------------------------------
+FROM scratch
+COPY --from=build /out/rootfs/ /
+COPY --from=build --chown=65532:65532 /out/rootfs/data/ /data/
+USER 65532:65532
+ENV FLOWD_DATA_DIR=/data FLOWD_HTTP=0.0.0.0:8080 TMPDIR=/data/tmp
+WORKDIR /data
+VOLUME ["/data"]
+EXPOSE 4222 8080
+ENTRYPOINT ["/usr/local/bin/flowd"]
