@@ -10,10 +10,10 @@
 # The runtime stages are FROM scratch: there is no shell, no package manager, nothing
 # but the binaries, CA certificates and the data directory.
 
-# --- prebuilt: the binaries deploy/build-image.sh compiled into deploy/out/rootfs --------
+# --- prebuilt: the binaries deploy/build-image.sh compiled into deploy/out ----------------
 FROM scratch AS prebuilt
 COPY deploy/out/rootfs/ /
-COPY --chown=65532:65532 deploy/out/rootfs/data/ /data/
+COPY --chown=65532:65532 deploy/out/datafs/ /
 USER 65532:65532
 ENV FLOWD_DATA_DIR=/data FLOWD_HTTP=0.0.0.0:8080 TMPDIR=/data/tmp
 WORKDIR /data
@@ -27,12 +27,12 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN deploy/rootfs.sh /out/rootfs
+RUN sh deploy/rootfs.sh /out
 
 # --- image: the default target ------------------------------------------------------------
 FROM scratch
 COPY --from=build /out/rootfs/ /
-COPY --from=build --chown=65532:65532 /out/rootfs/data/ /data/
+COPY --from=build --chown=65532:65532 /out/datafs/ /
 USER 65532:65532
 ENV FLOWD_DATA_DIR=/data FLOWD_HTTP=0.0.0.0:8080 TMPDIR=/data/tmp
 WORKDIR /data

@@ -5,6 +5,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 tag=${1:-flow:dev}
-sh deploy/rootfs.sh deploy/out/rootfs
+sh deploy/rootfs.sh deploy/out
 DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build --target prebuilt -t "$tag" .
 echo "built $tag"

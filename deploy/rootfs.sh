@@ -1,18 +1,23 @@
 #!/bin/sh
-# rootfs.sh DIR: the image's files under DIR: static binaries (flowd, flowctl, the
-# nats-server flowd embeds, the payout example), CA certificates, the payout workflow,
-# and /data owned by the image's user (65532). Used by the Dockerfile's build stage and
-# by deploy/build-image.sh on the host.
+# rootfs.sh DIR: the image's files: DIR/rootfs, static binaries (flowd, flowctl, the
+# nats-server flowd embeds, the payout example), CA certificates, the payout workflow;
+# DIR/datafs, the data directory (/data, 0700), which the Dockerfile copies owned by the
+# image's user (65532). Used by the Dockerfile's build stage and by
+# deploy/build-image.sh on the host.
 set -eu
-out=$1
-rm -rf "$out"
-mkdir -p "$out/usr/local/bin" "$out/etc/ssl/certs" "$out/usr/share/flow" "$out/data/tmp"
+top=$1
+out=$top/rootfs
+rm -rf "$out" "$top/datafs"
+mkdir -p "$out/usr/local/bin" "$out/etc/ssl/certs" "$out/usr/share/flow" "$top/datafs/data/tmp"
+chmod 700 "$top/datafs/data" "$top/datafs/data/tmp"
 export CGO_ENABLED=0
-flags="-trimpath -ldflags=-s"
-go build $flags -o "$out/usr/local/bin/flowd" ./cmd/flowd
-go build $flags -o "$out/usr/local/bin/flowctl" ./cmd/flowctl
-go build $flags -o "$out/usr/local/bin/payout" ./examples/payout
-go build $flags -o "$out/usr/local/bin/nats-server" github.com/nats-io/nats-server/v2
+version=$(git describe --always --dirty 2>/dev/null || echo dev)
+# timetzdata: schedules name IANA zones, and the image has no /usr/share/zoneinfo.
+build() { go build -trimpath -tags timetzdata -ldflags "-s -X github.com/flowrun/flow/engine.version=$version" -o "$@"; }
+build "$out/usr/local/bin/flowd" ./cmd/flowd
+build "$out/usr/local/bin/flowctl" ./cmd/flowctl
+build "$out/usr/local/bin/payout" ./examples/payout
+build "$out/usr/local/bin/nats-server" github.com/nats-io/nats-server/v2
 cp examples/payout/payout.yaml "$out/usr/share/flow/payout.yaml"
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
 	cp /etc/ssl/certs/ca-certificates.crt "$out/etc/ssl/certs/"

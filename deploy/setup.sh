@@ -7,6 +7,10 @@
 # Needs openssl and the flowctl that deploy/build-image.sh built (or FLOWCTL=path).
 set -eu
 dir=${1:?usage: setup.sh DIR}
+if [ "$(id -u)" != 0 ]; then
+	echo "setup.sh: run it as root (sudo): its files must belong to the containers' user, 65532, and no one else" >&2
+	exit 1
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 flowctl=${FLOWCTL:-$here/out/rootfs/usr/local/bin/flowctl}
 mkdir -p "$dir"
@@ -65,6 +69,12 @@ FLOWD_NATS_USER=node
 FLOWD_NATS_PASSWORD=$node_pw
 FLOWD_NATS_TLS_CA=/etc/flow/ca.pem
 ENV
+# The people (flowd --auth): the web UI's sign-in and the approvers' roles. Their names
+# and passwords are the NATS servers' (FLOW_USERS above).
+cat > people.yaml <<YAML
+users:
+  - {user: ops, password: "$ops_pw", role: operator}
+YAML
 cat > ops.env <<ENV
 FLOW_SERVER=$servers
 FLOW_USER=ops
@@ -74,11 +84,6 @@ ENV
 
 # The containers run as 65532: the files are theirs, and no one else's.
 chmod 600 ./*
-if [ "$(id -u)" = 0 ]; then
-	chown 65532:65532 ./*
-else
-	chmod 644 ./* # a user who cannot chown: readable by the containers' user (a try-out)
-	echo "setup.sh: not root: $dir is readable by every user of this machine" >&2
-fi
+chown 65532:65532 ./*
 chmod 755 .
-echo "wrote $dir: CA and certificate, nats-{1,2,3}.conf, node.env, ops.env"
+echo "wrote $dir: CA and certificate, nats-{1,2,3}.conf, people.yaml, node.env, ops.env (the ops user's password is in ops.env)"

@@ -20,9 +20,16 @@ import (
 // ErrTooOld: this flowd cannot read the cluster's log format (gate.ErrTooOld).
 var ErrTooOld = gate.ErrTooOld
 
-// Binary names this flowd build: its module version, or its commit (and "-dirty" when
-// built from changed files), as the build recorded them.
+// version, set at link time (-X github.com/flowrun/flow/engine.version=...; the image's
+// build sets `git describe`), names this build in Binary.
+var version string
+
+// Binary names this flowd build: the version it was linked with, its module version, or
+// its commit (and "-dirty" when built from changed files), as the build recorded them.
 func Binary() string {
+	if version != "" {
+		return "flowd " + version
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "flowd (unknown build)"

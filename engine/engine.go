@@ -144,7 +144,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})
 	// A member of the cluster from now on: the cluster version does not move past what
 	// this binary reads; a cluster already past it refuses this node (gate.go).
-	if err := e.register(ctx); err != nil {
+	if err := retrySetup(ctx, e.log, e.register); err != nil { // a cluster still electing its JetStream leader answers nothing yet
 		return err
 	}
 	e.reporter = nodes.NewReporter(e.nodesKV, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: checkpoint.ReadFormats()}, e.store.Applied, e.cfg.Clock, e.log)

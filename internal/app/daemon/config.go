@@ -320,9 +320,11 @@ func Load(args []string, env []string) (*Config, error) {
 func (c *Config) loadSecurity(get func(string) string, bad func(string, string, ...any)) {
 	c.Auth = get("auth")
 	if c.Auth != "" {
-		if c.NATSURL != "" {
-			bad("auth", "the embedded server's users file cannot be used with --nats-url: an external server has users of its own (flowctl auth permissions ROLE prints a role's permissions for its configuration)")
-		} else if users, err := loadAuthFile(c.Auth); err != nil {
+		// With --nats-url the external server has users of its own (flowctl auth
+		// permissions ROLE prints a role's permissions for its configuration): the file
+		// then names the people, for the web UI's sign-in and the approvers' roles, and
+		// their names and passwords must be the server's (docs/security.md).
+		if users, err := loadAuthFile(c.Auth); err != nil {
 			bad("auth", "%v", err)
 		} else {
 			c.AuthUsers = users

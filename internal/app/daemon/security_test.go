@@ -41,7 +41,6 @@ func TestSecurityConfigErrors(t *testing.T) {
 		{[]string{"--auth", write("nopw.yaml", "users:\n  - {user: ann, role: admin}\n")}, nil, "give user and password"},
 		{[]string{"--auth", write("typo.yaml", "users:\n  - {user: ann, pasword: pw-secret-1, role: admin}\n")}, nil, "field pasword not found"},
 		{[]string{"--auth", write("junk.yaml", "users: pw-secret-1\n")}, nil, "auth:"},
-		{[]string{"--auth", good, "--nats-url", "nats://127.0.0.1:4222"}, nil, "cannot be used with --nats-url"},
 		{[]string{"--nats-url", "nats://h:4222", "--nats-user", "ann"}, nil, "--nats-user and --nats-password go together"},
 		{[]string{"--nats-url", "nats://h:4222", "--nats-user", "ann", "--nats-password", "pw-secret-1", "--nats-nkey", seedFile}, nil, "give one kind of credentials"},
 		{[]string{"--nats-url", "nats://h:4222", "--nats-creds", filepath.Join(dir, "none.creds")}, nil, "nats-creds: \"" + filepath.Join(dir, "none.creds") + "\" is not a readable file"},
@@ -82,6 +81,10 @@ func TestSecurityConfigErrors(t *testing.T) {
 	c, err = Load([]string{"--nats-url", "nats://h:4222", "--nats-nkey", seedFile, "--nats-tls-ca", seedFile}, nil)
 	if err != nil || len(c.natsOptions()) != 2 {
 		t.Fatalf("config %+v %v", c, err)
+	}
+	// With --nats-url, --auth names the people (the UI's sign-in, the approvers' roles).
+	if c, err = Load([]string{"--auth", good, "--nats-url", "nats://127.0.0.1:4222"}, nil); err != nil || len(c.AuthUsers) != 2 {
+		t.Fatalf("--auth with --nats-url: %+v %v", c, err)
 	}
 	for _, listen := range []string{"127.0.0.1:4222", "localhost:4222", "[::1]:4222"} {
 		if _, err := Load([]string{"--nats-listen", listen}, nil); err != nil {
