@@ -146,10 +146,14 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	}
 	// The run's trace starts here: the submit span, whose context the log keeps for every
 	// node and epoch of the run (a new field: only once the cluster version has it).
-	tctx, span := tracing.Tracer().Start(tracing.WithTraceparent(ctx, opts.Traceparent), "flow.run.submit", trace.WithAttributes(
-		attribute.String("flow.run.id", id), attribute.String("flow.workflow", w.Name), attribute.Int("flow.workflow.version", w.Version),
-		attribute.String("flow.trigger", sub.Trigger)))
-	defer span.End()
+	tctx := tracing.WithTraceparent(ctx, opts.Traceparent)
+	if tracing.Enabled() {
+		var span trace.Span
+		tctx, span = tracing.Tracer().Start(tctx, "flow.run.submit", trace.WithAttributes(
+			attribute.String("flow.run.id", id), attribute.String("flow.workflow", w.Name), attribute.Int("flow.workflow.version", w.Version),
+			attribute.String("flow.trigger", sub.Trigger)))
+		defer span.End()
+	}
 	if e.store.ClusterVersion() >= checkpoint.LogFormatBinary {
 		sub.Trace = tracing.Traceparent(tctx)
 	}

@@ -21,6 +21,15 @@ import (
 // startSpan starts the epoch's span under the run's trace and returns its context.
 func (x *runExec) startSpan(ctx context.Context) context.Context {
 	r := x.run
+	if !tracing.Enabled() {
+		// Nothing exported: no span, but a caller's trace context still reaches the
+		// steps (and costs a W2 step nothing measurable).
+		ctx = tracing.WithTraceparent(ctx, r.Trace)
+		if r.Trace != "" {
+			x.log = x.log.With("trace_id", tracing.TraceID(ctx))
+		}
+		return ctx
+	}
 	attrs := []attribute.KeyValue{
 		attribute.String("flow.run.id", r.ID), attribute.String("flow.workflow", r.Workflow), attribute.Int("flow.workflow.version", r.Version),
 		attribute.Int64("flow.epoch", x.epoch), attribute.String("flow.owner", x.p.cfg.Node), attribute.Int("flow.epoch_changes", r.EpochChanges),
@@ -70,6 +79,9 @@ func (x *runExec) spanEvent(name string, attrs ...attribute.KeyValue) {
 // startStepSpan starts the span of a step attempt (or a foreach item's) under the
 // epoch's.
 func (x *runExec) startStepSpan(ctx context.Context, step, uses string, item, attempt int) (context.Context, trace.Span) {
+	if !tracing.Enabled() {
+		return ctx, noSpan
+	}
 	attrs := []attribute.KeyValue{attribute.String("flow.run.id", x.run.ID), attribute.String("flow.step", step), attribute.String("flow.step.kind", uses),
 		attribute.Int("flow.attempt", attempt), attribute.Int64("flow.epoch", x.epoch)}
 	if item != checkpoint.ItemWhole {
@@ -78,8 +90,14 @@ func (x *runExec) startStepSpan(ctx context.Context, step, uses string, item, at
 	return tracing.Tracer().Start(ctx, "flow.step "+step, trace.WithAttributes(attrs...))
 }
 
+// noSpan is the span of a step attempt when nothing is exported (its calls do nothing).
+var noSpan = trace.SpanFromContext(context.Background())
+
 // endStepSpan ends a step attempt's span with its outcome.
 func endStepSpan(span trace.Span, err error, retrying bool) {
+	if !span.IsRecording() {
+		return
+	}
 	switch {
 	case err == nil:
 		span.SetAttributes(attribute.String("flow.step.outcome", "succeeded"))
