@@ -51,7 +51,8 @@ func (e *Engine) DumpLog(ctx context.Context, from uint64, run string, limit int
 	if from > last {
 		return nil, 0, first, nil
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
+	// The server forgets the page's consumer soon after (each page makes its own).
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from, InactiveThreshold: 30 * time.Second})
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
 	}

@@ -227,6 +227,12 @@ func TestComposeCluster(t *testing.T) {
 	if out, err := exec.Command("docker", "network", "connect", network, cid, "--alias", owner).CombinedOutput(); err != nil {
 		t.Fatalf("connect %s: %v %s", owner, err, out)
 	}
+	// The cut node gave the run up on its own (its lease's keeper, or the epoch's
+	// write, said so): it did not go on as if it still owned the run.
+	logs := c.must("logs", "--no-color", owner)
+	if !strings.Contains(logs, "ownership lost") && !strings.Contains(logs, "lock-stolen-mid-run") && !strings.Contains(logs, "renewal failed") {
+		t.Fatalf("%s's log does not show it giving up its run when cut off:\n%s", owner, logs[max(0, len(logs)-4000):])
+	}
 	// Nothing the cut node wrote after it lost its lease was taken: every step committed
 	// once, in the epoch that ran it (run verify).
 	if out, err := c.flowctl("run", "verify", id, "-o", "json"); err != nil || !strings.Contains(out, `"ok": true`) {
