@@ -111,7 +111,11 @@ func TestComposeCluster(t *testing.T) {
 		t.Fatalf("build-image.sh: %v\n%s", err, out)
 	}
 	conf := t.TempDir()
-	if out, err := exec.Command("sh", filepath.Join(root, "deploy", "setup.sh"), conf).CombinedOutput(); err != nil {
+	setup := exec.Command("sh", filepath.Join(root, "deploy", "setup.sh"), conf)
+	if os.Geteuid() != 0 { // its files must belong to the containers' user
+		setup = exec.Command("sudo", "-n", "sh", filepath.Join(root, "deploy", "setup.sh"), conf)
+	}
+	if out, err := setup.CombinedOutput(); err != nil {
 		t.Fatalf("setup.sh: %v\n%s", err, out)
 	}
 	walletPort := freePort(t)
