@@ -63,6 +63,11 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 			e := startEngineWith(t, h, nil)
 			apply(t, e, oneStepWorkflow)
 			waitLeading(t, e, 0, 20*time.Second)
+			// The leader's raise of the cluster version is a scheduler entry too: one
+			// written after the forged term would be a stale-term rejection of its own.
+			if err := e.WaitClusterVersion(ctxT(t, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
+				t.Fatal(err)
+			}
 			const forged = 1 << 40
 			forgeTerm(t, e, forged)
 			if raise {
