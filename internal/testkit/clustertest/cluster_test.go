@@ -149,6 +149,24 @@ func TestNATSNodeLoss(t *testing.T) {
 	t.Logf("every run finished and verified %s after the NATS server was killed", time.Since(killed).Round(100*time.Millisecond))
 }
 
+// statusOf is cluster status through cl (zero when the call fails: a poll asks again).
+func statusOf(t *testing.T, cl *client.Client) client.ClusterStatus {
+	var st client.ClusterStatus
+	_ = call(t, cl, "cluster.status", client.Request{}, &st)
+	return st
+}
+
+// logsOnFailure logs each node's log (its important lines) at the test's end if it failed.
+func logsOnFailure(t *testing.T, names []string, nodes map[string]*Proc) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range names {
+				t.Logf("%s:\n%s", n, tail(LogOf(nodes[n])))
+			}
+		}
+	})
+}
+
 func tail(s string) string {
 	var keep []string
 	for _, l := range strings.Split(s, "\n") {

@@ -33,19 +33,9 @@ func TestOneTraceAcrossAFailoverAndAnOwnerKill(t *testing.T) {
 		env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rec.URL(), "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=flowd-" + n}
 		nodes[n] = StartFlowdEnv(t, c, n, env, "--lease-ttl", "1s")
 	}
-	defer func() {
-		if t.Failed() {
-			for _, n := range names {
-				t.Logf("%s:\n%s", n, tail(LogOf(nodes[n])))
-			}
-		}
-	}()
+	logsOnFailure(t, names, nodes)
 	cl := dial(t, c)
-	status := func() client.ClusterStatus {
-		var st client.ClusterStatus
-		_ = call(t, cl, "cluster.status", client.Request{}, &st)
-		return st
-	}
+	status := func() client.ClusterStatus { return statusOf(t, cl) }
 	WaitFor(t, 30*time.Second, "three nodes, a leader, cluster version 2", func() bool {
 		st := status()
 		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 2

@@ -51,19 +51,9 @@ func TestRollingUpgrade(t *testing.T) {
 			for _, n := range names {
 				nodes[n] = startFlowdBin(t, c, n, old, "--lease-ttl", "2s")
 			}
-			defer func() {
-				if t.Failed() {
-					for _, n := range names {
-						t.Logf("%s:\n%s", n, tail(LogOf(nodes[n])))
-					}
-				}
-			}()
+			logsOnFailure(t, names, nodes)
 			cl := dial(t, c)
-			status := func() client.ClusterStatus {
-				var st client.ClusterStatus
-				_ = call(t, cl, "cluster.status", client.Request{}, &st)
-				return st
-			}
+			status := func() client.ClusterStatus { return statusOf(t, cl) }
 			WaitFor(t, 30*time.Second, "three nodes and a leader", func() bool {
 				st := status()
 				return st.Leader != "" && len(st.Nodes) == 3

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testkit/clustertest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -67,17 +68,6 @@ func (c *compose) must(args ...string) string {
 // flowctl runs flowctl in a container on the cluster's network as the operator "ops".
 func (c *compose) flowctl(args ...string) (string, error) {
 	return c.run(append([]string{"--profile", "tools", "run", "--rm", "-T", "flowctl"}, args...)...)
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(500 * time.Millisecond) // polling containers, with a deadline
-	}
 }
 
 func freePort(t *testing.T) string {
@@ -138,7 +128,7 @@ func TestComposeCluster(t *testing.T) {
 		}
 		return st
 	}
-	waitFor(t, 3*time.Minute, "three flow nodes and a leader", func() bool {
+	clustertest.WaitFor(t, 3*time.Minute, "three flow nodes and a leader", func() bool {
 		st := status()
 		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 2
 	})
@@ -156,7 +146,7 @@ func TestComposeCluster(t *testing.T) {
 			t.Fatalf("run start: %s", out)
 		}
 		var r client.Run
-		waitFor(t, 2*time.Minute, "the transfer under way", func() bool {
+		clustertest.WaitFor(t, 2*time.Minute, "the transfer under way", func() bool {
 			out, err := c.flowctl("run", "get", started.ID, "-o", "json")
 			if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Owner == "" {
 				return false
@@ -172,7 +162,7 @@ func TestComposeCluster(t *testing.T) {
 	}
 	finished := func(id string) client.Run {
 		var r client.Run
-		waitFor(t, 4*time.Minute, "run "+id+" to end", func() bool {
+		clustertest.WaitFor(t, 4*time.Minute, "run "+id+" to end", func() bool {
 			out, err := c.flowctl("run", "get", id, "-o", "json")
 			return err == nil && json.Unmarshal([]byte(out), &r) == nil && (r.Status == "succeeded" || r.Status == "failed" || r.Status == "dead_lettered")
 		})
@@ -216,7 +206,7 @@ func TestComposeCluster(t *testing.T) {
 	t.Logf("payout %s: owner %s SIGKILLed and nats-2 stopped mid-transfer; every driver paid once (epochs %v)", id, owner, r.Epochs)
 	c.must("start", "nats-2")
 	c.must("start", owner)
-	waitFor(t, 3*time.Minute, "three flow nodes again", func() bool { return len(status().Nodes) == 3 })
+	clustertest.WaitFor(t, 3*time.Minute, "three flow nodes again", func() bool { return len(status().Nodes) == 3 })
 
 	// A partition: the owner cut from the network while it owns the run.
 	r, id = pay("2026-11-26")
@@ -242,7 +232,7 @@ func TestComposeCluster(t *testing.T) {
 	if out, err := c.flowctl("run", "verify", id, "-o", "json"); err != nil || !strings.Contains(out, `"ok": true`) {
 		t.Fatalf("run verify %s: %v %s", id, err, out)
 	}
-	waitFor(t, 3*time.Minute, owner+" back and caught up", func() bool {
+	clustertest.WaitFor(t, 3*time.Minute, owner+" back and caught up", func() bool {
 		st := status()
 		for _, n := range st.Nodes {
 			if n.ID == owner && n.Applied >= st.LastSeq-5 && len(n.Problems) == 0 {
