@@ -1,0 +1,220 @@
+package cli
+
+// The run commands: start, watch, get, list, history, verify and the changes.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/tracing"
+)
+
+func (a *app) start(wf, id, traceparent string, inputs []string, wait bool) error {
+	if traceparent == "" {
+		traceparent = a.getenv("TRACEPARENT") // as exec steps get it: a step's flowctl joins its trace
+	}
+	if err := tracing.ValidTraceparent(traceparent); err != nil {
+		return usage("--traceparent: %v", err)
+	}
+	in := map[string]string{}
+	for _, kv := range inputs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return usage("--input %q: use KEY=VALUE", kv)
+		}
+		in[k] = v
+	}
+	started, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
+		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in, Traceparent: traceparent})
+	})
+	if err != nil {
+		return err
+	}
+	if !wait {
+		return a.print(map[string]string{"id": started}, func(out io.Writer) { fmt.Fprintln(out, started) })
+	}
+	r, err := a.watchRun(started, nil)
+	if err != nil {
+		return err
+	}
+	if err := a.print(map[string]string{"id": r.ID, "status": r.Status}, func(out io.Writer) {
+		fmt.Fprintf(out, "%s\t%s\n", r.ID, r.Status)
+	}); err != nil {
+		return err
+	}
+	if r.Status != "succeeded" {
+		return failed("run %s %s: %s", r.ID, r.Status, r.Error)
+	}
+	return nil
+}
+
+// watchRun follows a run until it ends, calling progress (if not nil) on each change.
+func (a *app) watchRun(id string, progress func(client.Run)) (client.Run, error) {
+	return ask(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return c.WatchRun(ctx, id, progress) })
+}
+
+func (a *app) watch(id string) error {
+	r, err := a.watchRun(id, func(r client.Run) {
+		if a.output == "table" {
+			fmt.Fprintf(a.out, "%s  %s\n", time.Now().Format("15:04:05"), r.Progress())
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if a.output != "table" {
+		if err := a.print(r, nil); err != nil {
+			return err
+		}
+	}
+	if r.Status != "succeeded" {
+		return failed("run %s %s%s", r.ID, r.Status, suffix(r.Error))
+	}
+	return nil
+}
+
+func suffix(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func (a *app) get(op func(*client.Client, context.Context, string) (client.Run, error), id string) error {
+	r, err := ask(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return op(c, ctx, id) })
+	if err != nil {
+		return err
+	}
+	return a.print(r, func(out io.Writer) { runTable(out, r) })
+}
+
+func runTable(w io.Writer, r client.Run) {
+	fmt.Fprintf(w, "RUN\t%s\n", r.ID)
+	fmt.Fprintf(w, "WORKFLOW\t%s v%d (%s)\n", r.Workflow, r.Version, r.Trigger)
+	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
+	if r.Waiting != nil {
+		fmt.Fprintf(w, "WAITING\t%s\n", waitingLine(r))
+		fmt.Fprintf(w, "UNTIL\t%s\n", untilLine(r.Waiting))
+	}
+	if r.StartedBy != "" {
+		fmt.Fprintf(w, "STARTED BY\t%s\n", r.StartedBy)
+	}
+	if p := r.Parent; p != nil {
+		fmt.Fprintf(w, "PARENT\t%s (step %s)\n", p.Run, p.Step)
+	}
+	if len(r.Children) > 0 {
+		fmt.Fprintf(w, "CHILDREN\t%s\n", strings.Join(r.Children, ", "))
+	}
+	if len(r.Outputs) > 0 {
+		fmt.Fprintf(w, "OUTPUTS\t%s\n", r.Outputs)
+	}
+	fmt.Fprintf(w, "EPOCH\t%d (changes %d of max %d)\n", r.Epoch, r.EpochChanges, r.MaxEpochs)
+	if r.ScheduledAt != "" {
+		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "STEP\tSTATUS\tATTEMPTS\tITEMS\tEPOCH")
+	for _, s := range r.Steps {
+		items := "-"
+		if s.Items > 0 {
+			items = fmt.Sprintf("%d/%d", s.ItemsDone, s.Items)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", s.Name, s.Status, s.Attempts, items, s.Epoch)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "EPOCH\tOWNER\tREASON\tAT")
+	for _, e := range r.Epochs {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", e.Epoch, dash(e.Owner), e.Reason, e.At)
+	}
+	if len(r.Fenced) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "FENCED STEP\tITEM\tEPOCH\tCURRENT\tOWNER")
+		for _, f := range r.Fenced {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\n", f.Step, f.Item, f.Epoch, f.CurrentEpoch, f.Owner)
+		}
+	}
+	waitsTable(w, r)
+}
+
+func (a *app) listRuns(op func(*client.Client, context.Context, client.ListOptions) ([]client.Run, error), opts client.ListOptions) error {
+	runs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) { return op(c, ctx, opts) })
+	if err != nil {
+		return err
+	}
+	return a.print(runs, func(w io.Writer) { listTable(w, runs) })
+}
+
+// listTable fits 80 columns: CHG is epoch_changes, CREATED is UTC month-day time.
+func listTable(w io.Writer, runs []client.Run) {
+	fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHG\tCREATED")
+	for _, r := range runs {
+		created := "-"
+		if t, err := time.Parse(time.RFC3339, r.CreatedAt); err == nil {
+			created = t.UTC().Format("01-02 15:04")
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Workflow, r.Status, r.Epoch, r.EpochChanges, created)
+	}
+}
+
+func (a *app) history(id string) error {
+	evs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Event, error) { return c.History(ctx, id) })
+	if err != nil {
+		return err
+	}
+	return a.print(evs, func(w io.Writer) { historyTable(w, evs) })
+}
+
+func historyTable(w io.Writer, evs []client.Event) {
+	fmt.Fprintln(w, "SEQ\tKIND\tSTEP\tITEM\tEPOCH\tOWNER\tOUTCOME\tBY")
+	for _, e := range evs {
+		item := "-"
+		if e.Kind == "commit" || e.Kind == "fail" {
+			item = fmt.Sprint(e.Item)
+		}
+		outcome := e.Outcome
+		switch e.Kind {
+		case "signal", "decide", "park", "wake": // what was sent, decided or waited for
+			if e.Detail != "" {
+				outcome += ": " + e.Detail
+			}
+		}
+		// BY: the user who asked for it, as the NATS server said (with auth: docs/security.md).
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), outcome, dash(e.Actor))
+	}
+}
+
+func (a *app) verify(id string) error {
+	v, err := ask(a, func(c *client.Client, ctx context.Context) (client.Verification, error) { return c.Verify(ctx, id) })
+	if err != nil {
+		return err
+	}
+	if err := a.print(v, func(w io.Writer) {
+		for _, c := range v.Checked {
+			fmt.Fprintf(w, "checked: %s\n", c)
+		}
+		for _, x := range v.Violations {
+			fmt.Fprintf(w, "VIOLATION: %s\n", x)
+		}
+		if v.OK {
+			fmt.Fprintf(w, "run %s: ok\n", v.ID)
+		}
+	}); err != nil {
+		return err
+	}
+	if !v.OK {
+		return failed("run %s violates %d invariant(s)", id, len(v.Violations))
+	}
+	return nil
+}
+
+func (a *app) change(op func(*client.Client, context.Context, string) (client.Change, error), id string) error {
+	res, err := ask(a, func(c *client.Client, ctx context.Context) (client.Change, error) { return op(c, ctx, id) })
+	if err != nil {
+		return err
+	}
+	return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", res.ID, res.Status) })
+}
