@@ -32,8 +32,9 @@
 //   - holder.go, epoch's keeper: renewals, the kill switch, a lease's degraded state.
 //   - leader.go, the election and the term's services (the assigner's loop, the lease
 //     watcher with its sweep, cron).
-//   - worker.go, the pool: fetch, judge, acquire, claim, run the DAG; each step attempt
-//     is a process that takes a random time and does a side effect at a random moment of
+//   - worker.go, the pool: fetch, judge, acquire, claim, drain; run.go, one epoch of a
+//     run on a node: the DAG, commits, foreach items, waits; each step attempt is a
+//     process that takes a random time and does a side effect at a random moment of
 //     it; it is killed with its epoch, with its node, and by its containment watchdog at
 //     its lease's trust deadline even while its node is paused (issue 24's watchdog; the
 //     deadline is the one its node last moved).
