@@ -189,6 +189,29 @@ func TestCIRunsTheREADMEsTestCommand(t *testing.T) {
 	}
 }
 
+// Every go test that .ci/run starts names its -timeout: a package that hangs fails with
+// every goroutine's stack, named, instead of taking go test's default or holding CI.
+func TestEveryCITestRunHasATimeout(t *testing.T) {
+	ci, err := os.ReadFile(filepath.Join(root, ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for i, l := range strings.Split(string(ci), "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "#") || !regexp.MustCompile(`(^|[\s;(])go test `).MatchString(l) {
+			continue
+		}
+		runs++
+		if !strings.Contains(l, "-timeout ") {
+			t.Errorf(".ci/run:%d runs go test with no -timeout (add one that the package fits in, with room): %s", i+1, l)
+		}
+	}
+	if runs < 5 {
+		t.Fatalf("only %d go test lines found in .ci/run: its form changed?", runs)
+	}
+}
+
 var root = filepath.Join("..", "..", "..")
 
 func testingDoc(t *testing.T) string {
