@@ -18,16 +18,20 @@ import (
 
 // escapeScript writes a script into dir that starts two processes that leave the
 // command's process group and parentage: one through setsid, one through a double fork
-// (its parent exits at once, so it is orphaned). Each writes its PID to NAME.pid, then
-// a timestamp (Unix nanoseconds) to dir/marker every 20ms: the side effect that must
-// stop with the step. The script writes dir/ready once both run, then runs then.
+// (its parent exits at once, so it is orphaned). Each writes a timestamp (Unix
+// nanoseconds) to dir/marker, its PID to NAME.pid, then a timestamp every 20ms: the side
+// effect that must stop with the step. The script writes dir/ready once both PIDs are
+// written, then runs then. The first marker comes before the PID so that a command that
+// exits at once cannot be stopped before anything acted (the "no marker at all" that a
+// loaded machine showed once in five runs).
 func escapeScript(t *testing.T, dir, then string) string {
 	t.Helper()
 	script := filepath.Join(dir, "escape.sh")
 	body := fmt.Sprintf(`D=%s
 if [ "$1" = loop ]; then
+	date +%%s%%N >> $D/marker
 	%s > $D/$2.pid
-	while :; do date +%%s%%N >> $D/marker; sleep 0.02; done
+	while :; do sleep 0.02; date +%%s%%N >> $D/marker; done
 fi
 setsid sh $0 loop setsid &
 sh -c "sh $0 loop forked & exit 0"

@@ -378,9 +378,12 @@ func signInTimes(ui *Server, samples int) (known, unknown time.Duration) {
 }
 
 // An unknown user is answered no sooner than a known one with a wrong password: the
-// medians of 15 attempts each are within 20% (a dummy hash of the users' cost is
-// compared). Control: without the dummy hash the unknown user is answered far sooner
-// (less than half the time), which is how names were found.
+// medians of 15 interleaved attempts each are within a factor of 3/2 of each other (a
+// dummy hash of the users' cost is compared). Control: without the dummy hash the
+// unknown user is answered in less than 2/3 of a known one's time, which is how names
+// were found. One bound on both sides (issue 30): a dummy hash one bcrypt cost cheaper
+// (half the time) fails the test, and a loaded machine (medians 67 and 85 ms, seen
+// in one of five runs of the suite against the 20% bound this test had) does not.
 func TestSignInTakesAsLongForUnknownUsers(t *testing.T) {
 	for _, control := range []bool{false, true} {
 		name := "dummy-hash"
@@ -394,18 +397,15 @@ func TestSignInTakesAsLongForUnknownUsers(t *testing.T) {
 			signInTimes(ui, 2) // warm up
 			known, unknown := signInTimes(ui, 15)
 			t.Logf("medians: known user %s, unknown user %s", known, unknown)
+			toldApart := func(a, b time.Duration) bool { return a*3 < b*2 } // a under 2/3 of b
 			if control {
-				if unknown*2 > known {
+				if !toldApart(unknown, known) {
 					t.Fatalf("the control shows nothing: without the dummy hash an unknown user took %s, a known one %s", unknown, known)
 				}
 				return
 			}
-			diff := known - unknown
-			if diff < 0 {
-				diff = -diff
-			}
-			if diff*5 > max(known, unknown) {
-				t.Fatalf("an unknown user is told apart: %s against %s for a known one (more than 20%% apart)", unknown, known)
+			if toldApart(unknown, known) || toldApart(known, unknown) {
+				t.Fatalf("an unknown user is told apart: %s against %s for a known one (under 2/3 of the other)", unknown, known)
 			}
 			// A plain-text password in the file costs the same comparison.
 			if d := medianOf(15, func() { signInAs(ui, "pat", "wrong", "127.0.0.1:5000", nil) }); d*2 < known {
