@@ -121,6 +121,16 @@ func ask[T any](a *app, op func(*client.Client, context.Context) (T, error)) (T,
 	return op(c, context.Background())
 }
 
+// show asks the API with op and prints the answer: as JSON or YAML with -o, else as
+// table draws it.
+func show[T any](a *app, op func(*client.Client, context.Context) (T, error), table func(io.Writer, T)) error {
+	v, err := ask(a, op)
+	if err != nil {
+		return err
+	}
+	return a.print(v, func(w io.Writer) { table(w, v) })
+}
+
 func (a *app) commands(getenv func(string) string) *cobra.Command {
 	server := getenv("FLOW_SERVER")
 	if server == "" {
@@ -355,11 +365,7 @@ func (a *app) apply(path string) error {
 }
 
 func (a *app) cronList() error {
-	cs, err := ask(a, (*client.Client).Schedules)
-	if err != nil {
-		return err
-	}
-	return a.print(cs, func(w io.Writer) { cronTable(w, cs) })
+	return show(a, (*client.Client).Schedules, cronTable)
 }
 
 func (a *app) drillZombie() error {
@@ -446,9 +452,5 @@ func (a *app) snapshot() error {
 }
 
 func (a *app) clusterStatus() error {
-	st, err := ask(a, (*client.Client).ClusterStatus)
-	if err != nil {
-		return err
-	}
-	return a.print(st, func(w io.Writer) { clusterTable(w, st) })
+	return show(a, (*client.Client).ClusterStatus, clusterTable)
 }

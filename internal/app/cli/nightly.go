@@ -73,13 +73,9 @@ func (a *app) cronNext(workflow string, n int) error {
 	if n < 1 || n > 1000 {
 		return usage("-n %d: use 1 to 1000", n)
 	}
-	ticks, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.NextTick, error) {
+	return show(a, func(c *client.Client, ctx context.Context) ([]client.NextTick, error) {
 		return c.NextTicks(ctx, workflow, n)
-	})
-	if err != nil {
-		return err
-	}
-	return a.print(ticks, func(w io.Writer) { nextTable(w, ticks) })
+	}, nextTable)
 }
 
 // nextTable is cron next's: the local time with its UTC offset, UTC, and whether the

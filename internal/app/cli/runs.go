@@ -85,11 +85,7 @@ func suffix(s string) string {
 }
 
 func (a *app) get(op func(*client.Client, context.Context, string) (client.Run, error), id string) error {
-	r, err := ask(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return op(c, ctx, id) })
-	if err != nil {
-		return err
-	}
-	return a.print(r, func(out io.Writer) { runTable(out, r) })
+	return show(a, func(c *client.Client, ctx context.Context) (client.Run, error) { return op(c, ctx, id) }, runTable)
 }
 
 func runTable(w io.Writer, r client.Run) {
@@ -141,11 +137,7 @@ func runTable(w io.Writer, r client.Run) {
 }
 
 func (a *app) listRuns(op func(*client.Client, context.Context, client.ListOptions) ([]client.Run, error), opts client.ListOptions) error {
-	runs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) { return op(c, ctx, opts) })
-	if err != nil {
-		return err
-	}
-	return a.print(runs, func(w io.Writer) { listTable(w, runs) })
+	return show(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) { return op(c, ctx, opts) }, listTable)
 }
 
 // listTable fits 80 columns: CHG is epoch_changes, CREATED is UTC month-day time.
@@ -161,11 +153,7 @@ func listTable(w io.Writer, runs []client.Run) {
 }
 
 func (a *app) history(id string) error {
-	evs, err := ask(a, func(c *client.Client, ctx context.Context) ([]client.Event, error) { return c.History(ctx, id) })
-	if err != nil {
-		return err
-	}
-	return a.print(evs, func(w io.Writer) { historyTable(w, evs) })
+	return show(a, func(c *client.Client, ctx context.Context) ([]client.Event, error) { return c.History(ctx, id) }, historyTable)
 }
 
 func historyTable(w io.Writer, evs []client.Event) {
