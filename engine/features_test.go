@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -62,6 +64,58 @@ steps:
 		if s.Name == "optional" && s.Status != checkpoint.StepSucceeded {
 			t.Fatalf("optional with skip=false: %s", s.Status)
 		}
+	}
+}
+
+// A step whose containment init stopped it at the lease's trust deadline did not fail
+// (worker.DecideAttempt): while the lease holds (a renewal reached the node after the
+// init's copy of the deadline passed, as on a loaded node) it runs again without
+// spending the retry policy, here twice with max_attempts 1, and the run succeeds; a step
+// stopped so every time makes the node give the epoch up after worker.MaxTrustRestarts
+// restarts, as if the lease had lapsed: the run moves on in new epochs, counted, until
+// max_epochs dead-letters it, and it is never failed with the watchdog's message. The
+// control for the first half is the transcript (testdata/attempt.txt): before it, this
+// run failed at its first stop (CI of stop 34, the poison test).
+func TestAStepStoppedAtATrustDeadlineTheLeaseOutlivedRunsAgain(t *testing.T) {
+	stopped := func() error { return fmt.Errorf("signal: terminated (%w)", steps.ErrTrustDeadline) }
+	var calls, always atomic.Int32
+	reg := steps.NewRegistry(0)
+	_ = reg.Register("late-renewal", steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
+		if calls.Add(1) <= 2 {
+			return nil, stopped()
+		}
+		return json.RawMessage(`{"ok":true}`), nil
+	}))
+	_ = reg.Register("never-renewed-in-time", steps.Func(func(ctx context.Context, in steps.Input) (json.RawMessage, error) {
+		always.Add(1)
+		return nil, stopped()
+	}))
+	e := startEngine(t, func(c *Config) { c.Registry = reg })
+	apply(t, e, `
+name: late
+steps:
+  - name: a
+    uses: late-renewal
+    retry: {max_attempts: 1}
+`)
+	v := runToEnd(t, e, "late", nil)
+	if v.Run.Status != checkpoint.StatusSucceeded || calls.Load() != 3 || v.Steps[0].Attempts != 1 || v.Run.EpochChanges != 0 {
+		t.Fatalf("status %s calls %d attempts %d epoch changes %d err %q", v.Run.Status, calls.Load(), v.Steps[0].Attempts, v.Run.EpochChanges, v.Run.Error)
+	}
+	apply(t, e, `
+name: sick
+max_epochs: 1
+steps:
+  - name: a
+    uses: never-renewed-in-time
+    retry: {max_attempts: 1}
+`)
+	v = runToEnd(t, e, "sick", nil)
+	if v.Run.Status != checkpoint.StatusDeadLettered || strings.Contains(v.Run.Error, "trust deadline passed") {
+		t.Fatalf("status %s err %q epochs %+v", v.Run.Status, v.Run.Error, v.Run.Epochs)
+	}
+	if n, want := always.Load(), int32(2*(worker.MaxTrustRestarts+1)); n != want {
+		t.Fatalf("the step ran %d times over two epochs, want %d (%d restarts in each)", n, want, worker.MaxTrustRestarts)
 	}
 }
 

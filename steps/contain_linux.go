@@ -415,7 +415,7 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 		}
 		err := errors.New(waitStatusText(st))
 		if c.watchdog.Load() {
-			err = fmt.Errorf("%w (stopped by its init: its lease's trust deadline passed without a renewal)", err)
+			err = fmt.Errorf("%w (%w)", err, ErrTrustDeadline)
 		}
 		return outcome{exit: err}
 	default:

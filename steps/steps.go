@@ -50,6 +50,13 @@ type Func func(ctx context.Context, in Input) (json.RawMessage, error)
 // Run calls f.
 func (f Func) Run(ctx context.Context, in Input) (json.RawMessage, error) { return f(ctx, in) }
 
+// ErrTrustDeadline marks a step whose processes its containment init stopped because the
+// lease's trust deadline (Input.TrustUntil) passed without a renewal reaching the init.
+// The step did not fail: its right to act lapsed, as far as the init knew. The worker
+// asks its lease whether it really did (a renewal may have landed after the init's copy
+// of the deadline): if so the epoch is over; if not the attempt runs again, uncounted.
+var ErrTrustDeadline = errors.New("stopped by its init: its lease's trust deadline passed without a renewal")
+
 // ErrPermanent marks an error that retrying cannot fix. Test with errors.Is or
 // IsPermanent.
 var ErrPermanent = errors.New("permanent")

@@ -7,6 +7,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -155,4 +156,70 @@ func JudgeTask(r *checkpoint.Run, t tasks.Task) TaskVerdict {
 		return TaskStale
 	}
 	return TaskTake
+}
+
+// AttemptAction is what a step's attempt loop does once an attempt has ended.
+type AttemptAction int
+
+const (
+	AttemptDone       AttemptAction = iota // it succeeded: checkpoint its output
+	AttemptEpochEnded                      // the epoch ended meanwhile: return its cause, record nothing
+	AttemptSteal                           // the lease is gone: stop as lock-stolen-mid-run, record nothing
+	AttemptAgain                           // run it again, not counted against the retry policy
+	AttemptRetry                           // a counted retry, after the policy's backoff
+	AttemptFail                            // the step's final failure: record it
+)
+
+// MaxTrustRestarts bounds the attempts run again because the step's init stopped the
+// step at a trust deadline the lease outlived. Each is a renewal that reached the worker
+// after the init's copy of the deadline had passed (a node too loaded to forward it in
+// time); past the bound the node gives the epoch up, as if the lease had lapsed: its
+// release lets another node (or this one, later) take the run in a new epoch, counted
+// against max_epochs, so a node that cannot keep a step alive cannot loop on it.
+const MaxTrustRestarts = 3
+
+// AttemptState is what the attempt loop knows once an attempt has ended.
+type AttemptState struct {
+	Err        error // the attempt's error; nil: it succeeded
+	Attempt    int   // this attempt's number, from 1 (an uncounted restart keeps it)
+	Max        int   // the retry policy's maximum attempts
+	EpochEnded bool  // the epoch's context ended (a lost lease, a drain, a sibling's failure)
+	// LeaseErr is the lease's local check after the attempt (Lease.Check), nil while
+	// its trust window is open.
+	LeaseErr error
+	Restarts int // attempts already run again after a trust-deadline stop
+}
+
+// AttemptDecision is DecideAttempt's answer; Cause is the steal's, for AttemptSteal.
+type AttemptDecision struct {
+	Action AttemptAction
+	Cause  error
+}
+
+// DecideAttempt is what the attempt loop does once an attempt has ended. A step that its
+// init stopped at the lease's trust deadline (steps.ErrTrustDeadline) did not fail: if
+// the lease's own check agrees the window closed, the epoch is over (the kill switch
+// fires on the worker's side too); if the lease holds, a renewal came after the init's
+// copy of the deadline, and the step runs again without spending an attempt of the
+// user's retry policy, up to MaxTrustRestarts times. Writing its failure instead would
+// fail a run whose lease never lapsed.
+func DecideAttempt(s AttemptState) AttemptDecision {
+	switch {
+	case s.Err == nil:
+		return AttemptDecision{Action: AttemptDone}
+	case s.EpochEnded:
+		return AttemptDecision{Action: AttemptEpochEnded}
+	case errors.Is(s.Err, steps.ErrTrustDeadline):
+		if s.LeaseErr != nil {
+			return AttemptDecision{Action: AttemptSteal, Cause: s.LeaseErr}
+		}
+		if s.Restarts >= MaxTrustRestarts {
+			return AttemptDecision{Action: AttemptSteal, Cause: fmt.Errorf("%w: the step's init stopped it at its trust deadline %d times in a row while the lease held: renewals reach this node too late",
+				epoch.ErrLeaseLost, s.Restarts+1)}
+		}
+		return AttemptDecision{Action: AttemptAgain}
+	case steps.IsPermanent(s.Err) || s.Attempt >= s.Max:
+		return AttemptDecision{Action: AttemptFail}
+	}
+	return AttemptDecision{Action: AttemptRetry}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -118,6 +119,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		return nil, 0, steps.Permanent(err)
 	}
 	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
+	restarts := 0 // attempts run again after a trust-deadline stop the lease outlived
 	for attempt := 1; ; attempt++ {
 		if err := x.lease.Check(); err != nil {
 			return nil, attempt, x.steal(err)
@@ -137,27 +139,41 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		}
 		timedOut := sctx.Err() != nil && x.ctx.Err() == nil
 		cancel()
-		retrying := err != nil && x.ctx.Err() == nil && !steps.IsPermanent(err) && attempt < st.Retry.MaxAttempts
-		endStepSpan(span, err, retrying)
-		if err == nil {
-			if len(out) == 0 {
-				out = json.RawMessage(`{}`)
-			}
-			if !json.Valid(out) {
-				return nil, attempt, steps.Permanentf("step %s returned output that is not JSON", st.Name)
-			}
-			return out, attempt, nil
+		if err == nil && len(out) == 0 {
+			out = json.RawMessage(`{}`)
 		}
-		x.p.stats.StepFailures.Add(1)
-		if x.ctx.Err() != nil {
-			return nil, attempt, context.Cause(x.ctx)
+		if err == nil && !json.Valid(out) {
+			err = steps.Permanentf("step %s returned output that is not JSON", st.Name)
 		}
-		if timedOut {
+		if err != nil && timedOut {
 			err = fmt.Errorf("%w: %v", stepTimeout{time.Duration(st.Timeout)}, err)
 		}
-		if steps.IsPermanent(err) || attempt >= st.Retry.MaxAttempts {
-			return nil, attempt, err
+		state := AttemptState{Err: err, Attempt: attempt, Max: st.Retry.MaxAttempts, EpochEnded: x.ctx.Err() != nil, Restarts: restarts}
+		if errors.Is(err, steps.ErrTrustDeadline) {
+			state.LeaseErr = x.lease.Check()
 		}
+		d := DecideAttempt(state)
+		endStepSpan(span, err, d.Action == AttemptRetry || d.Action == AttemptAgain)
+		if err != nil {
+			x.p.stats.StepFailures.Add(1)
+		}
+		switch d.Action {
+		case AttemptDone:
+			return out, attempt, nil
+		case AttemptEpochEnded:
+			return nil, attempt, context.Cause(x.ctx)
+		case AttemptSteal:
+			return nil, attempt, x.steal(d.Cause)
+		case AttemptFail:
+			return nil, attempt, err
+		case AttemptAgain:
+			restarts++
+			attempt-- // not the step's failure: the user's retry policy is not spent on it
+			x.log.Warn("step stopped at its trust deadline while the lease held (a renewal reached this node after the step's init gave up); running it again",
+				"step", st.Name, "item", item, "restart", restarts)
+			continue
+		}
+		restarts = 0
 		x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: err.Error(), Attempt: attempt})
 		x.log.Info("step failed; retrying", "step", st.Name, "item", item, "attempt", attempt, "err", err)
 		if serr := policy.Sleep(x.ctx, attempt-1); serr != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -25,6 +26,9 @@ import (
 //	end [stolen] [completed] [ended] [cause=C] [lease=C] [failed=STEP:C] done=N total=N
 //	                              DecideEnd: what the epoch does once no step runs; a
 //	                              cause C is drain, lease-lost, timeout or boom
+//	attempt [err=C] attempt=N max=N [epoch-ended] [lease=C] [restarts=N]
+//	                              DecideAttempt: what the attempt loop does once an
+//	                              attempt ended; C also trust-deadline or permanent
 //	task epoch=E status=S [owner=O] task=T   JudgeTask on a run in that state ("task
 //	                              run=none task=T" for a run this node does not have)
 
@@ -67,6 +71,14 @@ func TestTranscripts(t *testing.T) {
 				d.ScanArgs(t, "done", &s.Done)
 				d.ScanArgs(t, "total", &s.Total)
 				return endText(DecideEnd(s))
+			case "attempt":
+				s := AttemptState{Err: causeArg(t, d, "err"), EpochEnded: d.HasArg("epoch-ended"), LeaseErr: causeArg(t, d, "lease")}
+				d.ScanArgs(t, "attempt", &s.Attempt)
+				d.ScanArgs(t, "max", &s.Max)
+				if d.HasArg("restarts") {
+					d.ScanArgs(t, "restarts", &s.Restarts)
+				}
+				return attemptText(DecideAttempt(s))
 			case "task":
 				var r *checkpoint.Run
 				var tk tasks.Task
@@ -121,9 +133,31 @@ func cause(t *testing.T, d *datadriven.TestData, name string) error {
 		return errors.New("run timeout 1s")
 	case "boom":
 		return errors.New("exit status 1")
+	case "trust-deadline":
+		return fmt.Errorf("signal: terminated (%w)", steps.ErrTrustDeadline)
+	case "permanent":
+		return steps.Permanentf("unknown step kind %q on this node", "nope")
 	}
 	d.Fatalf(t, "unknown cause %q", name)
 	return nil
+}
+
+func attemptText(a AttemptDecision) string {
+	switch a.Action {
+	case AttemptDone:
+		return "done: checkpoint the output"
+	case AttemptEpochEnded:
+		return "epoch ended: return its cause, record nothing"
+	case AttemptSteal:
+		return fmt.Sprintf("stop: %s (%v)", ReasonStolen, a.Cause)
+	case AttemptAgain:
+		return "run it again, uncounted"
+	case AttemptRetry:
+		return "retry after the backoff (a fail note)"
+	case AttemptFail:
+		return "fail the step (recorded, final)"
+	}
+	return fmt.Sprintf("unknown action %d", a.Action)
 }
 
 func endText(e EndDecision) string {
