@@ -1,7 +1,6 @@
 package client
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -10,11 +9,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/flowrun/flow/internal/base/resend"
 )
 
 // ErrUnreachable: no flowd answered (flowctl exits 3). Test it with errors.Is.
@@ -35,7 +37,8 @@ func (e *Error) Is(target error) bool { return target == ErrNotAuthorized && e.C
 const (
 	// DefaultTimeout bounds a whole call, retries included.
 	DefaultTimeout = 2 * time.Minute
-	// DefaultAttemptTimeout bounds one try of a read-only call.
+	// DefaultAttemptTimeout bounds one try of a read-only call (a start's try gets twice
+	// as long, a run.wait's its wait and as long again).
 	DefaultAttemptTimeout = 3 * time.Second
 )
 
@@ -59,8 +62,9 @@ type Option func(*Client)
 func WithTimeout(d time.Duration) Option { return func(c *Client) { c.timeout = d } }
 
 // WithAttemptTimeout bounds one try of a read-only call (default DefaultAttemptTimeout).
-// Any node may get a request, including a paused one that will not answer: a read-only
-// call is then tried again and reaches another.
+// Any node may get a request, including a paused or dying one that will not answer: a
+// read-only call is then tried again and reaches another; so are run.wait and run.start
+// with longer tries (a start's tries are one start: its run ID is fixed before the first).
 func WithAttemptTimeout(d time.Duration) Option { return func(c *Client) { c.attemptTimeout = d } }
 
 // WithNATSOptions adds options to the connection Dial makes (credentials, TLS, ...). An
@@ -162,8 +166,40 @@ var readOnly = map[string]bool{
 	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cron.next": true, "cluster.status": true,
 }
 
+// defaultWait is run.wait's bound when the request names none (the server's default).
+const defaultWait = 30 * time.Second
+
+// tryLimit is how long one try of op waits for its answer before the call sends it
+// again, and 0 for an operation that is never sent again (its one try has the whole
+// call's time). A request can vanish without an answer: NATS may hand it to a node that
+// is dying (SIGKILLed, partitioned) before its subscription is gone. Reads are sent
+// again; so is run.wait (a read that waits: its own bound, then a try's) and run.start,
+// whose tries are one start (internal/base/resend: its ID is fixed before the first
+// try, and a node answers a later try with the run the first one started). Other
+// writes are not: a cancel, a retry or an apply sent twice could act twice.
+func (c *Client) tryLimit(op string, req Request) time.Duration {
+	switch {
+	case readOnly[op]:
+		return c.attemptTimeout
+	case op == "run.wait":
+		wait, err := time.ParseDuration(req.Wait)
+		if err != nil || wait <= 0 {
+			wait = defaultWait
+		}
+		return wait + c.attemptTimeout
+	case op == "run.start":
+		return 2 * c.attemptTimeout // a write: its log append may take a while under load
+	}
+	return 0
+}
+
 // call sends req (its V is set) to op and decodes the answer into out.
 func (c *Client) call(ctx context.Context, op string, req Request, out any) error {
+	return c.callWith(ctx, op, req, "", out)
+}
+
+// callWith is call with a start's nonce (internal/base/resend), sent in a header.
+func (c *Client) callWith(ctx context.Context, op string, req Request, nonce string, out any) error {
 	req.V = Version
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -172,17 +208,24 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	subject := Subject + "." + op
+	m := &nats.Msg{Subject: Subject + "." + op, Data: data, Header: nats.Header{}}
+	if nonce != "" {
+		m.Header.Set(resend.HeaderNonce, nonce)
+	}
+	limit := c.tryLimit(op, req)
 	var msg *nats.Msg
-	for {
-		msg, err = c.try(ctx, op, subject, data)
+	for try := 1; ; try++ {
+		if try > 1 {
+			m.Header.Set(resend.HeaderTry, strconv.Itoa(try))
+		}
+		msg, err = c.try(ctx, op, m, limit)
 		var nae *NotAuthorizedError
 		if errors.As(err, &nae) {
 			return err
 		}
-		// Only a read whose try went unanswered is sent again (to whichever node gets
-		// it next); any other failure (no responders, a closed connection) is the answer.
-		if err == nil || !readOnly[op] || ctx.Err() != nil || !unanswered(err) {
+		// Only a try that went unanswered is sent again (to whichever node gets it
+		// next); any other failure (no responders, a closed connection) is the answer.
+		if err == nil || limit == 0 || ctx.Err() != nil || !unanswered(err) {
 			break
 		}
 	}
@@ -207,22 +250,23 @@ func (c *Client) call(ctx context.Context, op string, req Request, out any) erro
 	return nil
 }
 
-// try sends one request. While it waits, it is registered under its subject so that
-// the connection's error handler (ErrorHandler) can end it when the server refuses this
-// user the subject: the server then sends the request nowhere, and only says so in an
-// asynchronous error. Such a try returns the *NotAuthorizedError.
-func (c *Client) try(ctx context.Context, op, subject string, data []byte) (*nats.Msg, error) {
+// try sends one request, waiting at most limit (0: as long as ctx) for its answer.
+// While it waits, it is registered under its subject so that the connection's error
+// handler (ErrorHandler) can end it when the server refuses this user the subject: the
+// server then sends the request nowhere, and only says so in an asynchronous error.
+// Such a try returns the *NotAuthorizedError.
+func (c *Client) try(ctx context.Context, op string, m *nats.Msg, limit time.Duration) (*nats.Msg, error) {
 	dctx, deny := context.WithCancelCause(ctx)
 	defer deny(nil)
-	forget := register(c.nc, subject, op, deny)
+	forget := register(c.nc, m.Subject, op, deny)
 	defer forget()
 	rctx := dctx
-	if readOnly[op] {
+	if limit > 0 {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(dctx, cmp.Or(c.attemptTimeout, DefaultAttemptTimeout))
+		rctx, cancel = context.WithTimeout(dctx, limit)
 		defer cancel()
 	}
-	msg, err := c.nc.RequestWithContext(rctx, subject, data)
+	msg, err := c.nc.RequestMsgWithContext(rctx, m)
 	var nae *NotAuthorizedError
 	if err != nil && errors.As(context.Cause(dctx), &nae) {
 		return nil, nae

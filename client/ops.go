@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"time"
+
+	"github.com/flowrun/flow/internal/base/resend"
 )
 
 // ApplyWorkflow applies a workflow's YAML; file names it in errors. A changed YAML makes
@@ -40,7 +42,9 @@ func (c *Client) Workflow(ctx context.Context, name string) (Workflow, error) {
 // StartOptions are a new run's optional settings.
 type StartOptions struct {
 	// ID is the run's ID (default: generated). Starting an ID that exists is a conflict,
-	// so a caller that retries a start with the same ID starts one run.
+	// so a caller that retries a start with the same ID starts one run. (The client's own
+	// tries of one StartRun, after a try that went unanswered, are one start: a later try
+	// that finds the run the first one started gets its ID, not the conflict.)
 	ID string
 	// Inputs are the run's inputs, as the workflow's inputs section declares them.
 	Inputs map[string]string
@@ -54,7 +58,15 @@ func (c *Client) StartRun(ctx context.Context, workflow string, opts StartOption
 	var started struct {
 		ID string `json:"id"`
 	}
-	err := c.call(ctx, "run.start", Request{Workflow: workflow, ID: opts.ID, Inputs: opts.Inputs, Traceparent: opts.Traceparent}, &started)
+	// The run's ID is fixed before the first try, so that a try sent again (the first
+	// went unanswered) is the same start: without one given, it is derived from a nonce
+	// the nodes can check (internal/base/resend).
+	id, nonce := opts.ID, ""
+	if id == "" {
+		nonce = resend.NewNonce()
+		id = resend.RunIDFor(time.Now(), nonce)
+	}
+	err := c.callWith(ctx, "run.start", Request{Workflow: workflow, ID: id, Inputs: opts.Inputs, Traceparent: opts.Traceparent}, nonce, &started)
 	return started.ID, err
 }
 

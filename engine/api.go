@@ -1,13 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -20,6 +18,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/ident"
+	"github.com/flowrun/flow/internal/base/resend"
 	"github.com/flowrun/flow/internal/base/tracing"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
@@ -93,6 +92,9 @@ type RunOptions struct {
 	// (flowctl run start --traceparent). The run's spans are in ctx's trace otherwise
 	// (a child run's, its parent step's), or in a trace of their own.
 	Traceparent string
+	// Try is the API request's try (internal/base/resend): an ID derived from its nonce
+	// is as new as a generated one, and a try sent again finds its own run.
+	Try resend.Try
 }
 
 // StartRun submits a run of the latest version of a workflow. inputs are checked
@@ -121,6 +123,11 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	generated := id == ""
 	if generated {
 		id = NewRunID()
+	} else if resend.Derived(id, opts.Try.Nonce) {
+		// The client derived the ID from its nonce: new, unless a try of this same start
+		// (or a forger who brute-forced the six characters) got there first.
+		_, err := e.store.Run(id)
+		generated = errors.Is(err, checkpoint.ErrNotFound)
 	}
 	if !ident.ValidID(id) {
 		return "", fmt.Errorf("%w: run ID %q: %s", ErrBadInput, id, ident.IDRule)
@@ -165,12 +172,30 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// and no older run waiting for one (admission.go).
 	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
 		defer e.admission.Admitted()
-		return id, e.submitAndAssign(tctx, submit, term)
+		err = e.submitAndAssign(tctx, submit, term)
+	} else {
+		err = e.clog.Writer.Write(ctx, submit).Await(ctx)
 	}
-	if err := e.clog.Writer.Write(ctx, submit).Await(ctx); err != nil {
+	if errors.Is(err, checkpoint.ErrRunExists) && opts.Try.Resent() && e.sameStart(id, submit) {
+		return id, nil // an earlier try of this start got through; its answer was lost
+	}
+	if err != nil {
 		return "", err
 	}
 	return id, nil
+}
+
+// sameStart reports whether the run id is the one submit would have started: the same
+// workflow version, trigger, inputs and starter. A try sent again after an unanswered one
+// is then answered as the first would have been.
+func (e *Engine) sameStart(id string, submit checkpoint.Entry) bool {
+	r, err := e.store.Run(id)
+	if err != nil {
+		return false
+	}
+	sub := submit.Submit
+	return r.Workflow == sub.Workflow && r.Version == sub.Version && r.Trigger == sub.Trigger &&
+		r.StartedBy == submit.Actor && bytes.Equal(r.Inputs, sub.Inputs) && r.Parent == nil && sub.Parent == nil
 }
 
 // submitAndAssign is StartRun on the leader: the run's first assign (with the term) rides
@@ -234,17 +259,7 @@ func (e *Engine) admit() bool {
 }
 
 // NewRunID is a time-ordered run ID: 20261129-101500.123-k3j9x2.
-func NewRunID() string {
-	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-	var b strings.Builder
-	b.WriteString(time.Now().UTC().Format("20060102-150405.000"))
-	b.WriteByte('-')
-	for i := 0; i < 6; i++ {
-		n, _ := rand.Int(rand.Reader, big.NewInt(int64(len(digits))))
-		b.WriteByte(digits[n.Int64()])
-	}
-	return b.String()
-}
+func NewRunID() string { return resend.NewRunID(time.Now()) }
 
 // ResolveInputs checks inputs against the workflow, converts strings to the declared
 // types and fills defaults, rendering helpers at `at` (workflow.ResolveInputs); its

@@ -12,6 +12,7 @@ import (
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/resend"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -227,7 +228,7 @@ func (a *API) StartRun(ctx context.Context, workflow string, opts client.StartOp
 	for k, v := range opts.Inputs {
 		inputs[k] = v
 	}
-	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID, Traceparent: opts.Traceparent})
+	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID, Traceparent: opts.Traceparent, Try: resend.TryOf(ctx)})
 	return id, wireError(err)
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/audit"
+	"github.com/flowrun/flow/internal/base/resend"
 	"github.com/flowrun/flow/internal/base/supervise"
 )
 
@@ -495,6 +496,8 @@ func (s *Server) wrap(h handler) micro.HandlerFunc {
 		// Who asked, as the NATS server says (with auth, a person's request crosses from
 		// the users' account and the server writes the header; docs/security.md).
 		ctx = audit.WithActor(ctx, audit.ActorFromRequestInfo(req.Headers().Get(audit.RequestInfoHeader)))
+		// Which try of the request this is, and a start's nonce (internal/base/resend).
+		ctx = resend.WithTry(ctx, resend.Parse(req.Headers().Get(resend.HeaderNonce), req.Headers().Get(resend.HeaderTry)))
 		out, err := s.call(ctx, h, &r)
 		if err != nil {
 			ce := &client.Error{Code: client.CodeInternal, Message: err.Error()}
