@@ -170,8 +170,10 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// give the existing run an epoch past its workflow's limits.
 	// The short path is an assign like the scheduler's: only with room under admission
 	// and no older run waiting for one (admission.go).
+	short := false
 	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
 		defer e.admission.Admitted()
+		short = true
 		err = e.submitAndAssign(tctx, submit, term)
 	} else {
 		err = e.clog.Writer.Write(ctx, submit).Await(ctx)
@@ -179,10 +181,12 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	if errors.Is(err, checkpoint.ErrRunExists) && opts.Try.Resent() && e.sameStart(id, submit) {
 		return id, nil // an earlier try of this start got through; its answer was lost
 	}
-	if err != nil {
+	if err != nil && !short {
 		return "", err
 	}
-	return id, nil
+	// The short path names the run even when its caller left before the outcome: the
+	// run goes on (its reserved worker follows the assign in the log).
+	return id, err
 }
 
 // sameStart reports whether the run id is the one submit would have started: the same
@@ -202,7 +206,8 @@ func (e *Engine) sameStart(id string, submit checkpoint.Entry) bool {
 // in the submit's log message and the task is queued at once, instead of the scheduler
 // reacting to the applied submit with a message of its own (one synced write and one
 // round trip less per run). Runs of a workflow with a concurrency limit, and runs whose ID
-// was given, always wait for the scheduler. The log judges the assign like any other: if it is refused (the term
+// was given (except one a client derived from its nonce: internal/base/resend), always
+// wait for the scheduler. The log judges the assign like any other: if it is refused (the term
 // ended meanwhile), the run is pending without an epoch and the next leader assigns it.
 //
 // When this node has a free worker slot, the assign also names it as the epoch's worker
