@@ -11,7 +11,7 @@
 // checkpoint.Store (real Pebble on vfs.NewMem, with the store's guards); the leader
 // decides with engine/internal/leader (PlanAssign under Admission, Reconciler.Pass,
 // LockDelay.Due, Reclaimable, CronDue and PlanTicks); the workers with
-// engine/internal/worker (JudgeTask, ReadySteps, DecideEnd, IsVerdict); every holder of
+// engine/internal/worker (JudgeTask, ReadySteps, DecideAttempt, DecideEnd, IsVerdict); every holder of
 // a term or a lease takes its timing from epoch.Trust (Begin, RenewAt, AttemptDeadline,
 // RetryAt, Renewed, Unanswered, Ended, Deadline, LapseAfter). Only the I/O shell around
 // them is written again here, deterministically:

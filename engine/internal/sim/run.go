@@ -2,14 +2,18 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/worker"
-	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
+
+// errBoom is a simulated step's own failure.
+var errBoom = errors.New("boom")
 
 // runExec is one epoch of one run on this node.
 type runExec struct {
@@ -206,8 +210,15 @@ func (x *runExec) commit(st *workflow.Step, out json.RawMessage) {
 // The attempt is a process: it takes a random time and does its side effect at a
 // random moment of it; it is killed with its epoch's context, with its node, and by its
 // containment watchdog at the lease's trust deadline (which only the node moves, by
-// renewing: a paused node's process dies at the deadline it had).
+// renewing: a paused node's process dies at the deadline it had). What follows its end
+// is worker.DecideAttempt's, as in flowd.
 func (x *runExec) attempt(st *workflow.Step, item, k int, done func(error)) {
+	x.attemptAgain(st, item, k, 0, done)
+}
+
+// attemptAgain is attempt after restarts uncounted restarts (a watchdog's stop the lease
+// outlived).
+func (x *runExec) attemptAgain(st *workflow.Step, item, k, restarts int, done func(error)) {
 	n := x.n()
 	s := n.s
 	if x.cause != nil {
@@ -229,13 +240,24 @@ func (x *runExec) attempt(st *workflow.Step, item, k int, done func(error)) {
 			return
 		}
 		exited = true
-		switch {
-		case err != nil:
-			done(err)
-		case !fails:
+		if err == nil && fails {
+			err = errBoom
+		}
+		state := worker.AttemptState{Err: err, Attempt: k, Max: max(st.Retry.MaxAttempts, 1), EpochEnded: x.cause != nil, Restarts: restarts}
+		if errors.Is(err, steps.ErrTrustDeadline) {
+			state.LeaseErr = x.lease.check()
+		}
+		switch d := worker.DecideAttempt(state); d.Action {
+		case worker.AttemptDone:
 			done(nil)
-		case k < max(st.Retry.MaxAttempts, 1):
-			x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: "boom", Attempt: k})
+		case worker.AttemptEpochEnded:
+			done(x.cause)
+		case worker.AttemptSteal:
+			done(x.steal(d.Cause))
+		case worker.AttemptAgain:
+			x.attemptAgain(st, item, k, restarts+1, done)
+		case worker.AttemptRetry:
+			x.note(checkpoint.Entry{Kind: checkpoint.KindFail, Step: st.Name, Item: item, Error: err.Error(), Attempt: k})
 			n.on(time.Duration(st.Retry.InitialInterval), func() { x.attempt(st, item, k+1, done) })
 		default:
 			x.failStep(st, item, k, done)
@@ -251,7 +273,7 @@ func (x *runExec) attempt(st *workflow.Step, item, k int, done func(error)) {
 	dead := func() bool {
 		if pr.alive && watchdog && !s.now.Before(x.lease.deadline()) {
 			pr.alive = false
-			n.on(0, func() { exit(fmt.Errorf("%w: the step process was killed at its trust deadline", epoch.ErrLeaseLost)) })
+			n.on(0, func() { exit(fmt.Errorf("signal: terminated (%w)", steps.ErrTrustDeadline)) })
 		}
 		return !pr.alive
 	}

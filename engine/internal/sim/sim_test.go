@@ -168,17 +168,17 @@ type control struct {
 }
 
 var controls = []control{
-	{"no epoch check", Switches{Hooks: &testhooks.Hooks{NoEpochCheck: true}}, []string{"2"}, 173},
+	{"no epoch check", Switches{Hooks: &testhooks.Hooks{NoEpochCheck: true}}, []string{"2"}, 27},
 	{"no checkpoint check", Switches{Hooks: &testhooks.Hooks{NoCheckpointCheck: true}}, []string{"1", "3"}, 8},
-	{"no start check", Switches{Hooks: &testhooks.Hooks{NoStartCheck: true}}, []string{"3", "1"}, 8},
-	{"no term check", Switches{Hooks: &testhooks.Hooks{NoTermCheck: true}}, []string{"term"}, 388},
-	{"no claim-once check", Switches{Hooks: &testhooks.Hooks{NoClaimOnceCheck: true}}, []string{"8"}, 137},
-	{"no kill switch", Switches{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, []string{"8"}, 30},
-	{"no containment watchdog", Switches{NoWatchdog: true}, []string{"8"}, 342},
+	{"no start check", Switches{Hooks: &testhooks.Hooks{NoStartCheck: true}}, []string{"3", "1"}, 14},
+	{"no term check", Switches{Hooks: &testhooks.Hooks{NoTermCheck: true}}, []string{"term"}, 934},
+	{"no claim-once check", Switches{Hooks: &testhooks.Hooks{NoClaimOnceCheck: true}}, []string{"8"}, 420},
+	{"no kill switch", Switches{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, []string{"8"}, 3},
+	{"no containment watchdog", Switches{NoWatchdog: true}, []string{"8"}, 270},
 	{"no reconcile", Switches{NoReconcile: true}, []string{"liveness"}, 1},
-	{"a reclaim without reading the lease", Switches{NoLeaseRead: true}, []string{"8"}, 1091},
-	{"a lapse reclaims whoever owns the run", Switches{NoLeaseRead: true, LapseIgnoresOwner: true}, []string{"8"}, 1091},
-	{"reconcile on a lagging lease watch", Switches{NoLeaseRead: true, ReconcileOnStaleWatch: true}, []string{"8"}, 566},
+	{"a reclaim without reading the lease", Switches{NoLeaseRead: true}, []string{"8"}, 1454},
+	{"a lapse reclaims whoever owns the run", Switches{NoLeaseRead: true, LapseIgnoresOwner: true}, []string{"8"}, 184},
+	{"reconcile on a lagging lease watch", Switches{NoLeaseRead: true, ReconcileOnStaleWatch: true}, []string{"8"}, 1310},
 }
 
 // controlSeeds bounds the seeds a control may try before it must have failed.
