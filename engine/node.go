@@ -61,8 +61,12 @@ func (e *Engine) open(ctx context.Context) (err error) {
 		e.warnIfUnsynced()
 	}
 	// A node with no state, or one behind the log's first sequence, starts from the
-	// newest snapshot (the log after it is applied as usual).
-	if err := logstream.PrepareState(ctx, e.js, "", filepath.Join(e.cfg.DataDir, "state"), e.log); err != nil {
+	// newest snapshot (the log after it is applied as usual). Its first JetStream request
+	// meets a cluster that may still be electing (a CI run saw one go unanswered for 5 s
+	// and the node give up): retried like the set-up below.
+	if err := retrySetup(ctx, e.log, func(ctx context.Context) error {
+		return logstream.PrepareState(ctx, e.js, "", filepath.Join(e.cfg.DataDir, "state"), e.log)
+	}); err != nil {
 		return err
 	}
 	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
