@@ -232,6 +232,9 @@ func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, t
 			err := f.Results(actx)[1]
 			cancel()
 			if err != nil {
+				// Refused, or its outcome unknown (NATS in trouble): if it landed after all,
+				// the run is claimed here without a lease and the reconcile reclaims it.
+				e.log.Info("the short path's own claim is not run here", "run", submit.Run, "err", err)
 				e.workers.ReleaseOwn()
 				return
 			}
