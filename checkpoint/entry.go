@@ -121,6 +121,9 @@ type Submit struct {
 	// Parent, on a child run's submit: the run, step and foreach item that started it
 	// (format 3; wait.go).
 	Parent *ParentRef `json:"parent,omitempty"`
+	// MaxTree, on a child's submit: the most runs its whole tree (its root and every
+	// descendant) may hold with it, the starting node's --max-run-tree (0: no bound).
+	MaxTree int `json:"max_tree,omitempty"`
 	// Deadline is when the run should have succeeded (format 3; nightly.go).
 	Deadline time.Time `json:"deadline,omitzero"`
 	// Handlers are the workflow's handler steps by event (format 3; nightly.go).
@@ -312,8 +315,8 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if !ident.ValidName(s.Workflow) {
 		return bad("workflow name %q must be 1-64 of a-z, 0-9, '_' or '-'", s.Workflow)
 	}
-	if s.MaxEpochs < 0 || s.Version < 0 {
-		return bad("negative max_epochs or version")
+	if s.MaxEpochs < 0 || s.Version < 0 || s.MaxTree < 0 {
+		return bad("negative max_epochs, version or max_tree")
 	}
 	switch s.Trigger {
 	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill, TriggerHandler:

@@ -17,10 +17,11 @@ import (
 // the whole step), worker, reason, actor, out (JSON, as written), error, attempt,
 // items, status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
 // foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf),
-// version (default 1), trigger (default manual). A value with spaces is written in
+// version (default 1), trigger (default manual), max_tree; a child's submit (parent=RUN
+// parent_step=S parent_item=N) runs workflow wf-S unless workflow= says otherwise. A value with spaces is written in
 // double quotes. The waits' keys (wait.go): signal=NAME id=KEY data=JSON (signal);
 // approve, reject, comment=TEXT (decide); wait=signal|approval|timer name=SIGNAL
-// until=RFC3339 need=N exclude=USER (park); consume=SEQ (commit); park=SEQ (wake).
+// until=RFC3339 need=N exclude=USER not_the_starter (park); consume=SEQ (commit); park=SEQ (wake).
 // epoch=@R is run R's current epoch; an assign without epoch= carries
 // the run's current epoch (what a scheduler reading the state writes).
 
@@ -38,7 +39,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 	if e.Kind == KindSubmit || e.Kind == KindCronTick {
 		e.Submit = &Submit{Workflow: "wf", Version: 1, Trigger: TriggerManual}
 	}
-	epochSet := false
+	epochSet, workflowSet := false, false
 	for _, tok := range toks[1:] {
 		k, v := tok.key, tok.val
 		num := func() (int64, error) { return strconv.ParseInt(v, 10, 64) }
@@ -72,7 +73,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			e.Error = v
 		case "status":
 			e.Status = RunStatus(v)
-		case "signal", "id", "data":
+		case "signal", "id", "data", "data_size":
 			if e.Signal == nil {
 				e.Signal = &Signal{}
 			}
@@ -83,6 +84,11 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Signal.ID = v
 			case "data":
 				e.Signal.Data = json.RawMessage(tok.raw)
+			case "data_size": // a JSON string of that many bytes, quotes included
+				n, err = num()
+				if err == nil && n >= 2 {
+					e.Signal.Data = json.RawMessage(`"` + strings.Repeat("x", int(n)-2) + `"`)
+				}
 			}
 		case "approve", "reject", "comment":
 			if e.Decision == nil {
@@ -94,7 +100,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			case "comment":
 				e.Decision.Comment = v
 			}
-		case "wait", "name", "until", "need", "exclude":
+		case "wait", "name", "until", "need", "exclude", "not_the_starter":
 			if e.Wait == nil {
 				e.Wait = &Wait{}
 			}
@@ -110,6 +116,8 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Wait.Need = int(n)
 			case "exclude":
 				e.Wait.Exclude = v
+			case "not_the_starter":
+				e.Wait.NotTheStarter, err = flagValue(v)
 			}
 		case "children":
 			if e.Wait == nil {
@@ -191,7 +199,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		case "items":
 			n, err = num()
 			e.Items = int(n)
-		case "steps", "max_epochs", "workflow", "version", "trigger":
+		case "steps", "max_epochs", "workflow", "version", "trigger", "max_tree":
 			if e.Submit == nil {
 				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
 			}
@@ -206,6 +214,10 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Submit.MaxEpochs = int(n)
 			case "workflow":
 				e.Submit.Workflow = v
+				workflowSet = true
+			case "max_tree":
+				n, err = num()
+				e.Submit.MaxTree = int(n)
 			case "version":
 				n, err = num()
 				e.Submit.Version = int(n)
@@ -218,6 +230,11 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		if err != nil {
 			return Entry{}, fmt.Errorf("%s=%s: %w", k, v, err)
 		}
+	}
+	if e.Submit != nil && e.Submit.Parent != nil && !workflowSet {
+		// A child runs another workflow than its parent's (a run of its ancestor's
+		// workflow closes a loop, which the log refuses): wf-<its parent's step>.
+		e.Submit.Workflow = "wf-" + e.Submit.Parent.Step
 	}
 	if e.Kind == KindCronTick && e.Tick != nil {
 		if TickRan(e.Tick.Outcome) { // a tick that runs: its run ID, and the submit's trigger

@@ -192,6 +192,9 @@ func (tx *applyBatch) resetSteps(c *cachedRun, e *Entry) error {
 		r.Decisions = slices.DeleteFunc(r.Decisions, func(d DecisionRecord) bool { return d.Step == name })
 	}
 	r.Outputs = nil
+	if len(e.Output) > 0 && e.Actor != "" && !slices.Contains(r.InputsBy, e.Actor) {
+		r.InputsBy = append(r.InputsBy, e.Actor) // who set what the run's approvals are about
+	}
 	if len(e.Output) > 0 { // changed inputs, merged over the run's
 		merged := map[string]json.RawMessage{}
 		_ = json.Unmarshal(r.Inputs, &merged)

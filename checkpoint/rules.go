@@ -28,7 +28,7 @@ func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 		StartedBy: e.Actor, Deadline: sub.Deadline, Handlers: sub.Handlers, Trace: sub.Trace,
 	}
 	if sub.Parent != nil {
-		if err := tx.adopt(r, sub.Parent); err != nil {
+		if err := tx.adopt(r, sub.Parent, e.Epoch, sub.MaxTree); err != nil {
 			return err
 		}
 	}

@@ -115,6 +115,12 @@ type Run struct {
 	Parent   *ParentRef `json:"parent,omitempty"`
 	Depth    int        `json:"depth,omitempty"`
 	Children []string   `json:"children,omitempty"`
+	// TreeSize, on a run no parent started, counts its descendants (children, theirs,
+	// ...): a child's submit is refused when the tree would outgrow its bound.
+	TreeSize int `json:"tree_size,omitempty"`
+	// InputsBy are the people who changed the run's inputs (retry --input), in order: an
+	// approval with not_the_starter counts them no more than the starter (wait.go).
+	InputsBy []string `json:"inputs_by,omitempty"`
 	// Outputs are the run's outputs (the workflow's outputs: rendered at its success).
 	Outputs json.RawMessage `json:"outputs,omitempty"`
 	// Deadline is when the run should have succeeded (its workflow's deadline: from its

@@ -123,6 +123,8 @@ var guardCatches = map[string][]guardCatch{
 		// The signal sent before the run reached its wait is dropped: the wait's commit
 		// finds nothing to take.
 		{"waits.txt", "4.0 commit r1 ledger: ok", "4.0 commit r1 ledger: invalid: run r1 has no signal at sequence 2"},
+		// A signal to a run that waits for none is dropped before its size is judged.
+		{"waits-limits.txt", "3.0 signal r: conflict: signal of run r (status pending, epoch 0): the run's inbox holds 900000 bytes of signal data; 900000 more would pass its limit of 1048576 bytes", "3.0 signal r: ok"},
 	},
 	"NoCancelCascade": {
 		{"children.txt", "g.a cancelled", "g.a pending"},
@@ -132,6 +134,26 @@ var guardCatches = map[string][]guardCatch{
 	},
 	"NoConsumeOnce": {
 		{"waits.txt", `5.0 commit r1 b: conflict: commit of run r1 (status running, epoch 1): the signal at sequence 2 was consumed by step "ledger" (epoch 1)`, "5.0 commit r1 b: ok"},
+	},
+	"NoChildEpochCheck": {
+		// A zombie of the parent's older epoch starts a child: the child is the zombie's.
+		{"children-bound.txt", "4.0 submit p.fan.1: fenced: stale-epoch: only the parent's current epoch starts its child p.fan.1 (the parent is running) (epoch 1, run's 3)", "4.0 submit p.fan.1: ok"},
+	},
+	"NoChildLoopCheck": {
+		{"children-bound.txt", "11.0 submit l.s.t: conflict: run l.s of workflow b would start a run of a, which an ancestor runs (a -> b -> a): workflow steps start a loop", "11.0 submit l.s.t: ok"},
+	},
+	"NoTreeLimit": {
+		{"children-bound.txt", "16.0 submit t.b: conflict: run t's tree would hold 4 runs with t.b, more than the limit of 3 (the run and all its descendants; flowd --max-run-tree)", "16.0 submit t.b: ok"},
+	},
+	"NoInputsByExclude": {
+		// Otto, who set the new amount, approves it himself.
+		{"approvals.txt", "17.0 decide r approve: conflict: decide of run r (status waiting, epoch 14): the approval does not count: otto changed the run's inputs (retry --input), and the step wants people other than those who set what it approves (not_the_starter)", "17.0 decide r approve: ok"},
+	},
+	"NoDecisionCheck": {
+		{"approvals.txt", "5.0 decide r approve: conflict: decide of run r (status waiting, epoch 1): the approval does not count: sam started the run, and the step wants people other than its starter (not_the_starter)", "5.0 decide r approve: ok"},
+	},
+	"NoInboxBytes": {
+		{"waits-limits.txt", "3.0 signal r: conflict: signal of run r (status pending, epoch 0): the run's inbox holds 900000 bytes of signal data; 900000 more would pass its limit of 1048576 bytes", "3.0 signal r: ok"},
 	},
 	"StopOnUndecodable": {
 		{"log.txt", `11: message rejected, undecodable: entry 1: unknown kind "teleport"`,
@@ -454,6 +476,12 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 	if len(r.Children) > 0 {
 		fmt.Fprintf(b, "  children: %s\n", strings.Join(r.Children, ", "))
 	}
+	if r.TreeSize > 0 {
+		fmt.Fprintf(b, "  tree: %d descendants\n", r.TreeSize)
+	}
+	if len(r.InputsBy) > 0 {
+		fmt.Fprintf(b, "  inputs changed by: %s\n", strings.Join(r.InputsBy, ", "))
+	}
 	if len(r.Outputs) > 0 {
 		fmt.Fprintf(b, "  outputs: %s\n", r.Outputs)
 	}
@@ -468,6 +496,9 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 		if w.Exclude != "" {
 			fmt.Fprintf(b, ", not %s", w.Exclude)
 		}
+		if w.NotTheStarter {
+			b.WriteString(", not_the_starter")
+		}
 		if len(w.Children) > 0 {
 			fmt.Fprintf(b, ", children %s (ended: %s)", strings.Join(w.Children, " "), orDash(strings.Join(w.Ended, " ")))
 		}
@@ -481,7 +512,10 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 		if sg.ID != "" {
 			fmt.Fprintf(b, " id %s", sg.ID)
 		}
-		if len(sg.Data) > 0 {
+		switch {
+		case len(sg.Data) > 100:
+			fmt.Fprintf(b, " data of %d bytes", len(sg.Data))
+		case len(sg.Data) > 0:
 			fmt.Fprintf(b, " data %s", sg.Data)
 		}
 		fmt.Fprintf(b, " from %s", orDash(sg.Sender))

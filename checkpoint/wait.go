@@ -60,6 +60,7 @@ type ParentRef struct {
 // decision is refused (a conflict), so no caller can grow a run record without bound.
 const (
 	MaxInbox       = 1000
+	MaxInboxBytes  = 1 << 20
 	MaxDecisions   = 1000
 	MaxSignalID    = 200
 	MaxCommentSize = 2000
@@ -87,8 +88,12 @@ type Wait struct {
 	Until time.Time `json:"until,omitzero"`
 	// Need, for an approval: distinct approvers that complete it. Exclude: a person whose
 	// approval does not count (the run's starter, with not_the_starter).
-	Need    int    `json:"need,omitempty"`
-	Exclude string `json:"exclude,omitempty"`
+	// NotTheStarter: the step's not_the_starter, which also excludes the run's InputsBy
+	// (a run started by no one, a cron tick's, has no starter to exclude but may have
+	// people who changed its inputs).
+	Need          int    `json:"need,omitempty"`
+	Exclude       string `json:"exclude,omitempty"`
+	NotTheStarter bool   `json:"not_the_starter,omitempty"`
 	Role    string `json:"role,omitempty"` // for people to read: who may decide
 	// Children, for a child wait: the child runs it waits for (all must end).
 	Children []string `json:"children,omitempty"`
@@ -144,10 +149,33 @@ func (r *Run) NextSignal(name string) *SignalRecord {
 	return nil
 }
 
+// ApprovalRule is who an approval step does not count: Exclude (the run's starter, with
+// not_the_starter) and, with NotTheStarter, everyone in the run's InputsBy, who set what
+// the approval is about as much as the starter did. IgnoreInputsBy is the latter's
+// negative control (testhooks.Hooks.NoInputsByExclude).
+type ApprovalRule struct {
+	Exclude        string
+	NotTheStarter  bool
+	IgnoreInputsBy bool
+}
+
+// Excludes says why actor's approval does not count under the rule ("" if it does).
+func (r *Run) Excludes(rule ApprovalRule, actor string) string {
+	switch {
+	case actor == "":
+		return "an anonymous decision never counts"
+	case rule.Exclude != "" && actor == rule.Exclude:
+		return fmt.Sprintf("%s started the run, and the step wants people other than its starter (not_the_starter)", actor)
+	case rule.NotTheStarter && !rule.IgnoreInputsBy && slices.Contains(r.InputsBy, actor):
+		return fmt.Sprintf("%s changed the run's inputs (retry --input), and the step wants people other than those who set what it approves (not_the_starter)", actor)
+	}
+	return ""
+}
+
 // Approvals is what the run's decisions say of an approval step: the distinct people who
-// approved it, in order, except exclude (and anonymous decisions, which never count);
-// their comments; and the first rejection, if any.
-func (r *Run) Approvals(step, exclude string) (approvers, comments []string, rejected *DecisionRecord) {
+// approved it, in order, except those the rule excludes (and anonymous decisions, which
+// never count); their comments; and the first rejection, if any.
+func (r *Run) Approvals(step string, rule ApprovalRule) (approvers, comments []string, rejected *DecisionRecord) {
 	for i := range r.Decisions {
 		d := &r.Decisions[i]
 		if d.Step != step || d.Actor == "" {
@@ -159,7 +187,7 @@ func (r *Run) Approvals(step, exclude string) (approvers, comments []string, rej
 			}
 			continue
 		}
-		if d.Actor == exclude || slices.Contains(approvers, d.Actor) {
+		if r.Excludes(rule, d.Actor) != "" || slices.Contains(approvers, d.Actor) {
 			continue
 		}
 		approvers = append(approvers, d.Actor)
@@ -170,6 +198,12 @@ func (r *Run) Approvals(step, exclude string) (approvers, comments []string, rej
 	return approvers, comments, rejected
 }
 
+// Rule is the approval rule of a parked approval wait (a park written before
+// NotTheStarter existed excluded its starter only when it named one).
+func (w *Wait) Rule() ApprovalRule {
+	return ApprovalRule{Exclude: w.Exclude, NotTheStarter: w.NotTheStarter || w.Exclude != ""}
+}
+
 // TimerFired reports whether step's wait timer fired.
 func (r *Run) TimerFired(step string) bool {
 	t := r.Timers[step]
@@ -177,7 +211,7 @@ func (r *Run) TimerFired(step string) bool {
 }
 
 // ready reports whether what the parked run waits for is there.
-func (r *Run) ready() bool {
+func (r *Run) ready(ignoreInputsBy bool) bool {
 	w := r.Waiting
 	if w == nil {
 		return false
@@ -189,7 +223,9 @@ func (r *Run) ready() bool {
 	case WaitSignal:
 		return r.NextSignal(w.Name) != nil
 	case WaitApproval:
-		approvers, _, rejected := r.Approvals(w.Step, w.Exclude)
+		rule := w.Rule()
+		rule.IgnoreInputsBy = ignoreInputsBy
+		approvers, _, rejected := r.Approvals(w.Step, rule)
 		return rejected != nil || len(approvers) >= w.Need
 	case WaitChild:
 		return len(w.Ended) >= len(w.Children)
@@ -302,10 +338,13 @@ func (tx *applyBatch) signal(c *cachedRun, e *Entry) error {
 	if len(r.Inbox) >= MaxInbox {
 		return tx.conflict(c, e, "the run holds %d signals, the most it keeps", MaxInbox)
 	}
+	if held := r.InboxBytes(); held+len(e.Signal.Data) > MaxInboxBytes && !tx.s.hooks.NoInboxBytes {
+		return tx.conflict(c, e, "the run's inbox holds %d bytes of signal data; %d more would pass its limit of %d bytes", held, len(e.Signal.Data), MaxInboxBytes)
+	}
 	c.touch(e)
 	r.Inbox = append(r.Inbox, SignalRecord{Seq: tx.seq, Name: e.Signal.Name, ID: e.Signal.ID, Data: e.Signal.Data, Sender: e.Actor, At: e.At})
 	tx.detail = "signal " + e.Signal.Name
-	if r.Status == StatusWaiting && r.ready() {
+	if r.Status == StatusWaiting && r.ready(tx.s.hooks.NoInputsByExclude) {
 		c.wakeRun()
 		tx.detail += "; the run wakes"
 	}
@@ -317,8 +356,12 @@ func (tx *applyBatch) decide(c *cachedRun, e *Entry) error {
 	if r.Status.Terminal() {
 		return tx.conflict(c, e, "the run has ended")
 	}
-	if _, err := tx.step(c, e); err != nil {
+	st, err := tx.step(c, e)
+	if err != nil {
 		return err
+	}
+	if why := r.decisionIgnored(st, e, tx.s.hooks.NoInputsByExclude); why != "" && !tx.s.hooks.NoDecisionCheck {
+		return tx.conflict(c, e, "%s", why)
 	}
 	if len(r.Decisions) >= MaxDecisions {
 		return tx.conflict(c, e, "the run holds %d decisions, the most it keeps", MaxDecisions)
@@ -329,11 +372,47 @@ func (tx *applyBatch) decide(c *cachedRun, e *Entry) error {
 	if e.Decision.Approve {
 		tx.detail = "approve"
 	}
-	if r.Status == StatusWaiting && r.Waiting.Step == e.Step && r.ready() {
+	if r.Status == StatusWaiting && r.Waiting.Step == e.Step && r.ready(tx.s.hooks.NoInputsByExclude) {
 		c.wakeRun()
 		tx.detail += "; the run wakes"
 	}
 	return nil
+}
+
+// decisionIgnored says why a decision would change nothing ("" if it may): the step
+// ended (succeeded or skipped: approved, or never asked; failed: rejected or timed out,
+// and a retry asks again), or the run waits on the step and the decider's approval would
+// not count (excluded, or given before). A decision given before the run reaches its
+// step is kept: the park's rule judges it then, as it does every decision.
+func (r *Run) decisionIgnored(st *Step, e *Entry, ignoreInputsBy bool) string {
+	switch st.Status {
+	case StepSucceeded, StepSkipped, StepFailed:
+		return fmt.Sprintf("step %s has %s: a decision changes nothing", st.Name, st.Status)
+	}
+	if !e.Decision.Approve || r.Status != StatusWaiting || r.Waiting.Kind != WaitApproval || r.Waiting.Step != e.Step {
+		return ""
+	}
+	rule := r.Waiting.Rule()
+	rule.IgnoreInputsBy = ignoreInputsBy
+	if why := r.Excludes(rule, e.Actor); why != "" {
+		return "the approval does not count: " + why
+	}
+	for _, d := range r.Decisions {
+		if d.Step == e.Step && d.Approve && d.Actor == e.Actor {
+			return fmt.Sprintf("the approval does not count: %s approved step %s before (at sequence %d); approvers are distinct people", e.Actor, e.Step, d.Seq)
+		}
+	}
+	return ""
+}
+
+// InboxBytes is the signal data the run's inbox holds, consumed or not (all of it is in
+// the run's record, which every change of the run rewrites).
+func (r *Run) InboxBytes() int {
+	n := 0
+	for i := range r.Inbox {
+		n += len(r.Inbox[i].Data)
+	}
+	return n
 }
 
 func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
@@ -382,7 +461,7 @@ func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
 			}
 		}
 	}
-	if r.ready() {
+	if r.ready(tx.s.hooks.NoInputsByExclude) {
 		c.wakeRun() // what it waits for came while it parked: it resumes at once
 		tx.detail += "; ready: the run wakes"
 	}
@@ -492,9 +571,15 @@ func (tx *applyBatch) setAlarm(c *cachedRun) {
 	}
 }
 
-// adopt records a child run's submit on its parent: the parent must exist and not have
-// ended, and the child's depth stays within MaxDepth.
-func (tx *applyBatch) adopt(child *Run, ref *ParentRef) error {
+// adopt records a child run's submit on its parent. The submit is the parent's: written
+// with the parent's current epoch (epoch > 0), it is judged like the parent's commits: the
+// parent running in that epoch, so a zombie of an older epoch starts no child (a submit
+// without an epoch was written before children were fenced and is judged as then). The
+// parent must exist and not have ended; the child's depth stays within MaxDepth; no
+// ancestor runs the child's workflow (a loop of workflows, however it was applied); and
+// the tree the child joins (its root and every descendant) stays within maxTree runs
+// (the child's submit carries the bound of the node that started it; 0: none).
+func (tx *applyBatch) adopt(child *Run, ref *ParentRef, epoch int64, maxTree int) error {
 	p, err := tx.load(ref.Run)
 	if err != nil {
 		return err
@@ -505,6 +590,9 @@ func (tx *applyBatch) adopt(child *Run, ref *ParentRef) error {
 	switch {
 	case p.run.Status.Terminal():
 		return fmt.Errorf("%w: parent run %s has ended (%s): it starts no child", ErrConflict, ref.Run, p.run.Status)
+	case epoch > 0 && !tx.s.hooks.NoChildEpochCheck && (p.run.Status != StatusRunning || p.run.Epoch != epoch):
+		return &FencedError{Run: ref.Run, Step: ref.Step, Item: ref.Item, Epoch: epoch, CurrentEpoch: p.run.Epoch,
+			Reason: fmt.Sprintf("stale-epoch: only the parent's current epoch starts its child %s (the parent is %s)", child.ID, p.run.Status), Seq: tx.seq}
 	case p.run.Depth+1 > MaxDepth:
 		return fmt.Errorf("%w: run %s would nest %d deep, more than %d (a loop of workflows?)", ErrConflict, child.ID, p.run.Depth+1, MaxDepth)
 	case len(p.run.Children) >= MaxChildren:
@@ -513,6 +601,34 @@ func (tx *applyBatch) adopt(child *Run, ref *ParentRef) error {
 	if _, ok := p.steps[ref.Step]; !ok {
 		return fmt.Errorf("%w: parent run %s has no step %q", ErrInvalidEntry, ref.Run, ref.Step)
 	}
+	// The ancestors, up to the root: a child of a workflow one of them runs closes a loop.
+	root, path := p, []string{p.run.Workflow}
+	for depth := 0; ; depth++ {
+		if root.run.Workflow == child.Workflow && !tx.s.hooks.NoChildLoopCheck {
+			chain := slices.Clone(path)
+			slices.Reverse(chain)
+			return fmt.Errorf("%w: run %s of workflow %s would start a run of %s, which an ancestor runs (%s -> %s): workflow steps start a loop",
+				ErrConflict, ref.Run, p.run.Workflow, child.Workflow, strings.Join(chain, " -> "), child.Workflow)
+		}
+		if root.run.Parent == nil || depth > MaxDepth {
+			break
+		}
+		up, err := tx.load(root.run.Parent.Run)
+		if err != nil {
+			return err
+		}
+		if up == nil {
+			break // retired before its descendant: the tree is counted from here
+		}
+		root = up
+		path = append(path, root.run.Workflow)
+	}
+	if maxTree > 0 && root.run.TreeSize+2 > maxTree && !tx.s.hooks.NoTreeLimit {
+		return fmt.Errorf("%w: run %s's tree would hold %d runs with %s, more than the limit of %d (the run and all its descendants; flowd --max-run-tree)",
+			ErrConflict, root.run.ID, root.run.TreeSize+2, child.ID, maxTree)
+	}
+	root.runDirty = true
+	root.run.TreeSize++
 	p.runDirty = true
 	p.run.Children = append(p.run.Children, child.ID)
 	child.Parent, child.Depth = ref, p.run.Depth+1
@@ -533,7 +649,7 @@ func (tx *applyBatch) childEnded(c *cachedRun, idx int, e *Entry) error {
 	p.runDirty = true
 	w.Ended = append(w.Ended, c.run.ID)
 	detail := fmt.Sprintf("child %s %s", c.run.ID, c.run.Status)
-	if p.run.ready() {
+	if p.run.ready(tx.s.hooks.NoInputsByExclude) {
 		p.wakeRun()
 		detail += "; the run wakes"
 	}

@@ -105,11 +105,11 @@ func (x *runExec) runWait(st *workflow.Step, with map[string]any) error {
 		if err != nil {
 			return x.failStep(st, checkpoint.ItemWhole, 1, err)
 		}
-		exclude := ""
+		rule := checkpoint.ApprovalRule{NotTheStarter: a.NotTheStarter, IgnoreInputsBy: x.p.hooks.NoInputsByExclude}
 		if a.NotTheStarter {
-			exclude = r.StartedBy
+			rule.Exclude = r.StartedBy
 		}
-		approvers, comments, rejected := r.Approvals(st.Name, exclude)
+		approvers, comments, rejected := r.Approvals(st.Name, rule)
 		switch {
 		case rejected != nil:
 			return fail("approval: rejected by %s: %s", rejected.Actor, rejected.Comment)
@@ -121,7 +121,7 @@ func (x *runExec) runWait(st *workflow.Step, with map[string]any) error {
 		case r.TimerFired(st.Name):
 			return fail("approval: %d of %d approvals within %s", len(approvers), a.Count, a.Timeout)
 		}
-		return &parkRequest{step: st.Name, wait: checkpoint.Wait{Kind: checkpoint.WaitApproval, Need: a.Count, Exclude: exclude, Role: a.Role, Until: until(a.Timeout)}}
+		return &parkRequest{step: st.Name, wait: checkpoint.Wait{Kind: checkpoint.WaitApproval, Need: a.Count, Exclude: rule.Exclude, NotTheStarter: a.NotTheStarter, Role: a.Role, Until: until(a.Timeout)}}
 	}
 	// A sleep that parks: until its time, or for its duration from its first park.
 	if r.TimerFired(st.Name) {

@@ -25,6 +25,12 @@ type Hooks struct {
 	NoEarlySignals    bool `guard:"store"` // a signal reaches only a run parked on it; one sent earlier is dropped (not kept for the wait)
 	NoCancelCascade   bool `guard:"store"` // a cancelled run's children go on
 	NoDeadlineCheck   bool `guard:"store"` // a deadline miss is recorded on a run that succeeded before its deadline
+	NoChildEpochCheck bool `guard:"store"` // a child's submit is accepted whatever epoch of its parent wrote it
+	NoChildLoopCheck  bool `guard:"store"` // a run may start a child of a workflow one of its ancestors runs
+	NoTreeLimit       bool `guard:"store"` // a child's submit is accepted however large its run's tree
+	NoInputsByExclude bool `guard:"store"` // not_the_starter counts whoever changed the run's inputs (retry --input)
+	NoDecisionCheck   bool `guard:"store"` // a decision that cannot count (a repeat, an excluded person's, after the step ended) is recorded as if it could
+	NoInboxBytes      bool `guard:"store"` // a signal is kept whatever the bytes the run's inbox holds
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
