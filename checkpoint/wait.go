@@ -703,3 +703,22 @@ func ChildID(parent, step string, item int) string {
 	}
 	return strings.TrimRight(parent[:min(len(parent), 128-len(tail))], ".") + tail
 }
+
+// ChildOf says whether r is the child that ref (a parent run's step and foreach item)
+// started: its submit named that parent, step and item. A parent never takes a run that
+// is not for its child: one started by a person under the child's ID, or a child of
+// another step. any is the binding's negative control (every run is taken).
+func ChildOf(r *Run, ref ParentRef, any bool) error {
+	if any || r.Parent != nil && *r.Parent == ref {
+		return nil
+	}
+	by := "started by " + r.StartedBy
+	if r.StartedBy == "" {
+		by = "trigger " + r.Trigger
+	}
+	if r.Parent != nil {
+		by = fmt.Sprintf("the child of run %s step %s item %d", r.Parent.Run, r.Parent.Step, r.Parent.Item)
+	}
+	return fmt.Errorf("%w: run %s exists under the ID of run %s's child (step %s), but this step did not start it (it is a run of workflow %s, %s): a parent never adopts a run it did not start; cancel or retire that run, then retry the parent",
+		ErrConflict, r.ID, ref.Run, ref.Step, r.Workflow, by)
+}

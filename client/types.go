@@ -131,8 +131,11 @@ type Waiting struct {
 	Until  *string `json:"until"`
 	Signal string  `json:"signal,omitempty"`
 	Need   int     `json:"need,omitempty"`
-	Role   string  `json:"role,omitempty"`
-	Since  string  `json:"since,omitempty"`
+	// ApprovedBy, for an approval wait: the people whose approvals count toward Need, in
+	// order (not the starter's or an input changer's with not_the_starter, not a repeat).
+	ApprovedBy []string `json:"approved_by,omitempty"`
+	Role       string   `json:"role,omitempty"`
+	Since      string   `json:"since,omitempty"`
 	// Children, for a child wait: the child runs it waits for.
 	Children []string `json:"children,omitempty"`
 }

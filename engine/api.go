@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -86,8 +87,10 @@ type RunOptions struct {
 	ID          string    // default: generated
 	Trigger     string    // default manual
 	ScheduledAt time.Time // cron runs
-	// Parent makes the run a child of a workflow step (engine/internal/worker/child.go).
-	Parent *checkpoint.ParentRef
+	// Parent makes the run a child of a workflow step (engine/internal/worker/child.go),
+	// started by the parent's epoch ParentEpoch.
+	Parent      *checkpoint.ParentRef
+	ParentEpoch int64
 	// Traceparent, a W3C traceparent, makes the run's trace a part of the caller's
 	// (flowctl run start --traceparent). The run's spans are in ctx's trace otherwise
 	// (a child run's, its parent step's), or in a trace of their own.
@@ -120,10 +123,10 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		return "", err
 	}
 	id := opts.ID
-	generated := id == ""
+	generated, derived := id == "", false
 	if generated {
 		id = NewRunID()
-	} else if resend.Derived(id, opts.Try.Nonce) {
+	} else if derived = resend.Derived(id, opts.Try.Nonce); derived {
 		// The client derived the ID from its nonce: new, unless a try of this same start
 		// (or a forger who brute-forced the six characters) got there first.
 		_, err := e.store.Run(id)
@@ -131,6 +134,11 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	}
 	if !ident.ValidID(id) {
 		return "", fmt.Errorf("%w: run ID %q: %s", ErrBadInput, id, ident.IDRule)
+	}
+	if !generated && !derived && opts.Parent == nil {
+		if err := e.checkChosenID(id); err != nil {
+			return "", err
+		}
 	}
 	trigger := opts.Trigger
 	if trigger == "" {
@@ -165,6 +173,11 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		sub.Trace = tracing.Traceparent(tctx)
 	}
 	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Submit: sub}
+	if opts.Parent != nil {
+		// The child's submit is the parent's epoch's write, fenced like its commits, and
+		// carries this node's bound on the parent's whole tree.
+		submit.Epoch, sub.MaxTree = opts.ParentEpoch, e.cfg.MaxRunTree
+	}
 	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
 	// the submit may be refused as a repeat while the assign, judged on its own, would
 	// give the existing run an epoch past its workflow's limits.
@@ -508,14 +521,33 @@ func (e *Engine) Decide(ctx context.Context, id, step string, approve bool, comm
 		return "", fmt.Errorf("%w: run %s has %d approval steps and waits on none: name one with --step", checkpoint.ErrInvalidEntry, id, len(approvals))
 	}
 	st := approvals[0]
-	want := "operator"
+	want, notTheStarter := "operator", false
 	if m, ok := st.With["approvers"].(map[string]any); ok {
 		if r, ok := m["role"].(string); ok {
 			want = r
 		}
+		notTheStarter = m["not_the_starter"] == true
 	}
 	if !steps.RoleAtLeast(role, want) {
 		return "", fmt.Errorf("%w: %s is %s; step %s needs %s or above", ErrNotApprover, actor, role, st.Name, want)
+	}
+	// An approval that would not count is refused here, before the log, so that its sender
+	// is told (exit 1) instead of reading "approved" and a count it is not in. The log
+	// refuses the same while the run waits on the step (checkpoint decisionIgnored), also
+	// when this check raced a retry that changed the inputs.
+	if approve {
+		rule := checkpoint.ApprovalRule{NotTheStarter: notTheStarter, IgnoreInputsBy: e.hooks.NoInputsByExclude}
+		if notTheStarter {
+			rule.Exclude = r.StartedBy
+		}
+		if why := r.Excludes(rule, actor); why != "" {
+			return "", fmt.Errorf("%w: run %s step %s: the approval does not count: %s", checkpoint.ErrConflict, id, st.Name, why)
+		}
+		for _, d := range r.Decisions {
+			if d.Step == st.Name && d.Approve && d.Actor == actor {
+				return "", fmt.Errorf("%w: run %s step %s: the approval does not count: %s approved it before (%s); approvers are distinct people", checkpoint.ErrConflict, id, st.Name, actor, d.At.UTC().Format(time.RFC3339))
+			}
+		}
 	}
 	entry := checkpoint.Entry{Kind: checkpoint.KindDecide, Actor: actor, Run: id, Owner: e.cfg.NodeID, Step: st.Name, Item: checkpoint.ItemWhole,
 		Decision: &checkpoint.Decision{Approve: approve, Comment: comment}}
@@ -567,14 +599,69 @@ func (e *Engine) checkChildLoop(w *workflow.Workflow) error {
 }
 
 // startChild is the workers' StartChild: a run of the latest version of workflow, with
-// the ID its parent step derives, started as the parent's starter.
-func (e *Engine) startChild(ctx context.Context, parent *checkpoint.Run, ref checkpoint.ParentRef, id, wf string, inputs map[string]any) error {
-	_, err := e.StartRun(audit.WithActor(ctx, parent.StartedBy), wf, inputs, RunOptions{ID: id, Parent: &ref})
+// the ID its parent step derives, started as the parent's starter by the parent's epoch
+// (the log refuses the submit of any other epoch).
+func (e *Engine) startChild(ctx context.Context, parent *checkpoint.Run, epoch int64, ref checkpoint.ParentRef, id, wf string, inputs map[string]any) error {
+	_, err := e.StartRun(audit.WithActor(ctx, parent.StartedBy), wf, inputs, RunOptions{ID: id, Parent: &ref, ParentEpoch: epoch})
 	if errors.Is(err, checkpoint.ErrRunExists) {
-		return nil // started before: by an earlier epoch, or a zombie of one
+		// Started before, by an earlier epoch of this step (or a zombie of one): that run
+		// names this parent. One that does not was started by someone else under the
+		// child's ID, and is never taken for the child.
+		if err := e.checkChildOf(id, ref); err != nil {
+			return steps.Permanent(err)
+		}
+		return nil
 	}
 	if errors.Is(err, ErrBadInput) {
 		return steps.Permanent(err)
 	}
 	return err
 }
+
+// checkChildOf says whether the run id is the child that ref (a parent's step and item)
+// started: a run of that ID that names another parent, or none, is not adopted (issue 36:
+// a run started by a person under a child's ID once gave its outputs to the parent, and
+// the real child, with its approvals, never ran).
+func (e *Engine) checkChildOf(id string, ref checkpoint.ParentRef) error {
+	r, err := e.store.Run(id)
+	if err != nil {
+		return err
+	}
+	return checkpoint.ChildOf(r, ref, e.hooks.NoChildBinding.Load() || noChildBinding != "")
+}
+
+// ErrReservedID: a run ID a person chose that flow keeps for the runs it derives. Such an
+// error is ErrBadInput too (exit 2).
+var ErrReservedID = errors.New("engine: reserved run ID")
+
+type reservedIDError struct{ msg string }
+
+func (r reservedIDError) Error() string { return r.msg }
+func (r reservedIDError) Is(target error) bool {
+	return target == ErrReservedID || target == ErrBadInput
+}
+
+// checkChosenID refuses an ID a person chose that flow derives itself: a child's or a
+// handler's (<run>.<step>[.<item>]: every ID with a '.'), or a scheduled tick's
+// (<workflow>-YYYYMMDDTHHMMSSZ). Taken first, such a run would stand in for the one flow
+// starts later (the tick's or the child's is then refused as existing).
+func (e *Engine) checkChosenID(id string) error {
+	if e.hooks.NoChildBinding.Load() || noChildBinding != "" {
+		return nil
+	}
+	if strings.Contains(id, ".") {
+		return reservedIDError{fmt.Sprintf("run ID %q: IDs with '.' are kept for the runs flow derives (a child run <run>.<step>[.<item>], a handler run); choose one without '.'", id)}
+	}
+	if i := strings.LastIndexByte(id, '-'); i > 0 {
+		if _, err := time.Parse("20060102T150405Z", id[i+1:]); err == nil {
+			return reservedIDError{fmt.Sprintf("run ID %q: IDs ending in -YYYYMMDDTHHMMSSZ are kept for the runs of scheduled ticks (<workflow>-<tick>); choose another", id)}
+		}
+	}
+	return nil
+}
+
+// noChildBinding is the child binding's control for a process (-ldflags "-X
+// github.com/flowrun/flow/engine.noChildBinding=1"; empty in every release build): people
+// may choose children's IDs and a parent adopts what it finds under its child's ID
+// (TestSquattedChildIsRefused's control).
+var noChildBinding string

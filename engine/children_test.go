@@ -159,3 +159,120 @@ func TestChildWorkflowLoopIsRefusedAtApply(t *testing.T) {
 		t.Fatalf("a workflow starting itself: %v", err)
 	}
 }
+
+// Squatting a child's ID (issue 36): a child run's ID is predictable (<parent>.<step>),
+// and a person once started a run of another workflow under it before the parent reached
+// its step; the parent took that run's outputs ({"paid": 999999}) as its child's, and the
+// real child never ran. A person's start under a child's ID is refused; a run under that
+// ID that the parent did not start (here one a node wrote into the log, as only a node
+// can) fails the parent's step with a clear error, never adopted. Control: the binding
+// off (NoChildBinding), the squat is accepted and the parent pays 999999.
+func TestSquattedChildIsRefused(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "guard", true: "control-binding-off"}[control], func(t *testing.T) {
+			h := new(testhooks.Hooks)
+			h.NoChildBinding.Store(control)
+			e := startEngineWith(t, h, nil)
+			apply(t, e, "name: settle\noutputs:\n  paid: \"{{ steps.pay.output.paid }}\"\nsteps:\n  - {name: pay, uses: noop, with: {paid: 1}}\n")
+			apply(t, e, "name: fake\noutputs:\n  paid: \"{{ steps.pay.output.paid }}\"\nsteps:\n  - {name: pay, uses: noop, with: {paid: 999999}}\n")
+			apply(t, e, `
+name: nightly
+outputs:
+  paid: "{{ steps.each.output.paid }}"
+steps:
+  - {name: gate, uses: wait, with: {signal: go}}
+  - {name: each, needs: [gate], uses: workflow, with: {workflow: settle}}
+`)
+			ctx := ctxT(t, 60*time.Second)
+			id, err := e.StartRun(ctx, "nightly", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "waiting at its gate", isStatus(checkpoint.StatusWaiting))
+			_, err = e.StartRun(ctx, "fake", nil, RunOptions{ID: id + ".each"})
+			if !control {
+				if !errors.Is(err, ErrBadInput) || !errors.Is(err, ErrReservedID) || !strings.Contains(err.Error(), "kept for the runs flow derives") {
+					t.Fatalf("a person's start under the child's ID: %v; want it refused as reserved", err)
+				}
+			} else if err != nil {
+				t.Fatalf("control: the squat: %v", err)
+			} else if sq, err := e.WaitRun(ctx, id+".each"); err != nil || sq.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("control: the squatter %v %+v", err, sq)
+			}
+			if err := e.Signal(ctx, id, "go", SignalOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			end, err := e.WaitRun(ctx, id)
+			if err != nil || end.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("%v %+v", err, end)
+			}
+			paid := fmt.Sprint(stepOutput(t, e, id, "each")["paid"])
+			if control {
+				if paid != "999999" {
+					t.Fatalf("control: the parent took %s; the control should show the squatter's 999999 adopted", paid)
+				}
+				return
+			}
+			if paid != "1" {
+				t.Fatalf("the parent took paid=%s; want its own child's 1", paid)
+			}
+			child, err := e.store.Run(id + ".each")
+			if err != nil || child.Workflow != "settle" || child.Parent == nil || child.Parent.Run != id {
+				t.Fatalf("the child %+v (%v): want a run of settle naming its parent", child, err)
+			}
+
+			// A run under the child's ID that the parent did not start, written by a node
+			// (which may write any entry): the parent fails its step, naming the run.
+			id2, err := e.StartRun(ctx, "nightly", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id2, 15*time.Second, "waiting at its gate", isStatus(checkpoint.StatusWaiting))
+			forged := checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id2 + ".each", Owner: "node-x", At: time.Now(),
+				Submit: &checkpoint.Submit{Workflow: "fake", Version: 1, Trigger: checkpoint.TriggerManual, Steps: []checkpoint.StepSpec{{Name: "pay"}}}}
+			if err := e.clog.Writer.Write(ctx, forged).Await(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Signal(ctx, id2, "go", SignalOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			end, err = e.WaitRun(ctx, id2)
+			if err != nil || end.Status != checkpoint.StatusFailed || end.FailedStep != "each" || !strings.Contains(end.Error, "a parent never adopts a run it did not start") {
+				t.Fatalf("%v %s %s: want the step failed, naming the run it did not start", err, end.Status, end.Error)
+			}
+		})
+	}
+}
+
+// A foreach whose children would not fit in the run's tree (MaxRunTree) fails before it
+// starts any, with an error that names the bound; the log refuses a child past it.
+func TestRunTreeIsBounded(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.MaxRunTree = 4 })
+	apply(t, e, "name: leaf\nsteps:\n  - {name: a, uses: noop}\n")
+	apply(t, e, `
+name: fan
+inputs:
+  n: {type: list}
+steps:
+  - {name: each, foreach: "{{ inputs.n }}", parallelism: 2, uses: workflow, with: {workflow: leaf}}
+`)
+	ctx := ctxT(t, 60*time.Second)
+	id, err := e.StartRun(ctx, "fan", map[string]any{"n": []any{1, 2, 3, 4}}, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusFailed || !strings.Contains(end.Error, "would start 4 child runs") || !strings.Contains(end.Error, "--max-run-tree") {
+		t.Fatalf("%v %s %q: want the foreach refused before it starts a child", err, end.Status, end.Error)
+	}
+	if len(end.Children) != 0 {
+		t.Fatalf("children %v: none should have started", end.Children)
+	}
+	id, err = e.StartRun(ctx, "fan", map[string]any{"n": []any{1, 2, 3}}, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end, err = e.WaitRun(ctx, id); err != nil || end.Status != checkpoint.StatusSucceeded || len(end.Children) != 3 {
+		t.Fatalf("three children in a tree of four: %v %+v", err, end)
+	}
+}

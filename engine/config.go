@@ -53,6 +53,9 @@ type Config struct {
 	Workers int
 	// StepParallelism bounds the steps of one run running at once (default 8).
 	StepParallelism int
+	// MaxRunTree bounds a run's whole tree (the run, its children, theirs...): a child
+	// start that would pass it fails its step (default DefaultMaxRunTree; -1: no bound).
+	MaxRunTree int
 	// ParkAfter is the shortest sleep step that parks its run (no lease, no worker)
 	// instead of holding a worker (default: three lease TTLs; docs/waits.md).
 	ParkAfter time.Duration
@@ -134,6 +137,12 @@ func (c Config) WithDefaults() Config {
 	if c.Workers == 0 {
 		c.Workers = 8
 	}
+	switch c.MaxRunTree {
+	case 0:
+		c.MaxRunTree = DefaultMaxRunTree
+	case -1:
+		c.MaxRunTree = 0 // the log's "no bound"
+	}
 	if c.StepParallelism == 0 {
 		c.StepParallelism = 8
 	}
@@ -194,6 +203,9 @@ func (c Config) Validate() error {
 	if !ident.ValidID(d.NodeID) {
 		return fmt.Errorf("engine: Config.NodeID %q: %s", d.NodeID, ident.IDRule)
 	}
+	if c.MaxRunTree < -1 {
+		return fmt.Errorf("engine: Config.MaxRunTree %d: use a positive bound, or -1 for none", c.MaxRunTree)
+	}
 	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
 		return fmt.Errorf("engine: Config.Workers, StepParallelism and MaxOutputBytes must not be negative (0 takes the default)")
 	}
@@ -202,3 +214,9 @@ func (c Config) Validate() error {
 	}
 	return d.Lease.Validate()
 }
+
+// DefaultMaxRunTree is the most runs one run's tree holds (the run and every descendant)
+// unless --max-run-tree says otherwise: Temporal's bound on a workflow's pending children
+// is 2,000 too. One foreach over 10,001 child workflows once made 3,100 runs before it
+// was cancelled.
+const DefaultMaxRunTree = 2000

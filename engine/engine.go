@@ -130,7 +130,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	log := nodeLog{e.clog}
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
-		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, Silence: e.Silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
+		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.Silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
 		StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,9 +227,14 @@ steps:
 		t.Fatal(err)
 	}
 	awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
-	for _, who := range []string{"ann", "bob", "bob"} {
-		if _, err := e.Decide(as(who), id, "", true, "ok by "+who); err != nil {
+	// The starter's approval and a repeat do not count, and say so (flowctl: exit 1).
+	for i, who := range []string{"ann", "bob", "bob"} {
+		_, err := e.Decide(as(who), id, "", true, "ok by "+who)
+		switch want := []string{"ann started the run", "", "bob approved it before"}[i]; {
+		case want == "" && err != nil:
 			t.Fatalf("%s: %v", who, err)
+		case want != "" && (!errors.Is(err, checkpoint.ErrConflict) || !strings.Contains(err.Error(), "does not count: "+want)):
+			t.Fatalf("%s's approval that does not count: %v; want a conflict saying %q", who, err, want)
 		}
 	}
 	if _, err := e.Decide(as("vic"), id, "", true, ""); !errors.Is(err, ErrNotApprover) {
@@ -237,9 +243,12 @@ steps:
 	if _, err := e.Decide(as("mallory"), id, "", true, ""); !errors.Is(err, ErrNoIdentity) {
 		t.Fatalf("an unknown person's approval: %v", err)
 	}
-	r := awaitRun(t, e, id, 5*time.Second, "three decisions applied", func(r *checkpoint.Run) bool { return len(r.Decisions) == 3 })
+	r := awaitRun(t, e, id, 5*time.Second, "bob's decision applied", func(r *checkpoint.Run) bool { return len(r.Decisions) == 1 })
 	if r.Status != checkpoint.StatusWaiting {
 		t.Fatalf("the starter's and a repeated approval counted: %s", r.Status)
+	}
+	if w := wireWaiting(r); w == nil || fmt.Sprint(w.ApprovedBy) != "[bob]" || w.Need != 2 {
+		t.Fatalf("run get's wait %+v: want 1 of 2, approved by bob", w)
 	}
 	if _, err := e.Decide(as("cat"), id, "approve", true, "fine"); err != nil {
 		t.Fatal(err)
@@ -331,5 +340,93 @@ steps:
 	end, err = e.WaitRun(ctx, id2)
 	if err != nil || end.Status != checkpoint.StatusFailed || end.FailedStep != "w" {
 		t.Fatalf("%v %+v", err, end)
+	}
+}
+
+// Four eyes stay four (issue 36): an operator who changed the run's inputs (retry --from
+// with --input) is as interested as its starter, so with not_the_starter her approval
+// does not count and she is told; two others complete it. A rejection after the step
+// succeeded changes nothing and says so. Control: NoInputsByExclude, her approval counts
+// (1 of 2) and one more person completes the step.
+func TestApprovalExcludesWhoChangedTheInputs(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "guard", true: "control-inputs-changer-counts"}[control], func(t *testing.T) {
+			h := &testhooks.Hooks{NoInputsByExclude: control}
+			e := startEngineWith(t, h, func(c *Config) {
+				c.NATSAuth = true
+				c.NATSUsers = []NATSUser{{Name: "sam", Password: "pw-sam-1", Role: "operator"}, {Name: "otto", Password: "pw-otto-1", Role: "operator"},
+					{Name: "ann", Password: "pw-ann-1", Role: "operator"}, {Name: "bob", Password: "pw-bob-1", Role: "operator"}}
+			})
+			apply(t, e, `
+name: pay
+inputs:
+  cents: {type: int, default: 100}
+steps:
+  - {name: compute, uses: noop, with: {cents: "{{ inputs.cents }}"}}
+  - {name: approve, needs: [compute], uses: approval, with: {approvers: {role: operator, count: 2, not_the_starter: true}, timeout: 1h}}
+  - {name: transfer, needs: [approve], uses: noop}
+`)
+			ctx := ctxT(t, 60*time.Second)
+			as := func(who string) context.Context { return audit.WithActor(ctx, who) }
+			id, err := e.StartRun(as("sam"), "pay", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+			for _, who := range []string{"ann", "bob"} {
+				if _, err := e.Decide(as(who), id, "", true, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if end, err := e.WaitRun(ctx, id); err != nil || end.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("%v %+v", err, end)
+			}
+			if _, err := e.Decide(as("bob"), id, "approve", false, "too late"); !errors.Is(err, checkpoint.ErrConflict) {
+				t.Fatalf("a rejection after the run ended: %v; want a conflict", err)
+			}
+			// Otto sets a new amount and retries from compute: the approval asks again.
+			if err := e.RetryFrom(as("otto"), id, RetryOptions{From: "compute", Inputs: map[string]any{"cents": "999999999"}}); err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "waiting again", func(r *checkpoint.Run) bool {
+				return r.Status == checkpoint.StatusWaiting && len(r.Decisions) == 0
+			})
+			_, err = e.Decide(as("otto"), id, "", true, "")
+			if control {
+				if err != nil {
+					t.Fatalf("control: otto's approval: %v", err)
+				}
+				awaitRun(t, e, id, 5*time.Second, "otto's approval applied", func(r *checkpoint.Run) bool { return len(r.Decisions) == 1 })
+				if _, err := e.Decide(as("ann"), id, "", true, ""); err != nil {
+					t.Fatal(err)
+				}
+				if end, err := e.WaitRun(ctx, id); err != nil || end.Status != checkpoint.StatusSucceeded {
+					t.Fatalf("control: %v %+v", err, end)
+				}
+				if out := stepOutput(t, e, id, "approve"); fmt.Sprint(out["approved_by"]) != "[otto ann]" {
+					t.Fatalf("control: approved_by %v; want the interested otto among the two", out["approved_by"])
+				}
+				return
+			}
+			if !errors.Is(err, checkpoint.ErrConflict) || !strings.Contains(err.Error(), "otto changed the run's inputs") {
+				t.Fatalf("otto's approval of the amount he set: %v; want a conflict saying why", err)
+			}
+			if _, err := e.Decide(as("ann"), id, "", true, ""); err != nil {
+				t.Fatal(err)
+			}
+			r := awaitRun(t, e, id, 5*time.Second, "ann's approval applied", func(r *checkpoint.Run) bool { return len(r.Decisions) == 1 })
+			if w := wireWaiting(r); w == nil || fmt.Sprint(w.ApprovedBy) != "[ann]" || r.Status != checkpoint.StatusWaiting {
+				t.Fatalf("%s %+v: want 1 of 2, approved by ann", r.Status, w)
+			}
+			if _, err := e.Decide(as("bob"), id, "", true, ""); err != nil {
+				t.Fatal(err)
+			}
+			if end, err := e.WaitRun(ctx, id); err != nil || end.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("%v %+v", err, end)
+			}
+			if out := stepOutput(t, e, id, "approve"); fmt.Sprint(out["approved_by"]) != "[ann bob]" {
+				t.Fatalf("approved_by %v", out["approved_by"])
+			}
+		})
 	}
 }

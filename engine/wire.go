@@ -559,6 +559,7 @@ func wireWaiting(r *checkpoint.Run) *client.Waiting {
 		out.Signal = w.Name
 	case checkpoint.WaitApproval:
 		out.Need = w.Need
+		out.ApprovedBy, _, _ = r.Approvals(w.Step, w.Rule())
 	case checkpoint.WaitChild:
 		out.Children = w.Children
 	}

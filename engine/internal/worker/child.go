@@ -25,14 +25,17 @@ import (
 
 // StartChild starts a child run: id, of workflow with inputs, for ref; an existing run
 // of that ID is no error (it was started before).
-type StartChild func(ctx context.Context, parent *checkpoint.Run, ref checkpoint.ParentRef, id, workflow string, inputs map[string]any) error
+// The start is the parent's epoch's write (epoch): the log refuses it from any other.
+type StartChild func(ctx context.Context, parent *checkpoint.Run, epoch int64, ref checkpoint.ParentRef, id, workflow string, inputs map[string]any) error
 
 // Link-time test switches of real-process tests (-ldflags "-X
 // github.com/flowrun/flow/engine/internal/worker.NAME=1"; empty in every release build):
 // killAfterChildStart makes the process SIGKILL itself right after a child's start is
 // applied, before its parent parks; randomChildIDs is RandomChildIDs' control for a
 // process (TestChildStartedOnceAcrossAnOwnerKill).
-var killAfterChildStart, randomChildIDs string
+// noChildBinding is the child binding's control (engine's noChildBinding, for the
+// worker): a parent takes whatever run it finds under its child's ID.
+var killAfterChildStart, randomChildIDs, noChildBinding string
 
 // childID is the child's ID (random with the RandomChildIDs control: a new child per
 // start).
@@ -78,6 +81,9 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 	room := 1
 	if st.Foreach != "" {
 		room = max(st.Parallelism, 1)
+		if err := x.treeRoom(st, items, have); err != nil {
+			return x.failStep(st, checkpoint.ItemWhole, 1, steps.Permanent(err))
+		}
 	}
 	var waiting []string
 	for i, item := range items {
@@ -92,6 +98,13 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 		child, err := x.p.cfg.State.Run(id)
 		if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
 			return err
+		}
+		if child != nil {
+			// Only the run this step started is its child: never one that someone else
+			// started under the child's ID (issue 36).
+			if err := checkpoint.ChildOf(child, checkpoint.ParentRef{Run: x.run.ID, Step: st.Name, Item: index}, x.p.hooks.NoChildBinding.Load() || noChildBinding != ""); err != nil {
+				return x.failStep(st, index, 1, steps.Permanent(err))
+			}
 		}
 		switch {
 		case child == nil:
@@ -115,7 +128,7 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 				return x.failStep(st, index, 1, err)
 			}
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), 30*time.Second)
-			err = x.p.cfg.StartChild(ctx, r, checkpoint.ParentRef{Run: x.run.ID, Step: st.Name, Item: index}, id, cw.Workflow, cw.Inputs)
+			err = x.p.cfg.StartChild(ctx, r, x.epoch, checkpoint.ParentRef{Run: x.run.ID, Step: st.Name, Item: index}, id, cw.Workflow, cw.Inputs)
 			cancel()
 			if err != nil {
 				if IsVerdict(err) || errors.Is(err, steps.ErrPermanent) {
@@ -176,4 +189,40 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 		return nil // unreachable: a whole step's child either runs, ended or was started
 	}
 	return x.commitForeach(st)
+}
+
+// treeRoom refuses, before any is started, a foreach whose children would not fit in the
+// run's tree (Config.MaxRunTree): the log would refuse the child past the bound anyway,
+// after the ones before it ran (a foreach over 10,001 children once made 3,100 runs).
+func (x *runExec) treeRoom(st *workflow.Step, items []any, have map[int]bool) error {
+	bound := x.p.cfg.MaxRunTree
+	if bound <= 0 || len(items) < 2 {
+		return nil
+	}
+	root := x.run
+	for depth := 0; root.Parent != nil && depth <= checkpoint.MaxDepth; depth++ {
+		up, err := x.p.cfg.State.Run(root.Parent.Run)
+		if err != nil {
+			break // retired: the log counts from the run it finds
+		}
+		root = up
+	}
+	free := bound - 1 - root.TreeSize
+	if len(items)-len(have) <= free {
+		return nil
+	}
+	missing := 0
+	for i := range items {
+		if have[i] {
+			continue
+		}
+		if _, err := x.p.cfg.State.Run(x.childID(st.Name, i)); errors.Is(err, checkpoint.ErrNotFound) {
+			missing++
+		}
+	}
+	if missing <= free {
+		return nil
+	}
+	return fmt.Errorf("foreach over %d items would start %d child runs; run %s's tree (the run and all its descendants) has room for %d more of its %d (flowd --max-run-tree)",
+		len(items), missing, root.ID, max(free, 0), bound)
 }

@@ -72,6 +72,9 @@ type Config struct {
 	Silence time.Duration
 	// StartChild starts a workflow step's child run (child.go); nil: this pool starts none.
 	StartChild StartChild
+	// MaxRunTree is the node's bound on a run's tree (engine Config.MaxRunTree; 0: none):
+	// a foreach whose children would pass it fails before it starts any.
+	MaxRunTree int
 	// ParkAfter is the shortest sleep that parks the run instead of holding a worker
 	// (default: three lease TTLs).
 	ParkAfter time.Duration

@@ -39,7 +39,7 @@ func TestTableGolden(t *testing.T) {
 	until := "2026-11-30T02:00:00Z"
 	waiting := client.Run{ID: "20261129-020000.000-def456", Workflow: "nightly-payout", Version: 3, Status: "waiting",
 		Trigger: "manual", Epoch: 1240, MaxEpochs: 5, StartedBy: "otto",
-		Waiting:   &client.Waiting{Kind: "approval", Step: "approve", Until: &until, Need: 2, Role: "operator"},
+		Waiting:   &client.Waiting{Kind: "approval", Step: "approve", Until: &until, Need: 2, ApprovedBy: []string{"ann"}, Role: "operator"},
 		Steps:     []client.Step{{Name: "ledger-closed", Status: "succeeded", Attempts: 1, Epoch: 1239}, {Name: "approve", Status: "pending"}},
 		Epochs:    []client.Epoch{{Epoch: 1240, Owner: "node-a", Reason: "resumed", At: "2026-11-29T02:10:00Z"}},
 		Inbox:     []client.Signal{{Seq: 12, Name: "ledger-closed", Sender: "otto", At: "2026-11-29T02:09:59.5Z", ConsumedBy: "ledger-closed"}},

@@ -94,6 +94,9 @@ func runTable(w io.Writer, r client.Run) {
 	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
 	if r.Waiting != nil {
 		fmt.Fprintf(w, "WAITING\t%s\n", waitingLine(r))
+		if a := r.Waiting.ApprovedBy; len(a) > 0 {
+			fmt.Fprintf(w, "APPROVED BY\t%s\n", strings.Join(a, ", ")) // only those who count
+		}
 		fmt.Fprintf(w, "UNTIL\t%s\n", untilLine(r.Waiting))
 	}
 	if r.StartedBy != "" {

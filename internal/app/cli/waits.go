@@ -86,16 +86,13 @@ func waitingLine(r client.Run) string {
 	case client.WaitSignal:
 		s = fmt.Sprintf("signal %s (step %s)", w.Signal, w.Step)
 	case client.WaitApproval:
-		got := 0
-		for _, d := range r.Decisions {
-			if d.Step == w.Step && d.Approve {
-				got++
-			}
-		}
-		s = fmt.Sprintf("approval of step %s: %d of %d", w.Step, got, w.Need)
+		// Only the approvals that count (the node's word: not a repeat, nor the starter's
+		// or an input changer's under not_the_starter), and whose they are.
+		s = fmt.Sprintf("approval of step %s: %d of %d", w.Step, len(w.ApprovedBy), w.Need)
 		if w.Role != "" {
 			s += " (" + w.Role + " or above)"
 		}
+
 	case client.WaitChild:
 		s = fmt.Sprintf("%d child run(s) of step %s: %s", len(w.Children), w.Step, strings.Join(w.Children, ", "))
 	default:

@@ -37,6 +37,7 @@ type Config struct {
 	Workers    int
 	LeaseTTL   time.Duration
 	ParkAfter  time.Duration // 0: the engine's default (3 lease TTLs)
+	MaxRunTree int           // -1: no bound
 	Workflows  string
 	LogFormat  string // auto | text | json
 	LogLevel   string // debug | info | warn | error
@@ -93,6 +94,7 @@ var options = []option{
 	{"workers", "8", "runs this node executes at once"},
 	{"lease-ttl", "10s", "run lease and leader term TTL (same on every node)"},
 	{"park-after", "", "a sleep step at least this long parks its run (no lease, no worker) instead of holding a worker (default: 3 lease TTLs)"},
+	{"max-run-tree", "2000", "the most runs one run's tree may hold: the run, the child workflows it starts, theirs... (a child start beyond it fails its step; 0: no bound)"},
 	{"workflows", "", "directory of workflow YAML files to apply at start"},
 	{"log-format", "auto", "auto (text on a terminal, JSON otherwise), text or json"},
 	{"log-level", "info", "debug, info, warn or error"},
@@ -260,6 +262,11 @@ func Load(args []string, env []string) (*Config, error) {
 		} else {
 			c.ParkAfter = d
 		}
+	}
+	if n, err := strconv.Atoi(get("max-run-tree")); err != nil || n < 0 || n == 1 || n > 1_000_000 {
+		bad("max-run-tree", "%q: use a whole number of runs from 2 to 1000000, such as 2000 (0: no bound)", get("max-run-tree"))
+	} else if c.MaxRunTree = n; n == 0 {
+		c.MaxRunTree = -1
 	}
 	c.Workflows = get("workflows")
 	if c.Workflows != "" {

@@ -60,6 +60,7 @@ type Hooks struct {
 	BackfillRandomIDs atomic.Bool  // a backfill's runs get new IDs, not their ticks' (TestBackfillRunsEachTickOnce's control)
 	RetryResetsAll    atomic.Bool  // a retry from a step resets every step, not only it and its dependents (TestRetryFromAStepRunsItAndItsDependentsOnce's control)
 	RandomChildIDs    atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
+	NoChildBinding    atomic.Bool  // people may start runs under children's IDs and a parent adopts whatever runs under its child's ID (TestSquattedChildIsRefused's control)
 	CompactPastLive   atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
 
 	// Signals.
