@@ -294,6 +294,17 @@ type StepNeeds struct {
 // on it: one wait for every browser).
 func (s *Server) Changed() <-chan struct{} { return s.n.Changed() }
 
+// AppliedRun is run.get's answer from this node's state as it stands, without catching
+// up with the log first: for a reader that Changed woke, which needs no round trip to
+// the log to know it is current (the UI's one watcher of a run for all its live pages).
+func (s *Server) AppliedRun(id string) (client.Run, error) {
+	run, err := s.n.Run(id)
+	if err != nil {
+		return client.Run{}, clientError(err)
+	}
+	return run, nil
+}
+
 // register adds the service's endpoints and the node subscription.
 func (s *Server) register() error {
 	nc := s.nc

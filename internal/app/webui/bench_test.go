@@ -42,6 +42,9 @@ func (b storeBackend) StepNeeds(string, int) ([]apiserver.StepNeeds, error) { re
 func (b storeBackend) Versions(string) ([]client.Workflow, error)           { return nil, nil }
 func (b storeBackend) Ticks(string, int) ([]client.Tick, error)             { return nil, nil }
 func (b storeBackend) Changed() <-chan struct{}                             { return nil }
+func (b storeBackend) AppliedRun(string) (client.Run, error) {
+	return client.Run{}, &client.Error{Code: client.CodeNotFound, Message: "not in the benchmark"}
+}
 
 // BenchmarkRunsPage (issue 16): GET /ui/ (a page of 50 runs, newest first, rendered)
 // with the state checkpoint's BenchmarkRunsNewest built in FLOW_BENCH_DIR (1,000,000

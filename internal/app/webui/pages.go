@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -370,76 +369,6 @@ func (s *Server) clusterPage(r *http.Request) (string, string, any, error) {
 // ends its stream), in place of the server's write timeout, which would end a stream
 // that lasts longer.
 const streamWriteTimeout = 30 * time.Second
-
-// runEvents is a run page's live stream: an event each time the log moved the run,
-// fed by one wait on the node's applied sequence (no polling), until the run ends, the
-// browser leaves or the server closes.
-func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, _ *session) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "streaming is not supported here", http.StatusInternalServerError)
-		return
-	}
-	// The server's write timeout is for answers that end (flowd's: docs/ui.md): counted
-	// from the request, it would cut the stream. Each write of the stream gets a deadline
-	// of its own instead. (The read timeout does not reach a stream: net/http lifts the
-	// read deadline once the request is read, to notice the browser leaving.)
-	rc := http.NewResponseController(w)
-	writeDeadline := func() {}
-	if !s.hooks.noStreamDeadline {
-		// http.ErrNotSupported where there is no connection (a recorder): nothing to extend.
-		writeDeadline = func() { _ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout)) }
-	}
-	id := r.PathValue("id")
-	s.wg.Add(1)
-	defer s.wg.Done()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	go func() { // the server's Close ends the stream too
-		select {
-		case <-s.ctx.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	writeDeadline()
-	w.WriteHeader(http.StatusOK)
-	fl.Flush()
-	last := r.URL.Query().Get("seen") // the state the page showed
-	keepAlive := time.NewTicker(20 * time.Second)
-	defer keepAlive.Stop()
-	for {
-		changed := s.cfg.Backend.Changed()
-		run, err := do[client.Run](ctx, s.cfg.Backend, "run.get", client.Request{ID: id})
-		writeDeadline()
-		if err != nil {
-			fmt.Fprintf(w, "event: end\ndata: %s\n\n", strconv.Quote(err.Error()))
-			fl.Flush()
-			return
-		}
-		if now := fingerprint(run); now != last {
-			fmt.Fprintf(w, "event: change\ndata: %s\n\n", run.Status)
-			fl.Flush()
-			last = now
-		}
-		if run.Terminal() {
-			fmt.Fprintf(w, "event: end\ndata: %s\n\n", run.Status)
-			fl.Flush()
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-keepAlive.C:
-			writeDeadline()
-			fmt.Fprint(w, ": still here\n\n")
-			fl.Flush()
-		}
-	}
-}
 
 // funcs for the templates.
 var funcs = template.FuncMap{

@@ -60,6 +60,10 @@ func (b *countingBackend) Versions(string) ([]client.Workflow, error) {
 }
 func (b *countingBackend) Ticks(string, int) ([]client.Tick, error) { b.calls.Add(1); return nil, nil }
 func (b *countingBackend) Changed() <-chan struct{}                 { b.calls.Add(1); return nil }
+func (b *countingBackend) AppliedRun(string) (client.Run, error) {
+	b.calls.Add(1)
+	return client.Run{}, &client.Error{Code: client.CodeNotFound, Message: "nothing here"}
+}
 
 // serve is one request through ui.ServeHTTP (no network: the Host and the peer are the
 // test's to choose).

@@ -36,6 +36,9 @@ type Backend interface {
 	Versions(workflow string) ([]client.Workflow, error)
 	Ticks(workflow string, n int) ([]client.Tick, error)
 	Changed() <-chan struct{}
+	// AppliedRun is run.get's answer from the node's state as it stands, without
+	// catching up with the log: the live streams' one reader of a run, woken by Changed.
+	AppliedRun(id string) (client.Run, error)
 }
 
 // User may sign in to the UI (flowd --auth's users with a password).
@@ -83,6 +86,7 @@ type hooks struct {
 	noDummyHash      bool // an unknown user is answered without a bcrypt comparison
 	noSignInLimit    bool // failed sign-ins are not counted
 	noStreamDeadline bool // the live stream keeps the server's write deadline
+	perStreamReads   bool // each live stream reads its run, caught up with the log, at each change (as before issue 36)
 	now              func() time.Time
 	compare          func(hash, password []byte) error
 }
@@ -106,6 +110,7 @@ type Server struct {
 	ctx    context.Context // ends the live streams at Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	live   *liveStreams // the live streams held, and their runs' watchers (a test may replace it before any request: newLiveStreams(0, 0) bounds nothing)
 
 	key [32]byte // for anonymous sessions' CSRF tokens
 
@@ -160,6 +165,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	_, _ = rand.Read(s.key[:])
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.live = newLiveStreams(streamsPerUser, streamsPerNode)
 	s.routes()
 	return s, nil
 }

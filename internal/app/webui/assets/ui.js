@@ -1,7 +1,8 @@
 // flow's UI: the one script. A run page that is still running holds a server-sent event
 // stream; on a change it closes the stream, fetches the page's main part again, swaps it
 // in (keeping which outputs were open and where the keyboard focus was) and follows the
-// new part's stream: one stream per page at any time. Everything else works without it.
+// new part's stream: one stream per page at any time. A stream the server refuses (too
+// many live streams) makes the page poll instead. Everything else works without it.
 "use strict";
 (function () {
   function focusKey(el) {
@@ -48,6 +49,15 @@
     };
     src.addEventListener("change", refresh);
     src.addEventListener("end", refresh);
+    src.addEventListener("error", function () {
+      // A stream the browser gave up on: refused (429, too many live streams of this
+      // user or node) or not a stream. Poll instead: reload the main part in 5 s, which
+      // tries a stream again (a lost connection is CONNECTING: the browser retries it).
+      if (src.readyState !== EventSource.CLOSED) return;
+      var badge = document.querySelector(".livebadge");
+      if (badge) badge.textContent = "reloading every 5 s";
+      setTimeout(function () { refresh({ type: "poll" }); }, 5000);
+    });
   }
   document.addEventListener("DOMContentLoaded", follow);
 })();
