@@ -276,3 +276,43 @@ steps:
 		t.Fatalf("three children in a tree of four: %v %+v", err, end)
 	}
 }
+
+// A loop of workflows that got past the apply check (two applies at once each saw the
+// other's workflow missing: issue 36 saw one in five tries) stops at its first repeat:
+// the log refuses a child of a workflow that one of its ancestors runs, which fails the
+// step, naming the loop; not eight runs deep at the depth limit. The loop is written here
+// as such a race leaves it: both workflow entries in the log, neither checked against the
+// other.
+func TestLoopPastTheApplyCheckStopsAtItsFirstRepeat(t *testing.T) {
+	e := startEngine(t, nil)
+	ctx := ctxT(t, 60*time.Second)
+	for _, src := range []string{
+		"name: a\nsteps:\n  - {name: s, uses: workflow, with: {workflow: b}}\n",
+		"name: b\nsteps:\n  - {name: s, uses: workflow, with: {workflow: a}}\n",
+	} {
+		w, err := e.ValidateWorkflow("w.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, _ := json.Marshal(w)
+		if err := e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: "test",
+			Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}).Await(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id, err := e.StartRun(ctx, "a", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, err := e.WaitRun(ctx, id)
+	if err != nil || end.Status != checkpoint.StatusFailed {
+		t.Fatalf("%v %+v", err, end)
+	}
+	child, err := e.store.Run(id + ".s")
+	if err != nil || child.Status != checkpoint.StatusFailed || !strings.Contains(child.Error, "a -> b -> a") || !strings.Contains(child.Error, "workflow steps start a loop") {
+		t.Fatalf("the child of b: %+v (%v); want its step failed, naming the loop", child, err)
+	}
+	if _, err := e.store.Run(id + ".s.s"); err == nil {
+		t.Fatalf("a grandchild of workflow a was started: the loop went past its first repeat")
+	}
+}
