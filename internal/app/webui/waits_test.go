@@ -102,7 +102,7 @@ func TestRunPageWaitsSignalAndApproval(t *testing.T) {
 	n.waitUntil(t, "g1", func(r client.Run) bool { return r.Waiting != nil && r.Waiting.Kind == client.WaitApproval })
 
 	_, vpage := get(t, vera, n.srv.URL+"/ui/runs/g1")
-	if !strings.Contains(vpage, `action="/ui/runs/g1/approve"`) || !strings.Contains(vpage, "/ui/runs/g1/reject") || !strings.Contains(vpage, "for 1 approval (operator or above)") {
+	if !strings.Contains(vpage, `action="/ui/runs/g1/approve"`) || !strings.Contains(vpage, "/ui/runs/g1/reject") || !strings.Contains(vpage, "for 1 approval (operator or above): 0 of 1 so far") {
 		t.Fatalf("the page of a run waiting for an approval:\n%s", vpage)
 	}
 	if code, body := post(t, vera, n.srv.URL+"/ui/runs/g1/approve", url.Values{"csrf": {csrfOf(t, vpage)}, "step": {"ok"}}, nil); code != http.StatusForbidden || !strings.Contains(body, "needs operator") {
