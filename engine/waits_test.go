@@ -430,3 +430,52 @@ steps:
 		})
 	}
 }
+
+// A run's inbox holds at most MaxInboxBytes of signal data (issue 36): a signal past it
+// is refused before it is written (one of 900 KB after another costs the log nothing),
+// a resend of an applied signal key is applied once as before, and a small signal still
+// fits. Control: NoInboxBytes, the second 900 KB signal is kept.
+func TestInboxIsBoundedInBytes(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "bounded", true: "control-no-byte-limit"}[control], func(t *testing.T) {
+			e := startEngineWith(t, &testhooks.Hooks{NoInboxBytes: control}, nil)
+			apply(t, e, "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n")
+			ctx := ctxT(t, 30*time.Second)
+			id, err := e.StartRun(ctx, "gate", nil, RunOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+			big := json.RawMessage(`"` + strings.Repeat("x", 900_000) + `"`)
+			if err := e.Signal(ctx, id, "big", SignalOptions{Data: big, ID: "k1"}); err != nil {
+				t.Fatal(err)
+			}
+			applied := e.store.Applied()
+			err = e.Signal(ctx, id, "big", SignalOptions{Data: big})
+			if control {
+				if err != nil {
+					t.Fatalf("control: %v", err)
+				}
+				if r, _ := e.store.Run(id); r.InboxBytes() < 1_800_000 {
+					t.Fatalf("control: the inbox holds %d bytes; want both signals kept", r.InboxBytes())
+				}
+				return
+			}
+			if !errors.Is(err, checkpoint.ErrConflict) || !strings.Contains(err.Error(), "would pass its limit of 1048576 bytes") {
+				t.Fatalf("a second 900 KB signal: %v; want it refused at the limit", err)
+			}
+			if e.store.Applied() != applied {
+				t.Fatalf("the refused signal was written to the log (applied %d -> %d)", applied, e.store.Applied())
+			}
+			if err := e.Signal(ctx, id, "big", SignalOptions{Data: big, ID: "k1"}); err != nil {
+				t.Fatalf("a resend of an applied signal key: %v; want it applied once", err)
+			}
+			if err := e.Signal(ctx, id, "small", SignalOptions{Data: json.RawMessage(`{"ok":true}`)}); err != nil {
+				t.Fatal(err)
+			}
+			if r, _ := e.store.Run(id); len(r.Inbox) != 2 || r.InboxBytes() > checkpoint.MaxInboxBytes {
+				t.Fatalf("inbox %d signals, %d bytes", len(r.Inbox), r.InboxBytes())
+			}
+		})
+	}
+}
