@@ -367,3 +367,14 @@ func (c *Client) DrillZombie(ctx context.Context) (Drill, error) {
 	err := c.call(ctx, "drill.zombie", Request{}, &d)
 	return d, err
 }
+
+// Repair mends flow's streams and buckets that were sealed or reconfigured (with
+// dryRun, only says what it would do): the leader, leases, nodes and cluster buckets
+// and the tasks stream are made anew, the log, the DLQ stream and the snapshots are
+// refused (docs/security.md, "Sealing and repair"). Only a flowd that embeds its NATS
+// server answers it; Streams lists every stream that differed.
+func (c *Client) Repair(ctx context.Context, dryRun bool) (Repair, error) {
+	var out Repair
+	err := c.call(ctx, "cluster.repair", Request{DryRun: dryRun}, &out)
+	return out, err
+}

@@ -15,7 +15,7 @@ import (
 const (
 	RoleViewer   = "viewer"   // every read; approve and reject (the step's approvers role is the node's to check)
 	RoleOperator = "operator" // workflow apply, run start/retry/cancel/signal, dlq retry, cron pause/resume/backfill, cluster snapshot/hold, log dump
-	RoleAdmin    = "admin"    // dlq purge, drill zombie, cluster forget/unhold
+	RoleAdmin    = "admin"    // dlq purge, drill zombie, cluster forget/unhold/repair
 	RoleNode     = "node"     // a flowd process: the log, the buckets, flow's streams; not the API
 )
 
@@ -40,6 +40,9 @@ var opRoles = map[string]string{
 	// Forgetting a node, or releasing a hold, lets the cluster version move past what
 	// the nodes still running read.
 	"cluster.forget": RoleAdmin, "cluster.unhold": RoleAdmin,
+	// Repair deletes and recreates flow's buckets and the tasks stream (sealed or
+	// reconfigured ones): it ends every lease and the term held.
+	"cluster.repair": RoleAdmin,
 }
 
 // Operations are the API's operations, sorted.
@@ -158,16 +161,30 @@ func PermissionsOf(role, user string) (Permissions, error) {
 // fails if a node needs another).
 var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS"}
 
+// FlowStreams are flow's JetStream streams, the buckets' and the object store's
+// included (a copy).
+func FlowStreams() []string { return slices.Clone(flowStreams) }
+
+// NodePurges are the streams a node may purge: the log (compaction), the leader bucket
+// (a term raise) and the snapshots (an old one removed). It may update none.
+var NodePurges = []string{"FLOW_LOG", "KV_FLOW_LEADER", "OBJ_FLOW_SNAPSHOTS"}
+
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
 // starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's
 // streams, creating it, its info, reading messages, and consumers (create, info, next,
-// delete, acks, flow control); updating only the streams whose limits a start sets (the
-// tasks stream's cap, a bucket's TTL after --lease-ttl changed); purging only the log
-// (compaction), the leader bucket (a term raise) and the snapshots (an old one
-// removed); the log, the tasks, the DLQ, the buckets and the object store; the node
+// delete, acks, flow control); purging only the log (compaction), the leader bucket (a
+// term raise) and the snapshots (an old one removed: nats.go's ObjectStore.Delete purges
+// its chunks); the log, the tasks, the DLQ, the buckets and the object store; the node
 // scatter of cluster status, the API's probe of itself, and the server's sync policy.
-// Not: deleting a stream or a message, updating the log's configuration, anything of
-// other streams, any API operation (flow.v1.<op>).
+// Not: updating any stream or bucket (an update can seal it, and a sealed stream is never
+// unsealed: issue 36), deleting a stream or a message, anything of other streams, any API
+// operation (flow.v1.<op>). A stream flowd finds differing from what it wants is
+// reconfigured by an admin path only (docs/security.md, "Sealing and repair").
+//
+// The two purges beyond the log's are a narrow exception: a purge can neither seal,
+// reconfigure nor delete a stream, and what it can do to these two (end the term held,
+// remove a snapshot) a node can already do with the publishes it needs (a purge marker on
+// the leader key, a rollup on a snapshot's subjects).
 func nodePublish() []string {
 	out := []string{"$JS.API.INFO"}
 	for _, s := range flowStreams {
@@ -178,10 +195,7 @@ func nodePublish() []string {
 			"$JS.API.CONSUMER.MSG.NEXT."+s+".*", "$JS.API.CONSUMER.DELETE."+s+".*",
 			"$JS.ACK."+s+".>", "$JS.FC."+s+".>")
 	}
-	for _, s := range []string{"FLOW_TASKS", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES"} {
-		out = append(out, "$JS.API.STREAM.UPDATE."+s)
-	}
-	for _, s := range []string{"FLOW_LOG", "KV_FLOW_LEADER", "OBJ_FLOW_SNAPSHOTS"} {
+	for _, s := range NodePurges {
 		out = append(out, "$JS.API.STREAM.PURGE."+s)
 	}
 	return append(out,

@@ -426,3 +426,25 @@ func (r Run) Progress() string {
 	}
 	return fmt.Sprintf("%s epoch %d (changes %d) %s", r.Status, r.Epoch, r.EpochChanges, strings.Join(parts, " "))
 }
+
+// Repair is cluster.repair's answer: the node that did it, and every stream of flow's
+// that differed from what flow wants.
+type Repair struct {
+	Node    string         `json:"node"`
+	DryRun  bool           `json:"dry_run"`
+	Streams []StreamRepair `json:"streams"`
+}
+
+// StreamRepair is one stream that differed: how, and what the repair did about it.
+// Action is "update" (its settings set back), "recreate" (deleted and made anew, what
+// it held lost and rebuilt by flow) or "refuse" (Note says why); Done says whether it
+// was done (never on a dry run), Error why it failed.
+type StreamRepair struct {
+	Stream   string   `json:"stream"`
+	Problems []string `json:"problems"`
+	Sealed   bool     `json:"sealed,omitempty"`
+	Action   string   `json:"action"`
+	Done     bool     `json:"done,omitempty"`
+	Note     string   `json:"note,omitempty"`
+	Error    string   `json:"error,omitempty"`
+}

@@ -31,9 +31,9 @@ type Message struct {
 	At           string `json:"at"`
 }
 
-// Open creates the stream if needed.
-func Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	_, err := streams.EnsureStream(ctx, js, jetstream.StreamConfig{
+// StreamConfig is the stream as Open creates it.
+func StreamConfig(replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "flow dead-letter notices: runs past max_epochs",
 		Subjects:    []string{SubjectPrefix + ">"},
@@ -41,7 +41,12 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
 		Replicas:    max(replicas, 1),
 		Duplicates:  dedupWindow,
 		MaxAge:      30 * 24 * time.Hour,
-	})
+	}
+}
+
+// Open creates the stream if needed.
+func Open(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	_, err := streams.EnsureStream(ctx, js, StreamConfig(replicas))
 	if err != nil {
 		return fmt.Errorf("dlq: stream %s: %w", Stream, err)
 	}

@@ -40,6 +40,12 @@ type Config struct {
 	NATSListen string
 	// NATSOptions are added to the connection to an external NATS (credentials, TLS).
 	NATSOptions []nats.Option
+	// NATSAdminOptions, with NATSURL, make a second connection, an admin's (full
+	// JetStream rights in flow's account): this node's admin path over flow's streams,
+	// which the node role may not reconfigure (cluster repair; a changed lease TTL set at
+	// start). A node that embeds its server has one without it (its in-process
+	// connection).
+	NATSAdminOptions []nats.Option
 	// NATSAuth makes the embedded server refuse every connection but NATSUsers' (each
 	// with its role's permissions) and this process's own (docs/security.md).
 	NATSAuth  bool

@@ -56,6 +56,14 @@ type Engine struct {
 	tasks    *tasks.Queue
 	nodesKV  jetstream.KeyValue
 	gate     *gate.Gate
+	// tasksCap is the tasks stream's cap on this server; streamCheck the newest check of
+	// flow's streams against what it wants (streams.go).
+	tasksCap    int64
+	streamCheck streamCheck
+	// adminJS is this node's admin path over flow's streams (nil: none): js itself on
+	// the embedded server, else adminNC's (Config.NATSAdminOptions).
+	adminNC *nats.Conn
+	adminJS jetstream.JetStream
 	// gatePasses counts the leader's looks at the roster (tests wait on it).
 	gatePasses atomic.Int64
 	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
@@ -145,7 +153,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	// A member of the cluster from now on: the cluster version does not move past what
 	// this binary reads; a cluster already past it refuses this node (gate.go).
 	if err := retrySetup(ctx, e.log, e.register); err != nil { // a cluster still electing its JetStream leader answers nothing yet
-		return err
+		return e.withStreamFindings(ctx, err)
 	}
 	e.reporter = nodes.NewReporter(e.nodesKV, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: checkpoint.ReadFormats()}, e.store.Applied, e.cfg.Clock, e.log)
 	// Live from now on: the leader's compaction keeps what this node still needs while it

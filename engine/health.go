@@ -59,6 +59,7 @@ func (e *Engine) Health(ctx context.Context) Health {
 		h.Problems = append(h.Problems, "NATS is not reachable")
 	}
 	h.Problems = append(h.Problems, e.sup.Problems()...)
+	h.Problems = append(h.Problems, e.streamProblems(ctx)...)
 	if e.leader != nil {
 		if p := e.leader.Problem(); p != "" {
 			h.Problems = append(h.Problems, "leadership: "+p)

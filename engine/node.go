@@ -56,6 +56,9 @@ func (e *Engine) open(ctx context.Context) (err error) {
 	if e.js, err = jetstream.New(e.nc); err != nil {
 		return fmt.Errorf("engine: jetstream: %w", err)
 	}
+	if err := e.openAdminPath(); err != nil {
+		return err
+	}
 	e.replicas = streams.Replicas(e.nc)
 	if e.srv == nil {
 		e.warnIfUnsynced()
@@ -74,7 +77,12 @@ func (e *Engine) open(ctx context.Context) (err error) {
 	}
 	// Streams and buckets are created by whichever node comes first; on a cluster two
 	// nodes creating one replicated stream at once can time out: retry for a while.
-	return retrySetup(ctx, e.log, e.setupJetStream)
+	if err := retrySetup(ctx, e.log, e.setupJetStream); err != nil {
+		return err
+	}
+	// One sealed or reconfigured (issue 36) is said now, with what to do (streams.go).
+	e.checkStreams(ctx)
+	return nil
 }
 
 // warnIfUnsynced says at start what flow cannot promise on an external NATS server that
@@ -164,6 +172,9 @@ func (e *Engine) closeAll() {
 	}
 	if e.nc != nil {
 		e.nc.Close()
+	}
+	if e.adminNC != nil {
+		e.adminNC.Close()
 	}
 	if e.srv != nil {
 		e.srv.Shutdown()

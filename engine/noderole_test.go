@@ -2,14 +2,17 @@ package engine
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -63,13 +66,59 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling the stream, with a deadline
 	}
+	// Snapshot removal: more snapshots than are kept, so that the oldest is deleted
+	// (nats.go's ObjectStore.Delete purges its chunks).
+	first, err := a.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range logstream.KeepSnapshots {
+		runToEnd(t, a, "one", nil)
+		if _, err := a.Snapshot(ctx); err != nil {
+			t.Fatalf("a snapshot on the node role: %v", err)
+		}
+	}
+	snaps, err := a.clog.Snapshots.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps {
+		if s.Name == first.Name {
+			t.Fatalf("snapshot %s was not removed on the node role (snapshots %v)", first.Name, snaps)
+		}
+	}
+	// A changed --lease-ttl: the node may not update the buckets (issue 36), so it says
+	// so (readyz) with the command that does, and an admin's repair sets it.
+	lease := testLease
+	lease.TTL = 2 * testLease.TTL
 	b := startEngine(t, func(c *Config) {
-		c.NodeID, c.NATSURL, c.NATSOptions = "node-b", srv.ClientURL(), asNode
+		c.NodeID, c.NATSURL, c.NATSOptions, c.Lease = "node-b", srv.ClientURL(), asNode, lease
 	})
 	for _, id := range ids {
 		if r, err := b.store.Run(id); err != nil || r.Status != checkpoint.StatusSucceeded {
 			t.Fatalf("the node that joined from the snapshot: run %s: %+v %v", id, r, err)
 		}
+	}
+	said := strings.Join(b.Health(ctx).Problems, "\n")
+	for _, want := range []string{"KV_FLOW_LEASES: max age (TTL) 1s, flow wants 2s", "KV_FLOW_LEADER: max age (TTL) 1s, flow wants 2s", "flowctl cluster repair"} {
+		if !strings.Contains(said, want) {
+			t.Fatalf("node-b with another --lease-ttl: readyz says %q; want %q", said, want)
+		}
+	}
+	if _, err := b.RepairStreams(ctx, false); !errors.Is(err, ErrNoAdminPath) {
+		t.Fatalf("a repair on a node's credential: %v; want ErrNoAdminPath", err)
+	}
+	admin, err := srv.Connect() // the operator's admin credential, given once
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ajs, _ := jetstream.New(admin)
+	if _, err := streams.Repair(ctx, ajs, b.wantedStreams(), false, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f := b.streamFindings(ctx, true); len(f) != 0 {
+		t.Fatalf("after the admin's repair node-b still finds %v", f)
 	}
 	if err := a.Stop(ctx); err != nil {
 		t.Fatal(err)

@@ -13,10 +13,19 @@ import (
 	"github.com/flowrun/flow/internal/base/streams"
 )
 
-// openBucket creates or updates a bucket whose keys lapse TTL after their last write,
-// leaving a marker that watchers see as a purge.
+// openBucket creates a bucket whose keys lapse TTL after their last write, leaving a
+// marker that watchers see as a purge. An existing bucket is taken as it is (a node may
+// not update it: streams.EnsureKV); the engine checks it against bucketConfig.
 func openBucket(ctx context.Context, js jetstream.JetStream, name string, ttl time.Duration, replicas int, storage jetstream.StorageType) (jetstream.KeyValue, error) {
-	kv, err := streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+	kv, err := streams.EnsureKV(ctx, js, bucketConfig(name, ttl, replicas, storage))
+	if err != nil {
+		return nil, fmt.Errorf("epoch: open KV bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+func bucketConfig(name string, ttl time.Duration, replicas int, storage jetstream.StorageType) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
 		Bucket:         name,
 		Description:    "flow ownership: keys lapse when their holder stops renewing",
 		History:        1,
@@ -24,11 +33,18 @@ func openBucket(ctx context.Context, js jetstream.JetStream, name string, ttl ti
 		LimitMarkerTTL: max(defaultMarkerTTL, ttl),
 		Storage:        storage,
 		Replicas:       max(replicas, 1),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("epoch: open KV bucket %s: %w", name, err)
 	}
-	return kv, nil
+}
+
+// LeaderBucketConfig and LeaseBucketConfig are the buckets as NewElector and NewLeases
+// create them for a lease TTL.
+func LeaderBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+	return bucketConfig(LeaderBucket, ttl, replicas, jetstream.FileStorage)
+}
+
+// LeaseBucketConfig: see LeaderBucketConfig.
+func LeaseBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+	return bucketConfig(LeaseBucket, ttl, replicas, jetstream.MemoryStorage)
 }
 
 // latest is a key's newest revision as the bucket stream's leader has it.

@@ -46,15 +46,7 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 			"max_output_bytes", fit, "asked", maxOutput, "max_payload", maxPayload)
 		maxOutput = fit
 	}
-	_, err := streams.EnsureStream(ctx, cfg.JS, jetstream.StreamConfig{
-		Name:        cfg.Stream,
-		Description: "flow checkpoint log: every change to run state, in order",
-		Subjects:    []string{cfg.Subject},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Replicas:    cfg.Replicas,
-		Duplicates:  duplicateWindow,
-	})
+	_, err := streams.EnsureStream(ctx, cfg.JS, StreamConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("logstream: create stream %s: %w", cfg.Stream, err)
 	}
@@ -65,6 +57,19 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 		Writer:    newWriter(cfg, a, maxOutput, maxPayload-envelopeHeadroom, hooks, log),
 		Snapshots: newSnapshots(cfg, log),
 	}, nil
+}
+
+// StreamConfig is the log's stream as Open creates it for cfg.
+func StreamConfig(cfg Config) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "flow checkpoint log: every change to run state, in order",
+		Subjects:    []string{cfg.Subject},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Replicas:    cfg.Replicas,
+		Duplicates:  duplicateWindow,
+	}
 }
 
 // Start starts the applier (replaying from the store's applied sequence; a log the

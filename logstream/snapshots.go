@@ -53,12 +53,17 @@ func newSnapshots(cfg Config, log *slog.Logger) *Snapshots {
 	return &Snapshots{js: cfg.JS, store: cfg.Store, replicas: cfg.Replicas, nonce: strconv.FormatUint(rand.Uint64(), 36), log: log}
 }
 
+// SnapshotBucketConfig is the snapshot bucket as a node creates it.
+func SnapshotBucketConfig(replicas int) jetstream.ObjectStoreConfig {
+	return jetstream.ObjectStoreConfig{Bucket: SnapshotBucket,
+		Description: "flow state snapshots: the state at a log sequence", Storage: jetstream.FileStorage, Replicas: max(replicas, 1)}
+}
+
 // openSnapshots opens the snapshot bucket, creating it if needed.
 func openSnapshots(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
 	obs, err := js.ObjectStore(ctx, SnapshotBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		obs, err = js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: SnapshotBucket,
-			Description: "flow state snapshots: the state at a log sequence", Storage: jetstream.FileStorage, Replicas: max(replicas, 1)})
+		obs, err = js.CreateObjectStore(ctx, SnapshotBucketConfig(replicas))
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			obs, err = js.ObjectStore(ctx, SnapshotBucket)
 		}

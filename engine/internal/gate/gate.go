@@ -172,13 +172,18 @@ type Gate struct {
 // Open creates the bucket if needed (file storage, no expiry: a member stays until it
 // is forgotten).
 func Open(ctx context.Context, js jetstream.JetStream, replicas int) (*Gate, error) {
-	kv, err := streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: Bucket, History: 1,
-		Description: "flow's cluster roster: each node's log formats, and the promised cluster version",
-		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)})
+	kv, err := streams.EnsureKV(ctx, js, Config(replicas))
 	if err != nil {
 		return nil, fmt.Errorf("gate: open %s: %w", Bucket, err)
 	}
 	return &Gate{kv: kv}, nil
+}
+
+// Config is the bucket as Open creates it.
+func Config(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: Bucket, History: 1,
+		Description: "flow's cluster roster: each node's log formats, and the promised cluster version",
+		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)}
 }
 
 // Roster reads the roster (empty if none was written).

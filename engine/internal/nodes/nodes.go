@@ -40,8 +40,13 @@ type Report struct {
 
 // Open creates the bucket if needed.
 func Open(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	return streams.EnsureKV(ctx, js, jetstream.KeyValueConfig{Bucket: Bucket, TTL: ReportTTL,
-		Description: "flow nodes' applied log sequences (compaction keeps what they need)", Storage: jetstream.MemoryStorage, Replicas: replicas})
+	return streams.EnsureKV(ctx, js, Config(replicas))
+}
+
+// Config is the bucket as Open creates it.
+func Config(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: Bucket, TTL: ReportTTL,
+		Description: "flow nodes' applied log sequences (compaction keeps what they need)", Storage: jetstream.MemoryStorage, Replicas: replicas}
 }
 
 // Reporter puts this node's report in the bucket now and every ReportEvery.

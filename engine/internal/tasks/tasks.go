@@ -103,14 +103,13 @@ func (q *Queue) Consumer(ctx context.Context) (jetstream.Consumer, error) {
 	return cons, nil
 }
 
-// EnsureStream creates the tasks stream with the cap maxBytes (<= 0: none, for the
-// negative control of the cap's test), or sets the cap on an existing stream made
-// before it had one.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
+// StreamConfig is the tasks stream with the cap maxBytes (<= 0: none, for the negative
+// control of the cap's test).
+func StreamConfig(replicas int, maxBytes int64) jetstream.StreamConfig {
 	if maxBytes <= 0 {
 		maxBytes = -1
 	}
-	cfg := jetstream.StreamConfig{
+	return jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "flow tasks: runs assigned an epoch, for a worker to take",
 		Subjects:    []string{Subject},
@@ -123,16 +122,21 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int, max
 		MaxBytes:   maxBytes,
 		Discard:    jetstream.DiscardNew,
 	}
+}
+
+// EnsureStream creates the tasks stream with the cap maxBytes if it does not exist. It
+// never updates one: a node may not (an update can seal it: issue 36). A stream made
+// before the cap, or one whose cap was changed, is the engine's check's finding, and
+// an admin path sets the cap (streams.Repair; flowd embedding its server does it at
+// start). ErrCapNotSet says the stream has another cap.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
+	cfg := StreamConfig(replicas, maxBytes)
 	s, err := streams.EnsureStream(ctx, js, cfg)
 	if err != nil {
 		return fmt.Errorf("tasks: stream: %w", err)
 	}
 	if info := s.CachedInfo(); info != nil && (info.Config.MaxBytes != cfg.MaxBytes || info.Config.Discard != cfg.Discard) {
-		// A stream from before the cap (EnsureStream never updates): set it once.
-		info.Config.MaxBytes, info.Config.Discard = cfg.MaxBytes, cfg.Discard
-		if _, err := js.UpdateStream(ctx, info.Config); err != nil {
-			return fmt.Errorf("%w: %w", ErrCapNotSet, err)
-		}
+		return fmt.Errorf("%w: it has max bytes %d and discard %v (run `%s`)", ErrCapNotSet, info.Config.MaxBytes, info.Config.Discard, streams.RepairCommand)
 	}
 	return nil
 }

@@ -421,6 +421,11 @@ func (s *Server) clusterUnhold(ctx context.Context, _ *client.Request) (any, err
 	return nil, s.n.HoldClusterVersion(ctx, false, "")
 }
 
+// clusterRepair mends flow's streams (admin: it ends every lease and the term held).
+func (s *Server) clusterRepair(ctx context.Context, r *client.Request) (any, error) {
+	return s.n.RepairStreams(ctx, r.DryRun)
+}
+
 func (s *Server) logDump(ctx context.Context, r *client.Request) (any, error) {
 	var from uint64
 	if r.From != "" {

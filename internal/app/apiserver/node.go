@@ -87,4 +87,12 @@ type Node interface {
 
 	// Snapshot writes a snapshot of this node's state now.
 	Snapshot(ctx context.Context) (client.Snapshot, error)
+
+	// CanRepair says whether this node has an admin path over flow's streams (it embeds
+	// its NATS server; a node's credential has none). Only such a node serves
+	// cluster.repair, so that the request reaches one that can.
+	CanRepair() bool
+	// RepairStreams mends flow's streams and buckets that were sealed or reconfigured
+	// (with dryRun, only says what it would do).
+	RepairStreams(ctx context.Context, dryRun bool) (client.Repair, error)
 }

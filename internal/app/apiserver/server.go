@@ -161,6 +161,16 @@ func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) 
 
 // handlers are the API's operations.
 func (s *Server) handlers() map[string]handler {
+	h := s.allHandlers()
+	if !s.n.CanRepair() {
+		// Served only where it can be done: a request then reaches such a node (or
+		// none answers, and flowctl says why).
+		delete(h, "cluster.repair")
+	}
+	return h
+}
+
+func (s *Server) allHandlers() map[string]handler {
 	return map[string]handler{
 		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
 		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
@@ -171,6 +181,7 @@ func (s *Server) handlers() map[string]handler {
 		"cron.list": s.cronList, "cron.next": s.cronNext, "cron.pause": s.cronPause, "cron.resume": s.cronResume, "cron.backfill": s.cronBackfill,
 		"cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
 		"cluster.forget": s.clusterForget, "cluster.hold": s.clusterHold, "cluster.unhold": s.clusterUnhold, "log.dump": s.logDump,
+		"cluster.repair": s.clusterRepair,
 	}
 }
 

@@ -236,6 +236,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	cluster.AddCommand(&cobra.Command{Use: "status", Short: "Leader, term, nodes and the log's bounds", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.clusterStatus() }},
 		&cobra.Command{Use: "snapshot", Short: "Write a snapshot of the state now (the log is compacted below the newest)", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.snapshot() }})
 	cluster.AddCommand(a.clusterCommands()...)
+	cluster.AddCommand(a.repairCommand())
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})

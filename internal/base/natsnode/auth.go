@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -123,12 +124,34 @@ func ServerPermissions(p client.Permissions) (*server.Permissions, error) {
 // operator's answers; a node's forged request names a person in the history).
 var oldPermissions string
 
-// permissionsOf is client.PermissionsOf, or the old permissions of oldPermissions.
+// oldNodeUpdates, set at link time (-ldflags "-X .../natsnode.oldNodeUpdates=1") and
+// empty in every build of flowd, gives the node role back only the update and purge
+// rights it had before issue 36 (STREAM.UPDATE of the tasks stream and three buckets,
+// STREAM.PURGE of the leader bucket and the snapshots), nothing else of the old set:
+// the negative control of the tests that a node cannot seal flow's streams.
+var oldNodeUpdates string
+
+// preIssue36Updates are those rights.
+var preIssue36Updates = []string{
+	"$JS.API.STREAM.UPDATE.FLOW_TASKS", "$JS.API.STREAM.UPDATE.KV_FLOW_LEADER", "$JS.API.STREAM.UPDATE.KV_FLOW_LEASES",
+	"$JS.API.STREAM.UPDATE.KV_FLOW_NODES", "$JS.API.STREAM.PURGE.KV_FLOW_LEADER", "$JS.API.STREAM.PURGE.OBJ_FLOW_SNAPSHOTS",
+}
+
+// permissionsOf is client.PermissionsOf, or the old permissions of oldPermissions (or
+// of oldNodeUpdates).
 func permissionsOf(role, user string) (client.Permissions, error) {
-	if oldPermissions == "" {
-		return client.PermissionsOf(role, user)
+	if oldPermissions != "" {
+		return oldPermissionsOf(role)
 	}
-	return oldPermissionsOf(role)
+	p, err := client.PermissionsOf(role, user)
+	if err == nil && role == client.RoleNode && oldNodeUpdates != "" {
+		for _, s := range preIssue36Updates {
+			if !slices.Contains(p.Publish.Allow, s) {
+				p.Publish.Allow = append(p.Publish.Allow, s)
+			}
+		}
+	}
+	return p, err
 }
 
 // oldPermissionsOf are role's permissions before issue 24, for the negative controls

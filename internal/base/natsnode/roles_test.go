@@ -2,8 +2,10 @@ package natsnode
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -253,5 +255,134 @@ func TestSameInboxIsRefused(t *testing.T) {
 	}})
 	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "would read the answers of user 1") || strings.Contains(err.Error(), "a-2") {
 		t.Fatalf("two users with one inbox: %v", err)
+	}
+}
+
+// withOldNodeUpdates gives the node role back only its update and purge rights from
+// before issue 36 (the negative control of TestNodeRoleCannotSealFlowsStreams).
+func withOldNodeUpdates(t *testing.T) {
+	oldNodeUpdates = "1"
+	t.Cleanup(func() { oldNodeUpdates = "" })
+}
+
+// createFlowStreams creates, through js, each of flow's streams and buckets with the
+// names, subjects and kinds flow gives them.
+func createFlowStreams(t *testing.T, ctx context.Context, js jetstream.JetStream) {
+	t.Helper()
+	for _, cfg := range []jetstream.StreamConfig{
+		{Name: "FLOW_LOG", Subjects: []string{"flow.log"}},
+		{Name: "FLOW_TASKS", Subjects: []string{"flow.tasks"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage},
+		{Name: "FLOW_DLQ", Subjects: []string{"flow.dlq.>"}},
+	} {
+		if _, err := js.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []string{"FLOW_LEADER", "FLOW_LEASES", "FLOW_NODES", "FLOW_CLUSTER"} {
+		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "FLOW_SNAPSHOTS"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A node's credential cannot seal, reconfigure or purge any of flow's streams and
+// buckets (issue 36: `$JS.API.STREAM.UPDATE.KV_FLOW_LEADER` with sealed: true was
+// accepted, and no election could be won again, not even after a restart). For each
+// of the eight, the node's sealing update and a change of its limits are refused and
+// the stream stays unsealed; a purge is refused on all but the three it needs
+// (client.NodePurges). Negative control: with only the update and purge rights from
+// before issue 36 given back, the same update seals the leader bucket and the first
+// step of an election (creating the leader key) fails.
+func TestNodeRoleCannotSealFlowsStreams(t *testing.T) {
+	for _, old := range []bool{false, true} {
+		t.Run(map[bool]string{false: "narrowed", true: "control-old-update-rights"}[old], func(t *testing.T) {
+			if old {
+				withOldNodeUpdates(t)
+			}
+			s := startAuth(t, User{Name: "nora", Password: "n-secret", Role: "node"})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			own, err := s.Connect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer own.Close()
+			js, _ := jetstream.New(own)
+			createFlowStreams(t, ctx, js)
+			node, nodeErrs := connectAs(t, s, nats.UserInfo("nora", "n-secret"))
+			njs, _ := jetstream.New(node)
+			if old {
+				st, err := njs.Stream(ctx, "KV_FLOW_LEADER")
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := st.CachedInfo().Config
+				cfg.Sealed = true
+				if _, err := njs.UpdateStream(ctx, cfg); err != nil {
+					t.Fatalf("control: the old update rights could not seal the leader bucket: %v", err)
+				}
+				kv, err := njs.KeyValue(ctx, "FLOW_LEADER")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = kv.Create(ctx, "leader", []byte("node-a"))
+				if err == nil || !strings.Contains(err.Error(), "sealed") {
+					t.Fatalf("control: a candidate's create of the leader key on the sealed bucket: %v; want the sealed refusal", err)
+				}
+				t.Logf("control: sealed by the node; a candidate's create: %v", err)
+				return
+			}
+			for _, name := range client.FlowStreams() {
+				st, err := njs.Stream(ctx, name) // reading its info is the node's
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				sealed := st.CachedInfo().Config
+				sealed.Sealed = true
+				capped := st.CachedInfo().Config
+				capped.MaxBytes, capped.DenyPurge = 1, true
+				for _, cfg := range []jetstream.StreamConfig{sealed, capped} {
+					body, _ := json.Marshal(cfg)
+					subject := "$JS.API.STREAM.UPDATE." + name
+					if err := node.Publish(subject, body); err != nil {
+						t.Fatal(err)
+					}
+					violation(t, nodeErrs, subject)
+				}
+				subject := "$JS.API.STREAM.PURGE." + name
+				if err := node.Publish(subject, []byte("{}")); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Contains(client.NodePurges, name) {
+					violation(t, nodeErrs, subject)
+				}
+				if err := node.Publish("$JS.API.STREAM.DELETE."+name, nil); err != nil {
+					t.Fatal(err)
+				}
+				violation(t, nodeErrs, "$JS.API.STREAM.DELETE."+name)
+			}
+			if err := node.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range client.FlowStreams() {
+				st, err := js.Stream(ctx, name)
+				if err != nil {
+					t.Fatalf("%s after the node's tries: %v", name, err)
+				}
+				if c := st.CachedInfo().Config; c.Sealed || c.DenyPurge || c.MaxBytes == 1 {
+					t.Fatalf("%s after the node's tries: sealed %v, deny purge %v, max bytes %d", name, c.Sealed, c.DenyPurge, c.MaxBytes)
+				}
+			}
+			kv, err := njs.KeyValue(ctx, "FLOW_LEADER")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kv.Create(ctx, "leader", []byte("node-a")); err != nil {
+				t.Fatalf("a candidate's create of the leader key: %v", err)
+			}
+		})
 	}
 }

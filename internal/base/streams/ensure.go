@@ -30,15 +30,13 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 	return s, nil
 }
 
-// EnsureKV returns the bucket, creating it if it does not exist. An existing bucket is
-// updated only when its TTL differs from cfg's (a changed --lease-ttl).
+// EnsureKV returns the bucket, creating it if it does not exist. It never updates an
+// existing bucket: a node's credential may not (an update can seal it: issue 36), and a
+// bucket that differs from cfg (a changed --lease-ttl) is Check's finding, mended by
+// Repair on an admin path.
 func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if err == nil {
-		st, err := kv.Status(ctx)
-		if err == nil && st.TTL() != cfg.TTL {
-			return js.UpdateKeyValue(ctx, cfg)
-		}
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {

@@ -1,0 +1,219 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/dlq"
+	"github.com/flowrun/flow/engine/internal/gate"
+	"github.com/flowrun/flow/engine/internal/nodes"
+	"github.com/flowrun/flow/engine/internal/tasks"
+	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/logstream"
+)
+
+// Flow's streams and buckets as this node wants them, and what it does when one differs
+// (issue 36): a node's credential can create them but not update, seal or delete them
+// (client/roles.go), so a stream someone sealed or reconfigured is reported, at start,
+// in the log and in readyz, with the command that mends it (cluster repair), and only
+// an admin path mends it: flowd's own in-process connection to the server it embeds,
+// or on an external NATS an admin's credential the operator gives (NATSAdminOptions).
+
+// ErrNoAdminPath: this node reaches NATS with a node's credential, which cannot
+// reconfigure or recreate flow's streams.
+var ErrNoAdminPath = errors.New("this node joined NATS over the network with a node's credential, which may not reconfigure or recreate flow's streams: " +
+	"run the repair on a flowd that embeds its NATS server, or, on an external NATS, with an admin's credential as docs/security.md (\"Sealing and repair\") says")
+
+// openAdminPath sets adminJS: the embedded server's in-process connection, or an
+// admin's connection to the external NATS when NATSAdminOptions are given.
+func (e *Engine) openAdminPath() error {
+	if e.srv != nil {
+		e.adminJS = e.js
+		return nil
+	}
+	if len(e.cfg.NATSAdminOptions) == 0 {
+		return nil
+	}
+	nc, err := natsnode.Connect(e.cfg.NATSURL, e.cfg.NodeID+"-admin", e.cfg.NATSAdminOptions...)
+	if err != nil {
+		return fmt.Errorf("engine: the admin's connection (NATSAdminOptions): %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("engine: the admin's connection: %w", err)
+	}
+	e.adminNC, e.adminJS = nc, js
+	e.log.Warn("this node holds an admin's JetStream credential: it can repair and reconfigure flow's streams; start it without once they are mended (docs/security.md, \"Sealing and repair\")")
+	return nil
+}
+
+// streamCheckEvery is how long a check of the streams serves readyz before the next.
+const streamCheckEvery = 2 * time.Second
+
+// streamCheck is the newest check of flow's streams.
+type streamCheck struct {
+	mu       sync.Mutex
+	ready    bool // the streams are open (checkStreams): before, there is nothing to check
+	at       time.Time
+	findings []streams.Finding
+	err      error
+}
+
+// wantedStreams are flow's streams and buckets as this node creates them.
+func (e *Engine) wantedStreams() []streams.Want {
+	ttl := e.leases.Config().TTL
+	logCfg := logstream.DefaultConfig()
+	logCfg.Replicas = e.replicas
+	logW := streams.WantStream(logstream.StreamConfig(logCfg))
+	logW.Refuse = "the log is the state of every run: deleting it loses them (docs/security.md, \"Sealing and repair\")"
+	dlqW := streams.WantStream(dlq.StreamConfig(e.replicas))
+	dlqW.Refuse = "the DLQ stream holds the dead-letter notices alerting reads (docs/security.md, \"Sealing and repair\")"
+	snapW := streams.WantObjectStore(logstream.SnapshotBucketConfig(e.replicas))
+	snapW.Refuse = "the snapshots are what a new node starts from once the log is compacted (docs/security.md, \"Sealing and repair\")"
+	leaderW := streams.WantKV(epoch.LeaderBucketConfig(ttl, e.replicas))
+	leaderW.Recreate, leaderW.KeepSequence = true, true
+	leasesW := streams.WantKV(epoch.LeaseBucketConfig(ttl, e.replicas))
+	leasesW.Recreate = true // leases lost: their runs get new epochs, and commits are fenced
+	nodesW := streams.WantKV(nodes.Config(e.replicas))
+	nodesW.Recreate = true // every node reports again within nodes.ReportEvery
+	gateW := streams.WantKV(gate.Config(e.replicas))
+	gateW.Recreate = true // every node registers again at its next start; the version is in the log
+	tasksW := streams.WantStream(tasks.StreamConfig(e.replicas, e.tasksCap))
+	tasksW.Recreate = true // the reconciler queues again every run assigned and not claimed
+	return []streams.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW}
+}
+
+// checkStreams looks at flow's streams once they are open. With an admin path (the
+// embedded server) it sets back what only differs in its settings (a changed
+// --lease-ttl, the tasks stream's cap), as a start always did; whatever is left is
+// logged with what to do, and readyz says it until it is mended.
+func (e *Engine) checkStreams(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	e.tasksCap = tasks.Cap(ctx, e.js)
+	e.streamCheck.mu.Lock()
+	e.streamCheck.ready = true
+	e.streamCheck.mu.Unlock()
+	wants := e.wantedStreams()
+	if e.adminJS != nil {
+		var soft []streams.Want
+		found, err := streams.Check(ctx, e.adminJS, wants)
+		for _, f := range found {
+			if f.Action == "update" {
+				for _, w := range wants {
+					if w.Name == f.Stream {
+						soft = append(soft, w)
+					}
+				}
+			}
+		}
+		if err == nil && len(soft) > 0 {
+			fixed, err := streams.Repair(ctx, e.adminJS, soft, false, uint64(max(e.store.HighestTerm(), 0)))
+			for _, f := range fixed {
+				e.log.Warn("set a stream back to flow's settings", "stream", f.Stream, "was", strings.Join(f.Problems, ", "))
+			}
+			if err != nil {
+				e.log.Error("could not set a stream back to flow's settings", "err", err)
+			}
+		}
+	}
+	for _, f := range e.streamFindings(ctx, true) {
+		e.log.Error("a stream of flow's differs from what flow needs", "stream", f.Stream, "problem", strings.Join(f.Problems, ", "), "fix", f.String())
+	}
+}
+
+// streamFindings are the newest check's findings, checked again when it is older than
+// streamCheckEvery (or now).
+func (e *Engine) streamFindings(ctx context.Context, now bool) []streams.Finding {
+	c := &e.streamCheck
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ready || !e.nc.IsConnected() {
+		return c.findings // readyz says NATS is unreachable; the check would only wait
+	}
+	if now || time.Since(c.at) >= streamCheckEvery {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c.findings, c.err = streams.Check(cctx, e.js, e.wantedStreams())
+		cancel()
+		c.at = time.Now()
+	}
+	return c.findings
+}
+
+// streamProblems are readyz's lines for the streams that differ.
+func (e *Engine) streamProblems(ctx context.Context) []string {
+	var out []string
+	for _, f := range e.streamFindings(ctx, false) {
+		line := "stream " + f.String()
+		if e.adminJS == nil && f.Action == "recreate" {
+			// Where no flowd embeds the server, cluster repair finds no one to do it.
+			line += "; on an external NATS, with an admin's credential: `nats stream rm " + f.Stream + " -f`, then restart flowd (docs/security.md, \"Sealing and repair\")"
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// RepairStreams mends flow's streams and buckets that differ from what flow wants
+// (streams.Repair) through this node's admin path, or, with dryRun, says what it would
+// do. Without an admin path it is ErrNoAdminPath. Every handle the node holds is by
+// name: a bucket or stream made anew is used from the next call on (the task fetcher
+// makes its consumer again when it finds it gone).
+func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]streams.Finding, error) {
+	if e.adminJS == nil {
+		return nil, ErrNoAdminPath
+	}
+	found, err := streams.Repair(ctx, e.adminJS, e.wantedStreams(), dryRun, uint64(max(e.store.HighestTerm(), 0)))
+	for _, f := range found {
+		if f.Done {
+			e.log.Warn("repaired a stream of flow's", "stream", f.Stream, "action", f.Action, "was", strings.Join(f.Problems, ", "))
+		}
+	}
+	e.streamFindings(ctx, true)
+	if err != nil {
+		return found, fmt.Errorf("engine: repair: %w", err)
+	}
+	return found, nil
+}
+
+// RepairStreams is cluster.repair: the findings in the wire's terms.
+func (a *API) RepairStreams(ctx context.Context, dryRun bool) (client.Repair, error) {
+	found, err := a.e.RepairStreams(ctx, dryRun)
+	if errors.Is(err, ErrNoAdminPath) {
+		return client.Repair{}, &client.Error{Code: client.CodeConflict, Message: err.Error()}
+	}
+	out := client.Repair{Node: a.e.cfg.NodeID, DryRun: dryRun, Streams: []client.StreamRepair{}}
+	for _, f := range found {
+		out.Streams = append(out.Streams, client.StreamRepair{Stream: f.Stream, Problems: f.Problems, Sealed: f.Sealed,
+			Action: f.Action, Done: f.Done, Note: f.Note, Error: f.Error})
+	}
+	return out, err
+}
+
+// CanRepair says whether this node has an admin path over flow's streams (it embeds
+// its NATS server, or holds an admin's credential): only such a node serves
+// cluster.repair.
+func (a *API) CanRepair() bool { return a.e.adminJS != nil }
+
+// withStreamFindings is err with what the check found of flow's streams, if anything:
+// a start that failed on a sealed bucket says which and what to do.
+func (e *Engine) withStreamFindings(ctx context.Context, err error) error {
+	var lines []string
+	for _, f := range e.streamFindings(ctx, true) {
+		lines = append(lines, f.String())
+	}
+	if len(lines) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w; flow's streams differ from what flow needs: %s", err, strings.Join(lines, "; "))
+}
