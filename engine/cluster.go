@@ -10,6 +10,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/nodes"
+	"github.com/flowrun/flow/internal/base/streams"
 )
 
 // The cluster version (docs/operations.md, "Upgrading"; engine/internal/gate): each
@@ -60,6 +61,13 @@ func Binary() string {
 func (e *Engine) register(ctx context.Context) error {
 	m := gate.Member{Binary: Binary(), Formats: checkpoint.ReadFormats(), Hold: e.cfg.HoldClusterVersion, Since: e.cfg.Clock.Now().UTC()}
 	r, err := e.gate.Register(ctx, e.cfg.NodeID, m, e.store.ClusterVersion())
+	if streams.IsSealed(err) {
+		// The roster was read (a cluster past this binary refuses it before the write)
+		// and cannot be written: nor can a promise of a newer version, so the version
+		// stays where this node reads it. Starting lets cluster repair be run.
+		e.log.Error("the cluster roster (KV_FLOW_CLUSTER) is sealed: this node starts unregistered, and the cluster version cannot move until it is mended: run `"+streams.RepairCommand+"`", "err", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -157,3 +157,32 @@ func TestRepairOnAnExternalServerNeedsAnAdminCredential(t *testing.T) {
 		})
 	}
 }
+
+// A node whose cluster roster (KV_FLOW_CLUSTER) was sealed while it was down still
+// starts (it used to stop: its registration could not be written, and so nothing could
+// repair it), says what to run, and the repair mends the roster; it then registers.
+func TestStartWithASealedRosterThenRepair(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	first := startEngine(t, func(c *Config) { c.DataDir = dir })
+	ctx := ctxT(t, 60*time.Second)
+	seal(t, ctx, first.js, "KV_FLOW_CLUSTER")
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Held this time: its registration changes, so it is written.
+	e := startEngine(t, func(c *Config) { c.DataDir, c.HoldClusterVersion = dir, true })
+	if p := strings.Join(e.Health(ctx).Problems, "\n"); !strings.Contains(p, "KV_FLOW_CLUSTER: sealed") || !strings.Contains(p, "`flowctl cluster repair`") {
+		t.Fatalf("readyz with a sealed roster: %q", p)
+	}
+	if _, err := e.RepairStreams(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := e.gate.Roster(ctx); err != nil || !r.Members["node-a"].Hold {
+		t.Fatalf("the repaired roster: %+v %v; want node-a registered again, with its hold", r, err)
+	}
+	pollUntil(t, 20*time.Second, "readyz 200 after the repair", func() bool { return len(e.Health(ctx).Problems) == 0 })
+	apply(t, e, oneStepWorkflow)
+	if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("after the repair: %+v", v.Run)
+	}
+}

@@ -178,6 +178,14 @@ func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]streams.Find
 		if f.Done {
 			e.log.Warn("repaired a stream of flow's", "stream", f.Stream, "action", f.Action, "was", strings.Join(f.Problems, ", "))
 		}
+		if f.Done && f.Action == "recreate" && f.Stream == "KV_"+gate.Bucket {
+			// This node is a member again at once; the leader adds the other live nodes
+			// from their reports (gate.Infer), and each registers itself (its hold
+			// included) at its next start.
+			if rerr := e.register(ctx); rerr != nil {
+				e.log.Error("could not register in the recreated cluster roster", "err", rerr)
+			}
+		}
 	}
 	e.streamFindings(ctx, true)
 	if err != nil {

@@ -244,3 +244,16 @@ func mend(ctx context.Context, js jetstream.JetStream, w Want, f *Finding, info 
 	f.Done = true
 	return nil
 }
+
+// jsErrStreamSealed is the JetStream API's error code for a write to a sealed stream
+// ("invalid operation on sealed stream"), which nats.go names no sentinel for.
+const jsErrStreamSealed = 10109
+
+// IsSealed says whether err is JetStream's refusal of a write to a sealed stream.
+func IsSealed(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrStreamSealed {
+		return true
+	}
+	return err != nil && strings.Contains(err.Error(), "invalid operation on sealed stream")
+}
