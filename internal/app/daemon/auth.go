@@ -88,6 +88,22 @@ func redactYAMLError(err error) string {
 	return msg
 }
 
+// natsAdminOptions are the options of the admin's connection for --nats-url
+// (--nats-admin-creds, and the same TLS as natsOptions); none without it.
+func (c *Config) natsAdminOptions() []nats.Option {
+	if c.NATSURL == "" || c.NATSAdminCreds == "" {
+		return nil
+	}
+	opts := []nats.Option{nats.UserCredentials(c.NATSAdminCreds)}
+	if c.NATSTLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSTLSCA))
+	}
+	if c.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
+	}
+	return opts
+}
+
 // natsOptions are the connection options for --nats-url: credentials and TLS.
 func (c *Config) natsOptions() []nats.Option {
 	if c.NATSURL == "" {

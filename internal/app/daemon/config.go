@@ -55,6 +55,10 @@ type Config struct {
 	AuthUsers []engine.NATSUser
 	// Credentials for --nats-url.
 	NATSCreds, NATSNKey, NATSUser, NATSPassword string
+	// NATSAdminCreds (--nats-admin-creds), with --nats-url, is an admin's credentials
+	// file: this node's admin path over flow's streams (docs/security.md, "Sealing and
+	// repair"), which a node's credential may not change.
+	NATSAdminCreds string
 	// TLS: this node's certificate and trust anchor. With --nats-url, the client
 	// certificate and the CA the servers are checked against; embedded, the server's
 	// certificate on --nats-listen and the CA client certificates must chain to.
@@ -105,6 +109,7 @@ var options = []option{
 	{"snapshot-every", "100000", "log messages between the leader's snapshots of the state (the log is compacted below them)"},
 	{"auth", "", "YAML file of the embedded server's users and roles (docs/security.md); without it, the server listens on loopback only"},
 	{"nats-creds", "", "credentials file (JWT and seed) for --nats-url"},
+	{"nats-admin-creds", "", "credentials file of an admin of flow's NATS account, for --nats-url: lets this node repair and reconfigure flow's streams (cluster repair, a changed --lease-ttl); give it once, then restart without (docs/security.md, Sealing and repair)"},
 	{"nats-nkey", "", "nkey seed file for --nats-url"},
 	{"nats-user", "", "user name for --nats-url (with --nats-password)"},
 	{"nats-password", "", "password for --nats-user (prefer FLOWD_NATS_PASSWORD or the config file: a flag shows in ps)"},
@@ -340,6 +345,7 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 		bad("nats-listen", "%q is reachable from other hosts, and without --auth anyone there could write to the log: give --auth FILE (docs/security.md) or listen on 127.0.0.1", c.NATSListen)
 	}
 	c.NATSCreds, c.NATSNKey = get("nats-creds"), get("nats-nkey")
+	c.NATSAdminCreds = get("nats-admin-creds")
 	c.NATSUser, c.NATSPassword = get("nats-user"), get("nats-password")
 	c.NATSTLSCA, c.NATSTLSCert, c.NATSTLSKey = get("nats-tls-ca"), get("nats-tls-cert"), get("nats-tls-key")
 	c.loadPlaintext(get, bad)
@@ -361,7 +367,7 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 	for _, f := range []struct {
 		name, path string
 		embedded   bool // also means something to the embedded server
-	}{{"nats-creds", c.NATSCreds, false}, {"nats-nkey", c.NATSNKey, false},
+	}{{"nats-creds", c.NATSCreds, false}, {"nats-nkey", c.NATSNKey, false}, {"nats-admin-creds", c.NATSAdminCreds, false},
 		{"nats-tls-ca", c.NATSTLSCA, true}, {"nats-tls-cert", c.NATSTLSCert, true}, {"nats-tls-key", c.NATSTLSKey, true}} {
 		if f.path == "" {
 			continue

@@ -64,6 +64,8 @@ func TestConfigErrorsNameTheKeyAndTheFix(t *testing.T) {
 		{[]string{"--http", "8080"}, nil, "http: \"8080\": use HOST:PORT"},
 		{[]string{"--nats-url", "127.0.0.1:4222"}, nil, "nats-url: \"127.0.0.1:4222\": use nats://HOST:PORT"},
 		{[]string{"--nats-url", "nats://x:4222", "--nats-listen", "127.0.0.1:1"}, nil, "cannot be used with --nats-url"},
+		{[]string{"--nats-admin-creds", filepath.Join(dir, "admin.creds")}, nil, "nats-admin-creds: is for joining a NATS server with --nats-url"},
+		{[]string{"--nats-url", "nats://x:4222", "--nats-admin-creds", filepath.Join(dir, "none.creds")}, nil, "nats-admin-creds: \"" + filepath.Join(dir, "none.creds") + "\" is not a readable file"},
 		{[]string{"--node-id", "a/b"}, nil, "node-id"},
 		{[]string{"--log-format", "xml"}, nil, "log-format"},
 		{[]string{"--workflows", filepath.Join(dir, "none")}, nil, "is not a directory"},
@@ -218,4 +220,22 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// --nats-admin-creds, with --nats-url, gives the engine an admin's connection (its
+// admin path over flow's streams: docs/security.md, "Sealing and repair"); without it
+// there is none.
+func TestNATSAdminCredsGivesAnAdminPath(t *testing.T) {
+	creds := filepath.Join(t.TempDir(), "admin.creds")
+	if err := os.WriteFile(creds, []byte("not read until the connection is made\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load([]string{"--nats-url", "nats://127.0.0.1:4222", "--nats-admin-creds", creds}, nil)
+	if err != nil || c.NATSAdminCreds != creds || len(c.natsAdminOptions()) != 1 {
+		t.Fatalf("with --nats-admin-creds: %+v %v", c, err)
+	}
+	c, err = Load([]string{"--nats-url", "nats://127.0.0.1:4222"}, nil)
+	if err != nil || c.natsAdminOptions() != nil {
+		t.Fatalf("without: %v %v", c.natsAdminOptions(), err)
+	}
 }

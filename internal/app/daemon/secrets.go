@@ -32,7 +32,7 @@ func (c *Config) loadExecUser(name string, bad func(string, string, ...any)) {
 // secretFiles are the files flowd reads secrets from: the users file (passwords),
 // credentials and keys for NATS, and the config file when it holds a password.
 func (c *Config) secretFiles() []struct{ flag, path string } {
-	files := []struct{ flag, path string }{{"auth", c.Auth}, {"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey}, {"nats-tls-key", c.NATSTLSKey}}
+	files := []struct{ flag, path string }{{"auth", c.Auth}, {"nats-creds", c.NATSCreds}, {"nats-admin-creds", c.NATSAdminCreds}, {"nats-nkey", c.NATSNKey}, {"nats-tls-key", c.NATSTLSKey}}
 	if c.ConfigFile != "" {
 		v := viper.New()
 		v.SetConfigFile(c.ConfigFile)
