@@ -67,10 +67,12 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 	if s, _ := e.js.Stream(ctx, "KV_FLOW_LEADER"); !s.CachedInfo().Config.Sealed {
 		t.Fatal("the dry run changed the leader bucket")
 	}
+	repairAt := time.Now()
 	done, err := e.RepairStreams(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
+	repaired := time.Since(repairAt)
 	for _, f := range done {
 		if !f.Done {
 			t.Fatalf("not repaired: %+v", f)
@@ -79,6 +81,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 	pollUntil(t, 30*time.Second, "the node to lead again and be ready", func() bool {
 		return e.IsLeader() && len(e.Health(ctx).Problems) == 0
 	})
+	t.Logf("the repair of %d streams took %v; leading and ready %v after it began", len(done), repaired, time.Since(repairAt))
 	if after := e.Metrics(ctx).HighestTerm; after <= before {
 		t.Fatalf("the term after the repair is %d, not above %d before it", after, before)
 	}
