@@ -37,6 +37,9 @@ var ErrNotStarted = errors.New("engine: not running")
 // (api.go) reads the state and writes to the log; Health and Metrics are what a
 // program around the engine may know of its insides.
 type Engine struct {
+	// signalBytes bounds each person's signal data per second on this node (signalrate.go).
+	signalBytes signalLimiter
+
 	cfg   Config
 	log   *slog.Logger
 	hooks *testhooks.Hooks

@@ -479,6 +479,8 @@ func wireError(err error) error {
 		return &client.Error{Code: client.CodeNotFound, Message: nf.Error()} // the thing, without the layers it passed through
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return &client.Error{Code: client.CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ErrTooMuchSignalData):
+		return &client.Error{Code: client.CodeTooManyRequests, Message: strings.TrimPrefix(err.Error(), "engine: ")}
 	case errors.Is(err, ErrBadInput), errors.Is(err, checkpoint.ErrInvalidEntry):
 		return &client.Error{Code: client.CodeBadRequest, Message: strings.TrimPrefix(err.Error(), ErrBadInput.Error()+": ")}
 	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, checkpoint.ErrRunExists):

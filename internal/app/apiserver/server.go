@@ -52,6 +52,8 @@ type Server struct {
 	perUser perUserLimits
 	mu      sync.Mutex
 	stopped bool // under mu: no request starts after Stop began waiting
+	// large bounds each user's bytes of large requests, before they are decoded (large.go).
+	large largeLimiter
 	// held counts each user's requests in the slots (under mu), by kind and user.
 	held map[heldKey]int
 	// The signals, approvals and rejections this node's API wrote (Counts).
@@ -449,6 +451,10 @@ func (s *Server) async(h micro.HandlerFunc, slots chan struct{}, wait bool) micr
 	}
 	return func(req micro.Request) {
 		key := heldKey{wait: wait, user: audit.Requester(req.Headers().Get(audit.RequestInfoHeader))}
+		if why, hold, ok := s.large.admit(key.user, audit.ActorFromRequestInfo(req.Headers().Get(audit.RequestInfoHeader)), len(req.Data())); !ok {
+			time.AfterFunc(hold, func() { s.fail(req, client.CodeTooManyRequests, why) }) // held back, with no goroutine
+			return
+		}
 		if key.user != "" && limit > 0 && !s.hold(key, limit) {
 			kind := "requests"
 			if wait {
