@@ -29,7 +29,8 @@ const KillGrace = 2 * time.Second
 //	with: {command: [prog, args...], env: {K: V}, dir: path, stdin: text}
 //
 // The environment is BaseEnv and PassEnv of this process's, plus `env`, plus
-// FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM, FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY, FLOW_ATTEMPT, and
+// FLOW_RUN_ID, FLOW_STEP, FLOW_ITEM, FLOW_EPOCH, FLOW_IDEMPOTENCY_KEY, FLOW_ATTEMPT,
+// TMPDIR (its working directory, when it gets a fresh one), and
 // TRACEPARENT when the run is traced (the step attempt's span, W3C). A
 // JSON object on stdout is the output; any other stdout becomes {"stdout": "..."}. The
 // command runs in a fresh, empty working directory of its own, removed after it,
@@ -137,6 +138,11 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 	if p.dir == "" {
 		if p.dir, err = workDir(x.User); err != nil {
 			return nil, fmt.Errorf("exec: %s: %w", argv[0], err)
+		}
+		// Its temporary files go there too (removed with it), unless the step says
+		// otherwise: flowd's own TMPDIR may be one the step's user cannot write.
+		if !slices.ContainsFunc(p.env, func(kv string) bool { return strings.HasPrefix(kv, "TMPDIR=") }) {
+			p.env = append(p.env, "TMPDIR="+p.dir)
 		}
 		// After run: every process of the step is dead by then (but for ones it could
 		// not kill, docs/security.md), so nothing writes into it any more.

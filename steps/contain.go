@@ -15,7 +15,9 @@ type Mode string
 const (
 	// ModePIDNamespace: each step runs in a PID namespace of its own, under a small init
 	// (PID 1 there). When the init ends, the kernel kills every process in the
-	// namespace; nothing in it can leave. flowd running as root.
+	// namespace; nothing in it can leave. flowd running as root. A step running as
+	// another user (flowd's default nobody, --exec-user) also gets a mount namespace
+	// with a /proc of its own, where it sees no other process.
 	ModePIDNamespace Mode = "pid-namespace"
 	// ModeUserPIDNamespace is ModePIDNamespace inside a user namespace that maps
 	// flowd's own user to itself: how a PID namespace is made without root, where the

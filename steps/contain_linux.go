@@ -52,7 +52,23 @@ type initSpec struct {
 	Trust int64 `json:"trust,omitempty"`
 	// Grace is the time between SIGTERM and SIGKILL when the trust deadline passes.
 	Grace time.Duration `json:"grace"`
+	// PrivateProc: mount a fresh /proc (pid-namespace mode, in the init's own mount
+	// namespace) before the command starts, so that the step sees only its own
+	// processes. The probe says whether the kernel allows it (privateProc). Only for a
+	// step running as another user: a root step could unmount it (and sees everything
+	// anyway), and one of flowd's own user is in user-pid-namespace mode, whose init has
+	// no privilege to mount.
+	PrivateProc bool `json:"private_proc,omitempty"`
+	// Dumpable leaves the init dumpable: the negative control of the tests of a step
+	// that traces its init (keepInitDumpable). flowd never sets it.
+	Dumpable bool `json:"dumpable,omitempty"`
 }
+
+// Switches of the tests' negative controls (trace_linux_test.go), never set
+// otherwise: keepInitDumpable leaves the step init dumpable (so that a step running as
+// the init's user may ptrace it), noOutsideWatchdog takes away flowd's own kill at the
+// trust deadline (forwardTrust), leaving the init alone to do it.
+var keepInitDumpable, noOutsideWatchdog bool
 
 // container is one exec step's init, as flowd holds it.
 type container struct {
@@ -65,7 +81,8 @@ type container struct {
 
 	started    chan startReport // one report: the command's start
 	status     chan string      // the command's wait status, if the init reported one
-	watchdog   atomic.Bool      // the init stopped the step at its trust deadline
+	watchdog   atomic.Bool      // the init (or flowd, outside) stopped the step at its trust deadline
+	outside    atomic.Bool      // flowd killed the step at its trust deadline: the init had not
 	reportDone chan struct{}    // closed when the report has been read to its end
 }
 
@@ -146,7 +163,8 @@ func initCommand(m Mode, u *User) ([]string, *syscall.SysProcAttr) {
 	a := &syscall.SysProcAttr{Setpgid: true}
 	switch m {
 	case ModePIDNamespace:
-		a.Cloneflags = syscall.CLONE_NEWPID
+		// A mount namespace too, where the init mounts the namespace's own /proc.
+		a.Cloneflags = syscall.CLONE_NEWPID | syscall.CLONE_NEWNS
 		a.Pdeathsig = syscall.SIGKILL
 	case ModeUserPIDNamespace:
 		a.Pdeathsig = syscall.SIGKILL
@@ -214,7 +232,15 @@ func probe() (Mode, string) {
 	for _, m := range candidates {
 		err := probeMode(m)
 		if err == nil {
-			return m, "each step's processes run in a PID namespace of their own"
+			why := "each step's processes run in a PID namespace of their own"
+			if m == ModePIDNamespace {
+				if privateProc.err == nil {
+					why += ", with a /proc of their own (they see no other process)"
+				} else {
+					why += "; no /proc of their own could be mounted (" + privateProc.err.Error() + "): they see the host's processes"
+				}
+			}
+			return m, why
 		}
 		failed = append(failed, fmt.Sprintf("%s: %v", m, err))
 	}
@@ -228,8 +254,12 @@ func probe() (Mode, string) {
 // probeWait bounds a probe: the init answers as soon as it has read its spec.
 const probeWait = 10 * time.Second
 
+// privateProc is what the probe of pid-namespace mode found: whether the init could
+// mount a /proc of the namespace's own (err nil), which every step's init then does.
+var privateProc struct{ err error }
+
 func probeMode(m Mode) error {
-	c, _, err := startInit(m, &initSpec{Probe: true, Mode: m}, nil, io.Discard, io.Discard)
+	c, _, err := startInit(m, &initSpec{Probe: true, Mode: m, PrivateProc: m == ModePIDNamespace}, nil, io.Discard, io.Discard)
 	if err != nil {
 		return err
 	}
@@ -303,7 +333,10 @@ func (c *container) readReport(r *os.File) {
 	for sc.Scan() {
 		verb, arg, _ := strings.Cut(sc.Text(), " ")
 		switch {
-		case first && verb == "ok": // a probe's answer
+		case first && verb == "ok": // a probe's answer: "ok", or "ok noproc WHY" (no private /proc)
+			if why, ok := strings.CutPrefix(arg, "noproc "); ok {
+				privateProc.err = errors.New(why)
+			}
 			c.started <- startReport{}
 			first = false
 		case first && verb == "started":
@@ -360,7 +393,8 @@ const initLate = time.Second
 
 // runContained runs p under a step init in mode m.
 func (p *process) runContained(ctx context.Context, m Mode) outcome {
-	spec := &initSpec{Mode: m, Path: p.path, Args: p.args, Env: p.env, Dir: p.dir, User: p.user, Grace: p.grace}
+	spec := &initSpec{Mode: m, Path: p.path, Args: p.args, Env: p.env, Dir: p.dir, User: p.user, Grace: p.grace,
+		PrivateProc: m == ModePIDNamespace && privateProc.err == nil && p.user != nil, Dumpable: keepInitDumpable}
 	var last time.Time
 	if p.trust != nil {
 		if last = p.trust(); !last.IsZero() {
@@ -372,19 +406,36 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 		return outcome{start: fmt.Errorf("the step init: %w", err)}
 	}
 	defer c.closeControl()
-	if r := <-c.started; r.err != nil {
-		c.closeControl()
-		<-waited
-		<-c.reportDone
-		return outcome{start: r.err}
-	}
+	// The deadline is watched from the init's start, not from its report that the
+	// command started: a command can freeze its init (a step of the init's own user)
+	// before the init has written that report.
 	stopTrust := make(chan struct{})
 	trustDone := make(chan struct{})
 	go func() {
 		defer close(trustDone)
-		c.forwardTrust(p.trust, last, stopTrust)
+		c.forwardTrust(p.trust, last, p.grace, stopTrust)
 	}()
 	defer func() { close(stopTrust); <-trustDone }()
+	var r startReport
+	select {
+	case r = <-c.started:
+	case <-ctx.Done():
+		// Stopped before the init said the command started (it may have, and the
+		// init may be frozen): no grace to give, kill the step.
+		c.killTree(stopTrust)
+		<-waited
+		<-c.reportDone
+		return outcome{stopped: true}
+	}
+	if r.err != nil {
+		c.closeControl()
+		<-waited
+		<-c.reportDone
+		if c.outside.Load() { // flowd killed it at the deadline: its command had started
+			return outcome{exit: fmt.Errorf("killed by flowd, its init had not stopped it (%w)", ErrTrustDeadline)}
+		}
+		return outcome{start: r.err}
+	}
 	var werr error
 	select {
 	case werr = <-waited:
@@ -419,6 +470,9 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 		}
 		return outcome{exit: err}
 	default:
+		if c.outside.Load() {
+			return outcome{exit: fmt.Errorf("killed by flowd, its init had not stopped it (%w)", ErrTrustDeadline)}
+		}
 		return outcome{exit: fmt.Errorf("the step init ended without the command's status: %v", werr)}
 	}
 }
@@ -426,18 +480,39 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 // forwardTrust tells the init each new trust deadline (a renewal of the lease), until
 // stop. It reads trust at a quarter of the time left, so a renewal reaches the init
 // long before the deadline it replaces (a renewal comes a third of the TTL before).
-func (c *container) forwardTrust(trust func() time.Time, last time.Time, stop <-chan struct{}) {
+//
+// It is also the watchdog outside the step's reach: the init stops the step at the
+// deadline (SIGTERM, SIGKILL a grace later), and if the init has not ended by the
+// deadline, the grace and a little more (outsideSlack), flowd kills the step itself
+// (outsideKill): a step that stopped its init (ptrace, SIGSTOP where it may), or starved
+// it of the CPU, is killed all the same. Once a deadline has passed it is not moved
+// again (the init, whose copy has fired, would not move it either).
+func (c *container) forwardTrust(trust func() time.Time, last time.Time, grace time.Duration, stop <-chan struct{}) {
 	if trust == nil {
 		return
 	}
 	for {
 		wait := time.Second
-		if d := trust(); !d.IsZero() {
-			if !d.Equal(last) {
-				c.trust(d)
-				last = d
+		now := time.Now()
+		switch {
+		case !last.IsZero() && !now.Before(last):
+			// Passed: the init is stopping the step; flowd kills it if it has not.
+			at := last.Add(grace + outsideSlack(grace))
+			if !now.Before(at) {
+				if !noOutsideWatchdog {
+					c.outsideKill(stop)
+				}
+				return
 			}
-			wait = min(max(time.Until(d)/4, 10*time.Millisecond), time.Second)
+			wait = at.Sub(now)
+		default:
+			if d := trust(); !d.IsZero() {
+				if !d.Equal(last) {
+					c.trust(d)
+					last = d
+				}
+				wait = min(max(time.Until(d)/4, 10*time.Millisecond), time.Second)
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -445,6 +520,50 @@ func (c *container) forwardTrust(trust func() time.Time, last time.Time, stop <-
 		case <-stop:
 			t.Stop()
 			return
+		case <-c.done:
+			t.Stop()
+			return
 		}
+	}
+}
+
+// outsideSlack is how long after the init's own SIGKILL (the deadline and the grace)
+// flowd waits before it kills the step itself: a quarter of the grace, within 20ms and
+// 500ms. The engine's grace is TTL/4 and the lease can move TTL/3 after the deadline,
+// so flowd's kill (TTL/4 + TTL/16) still lands before it can (docs/security.md).
+func outsideSlack(grace time.Duration) time.Duration {
+	return min(max(grace/4, 20*time.Millisecond), 500*time.Millisecond)
+}
+
+// outsideKill is flowd's own kill of a step whose init did not stop it at its trust
+// deadline. In a PID namespace the init is killed (SIGKILL from flowd; in a user
+// namespace the launcher does it, which the step cannot reach either), and the kernel
+// kills the rest; the launcher itself is killed if it has not ended a second later. As
+// a subreaper, flowd sweeps the init's descendants itself, then kills the init.
+func (c *container) outsideKill(stop <-chan struct{}) {
+	c.outside.Store(true)
+	c.watchdog.Store(true)
+	c.killTree(stop)
+}
+
+// killTree kills every process of the step from flowd, whatever state its init is in
+// (outsideKill says how in each mode), and returns once the init has ended or, in a
+// namespace, after initLate and a SIGKILL of the init's own process (or stop).
+func (c *container) killTree(stop <-chan struct{}) {
+	switch c.mode {
+	case ModeSubreaper:
+		(&tree{mode: ModeSubreaper, self: c.cmd.Process.Pid}).killAll()
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
+		return
+	default:
+		c.kill()
+	}
+	t := time.NewTimer(initLate)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-stop:
+	case <-t.C:
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
 	}
 }

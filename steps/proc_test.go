@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flowrun/flow/internal/testkit/nspid"
 	"github.com/flowrun/flow/internal/testkit/within"
 )
 
@@ -43,10 +44,10 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// hostPid is shell that prints the shell's own PID as this test sees it: in a PID
-// namespace $$ is the namespace's number, but /proc is still the host's, and /proc/self
-// is read by the shell itself (read is a builtin).
-const hostPid = `read hp _ < /proc/self/stat; echo $hp`
+// hostPid is shell that prints the shell's own PID namespace and PID there, from which
+// readPid finds the PID this test sees: in pid-namespace mode the step has a /proc of
+// its own, where $$ and /proc/self are the namespace's numbers (nspid).
+const hostPid = nspid.Shell
 
 func readPid(t *testing.T, file string) int {
 	t.Helper()
@@ -56,8 +57,9 @@ func readPid(t *testing.T, file string) int {
 		if err != nil || !bytes.HasSuffix(b, []byte("\n")) {
 			return false
 		}
-		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
-		return err == nil
+		var ok bool
+		pid, ok = nspid.Host(string(b))
+		return ok
 	})
 	return pid
 }

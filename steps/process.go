@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -99,9 +100,15 @@ func programPath(name string, dirGiven bool) (string, error) {
 // of the process that made it: RemoveStaleWorkDirs finds those of processes that died.
 const workDirPrefix = "flow-step-"
 
-// workDir makes a step's fresh working directory: empty, 0700, the step's user's.
+// workDir makes a step's fresh working directory: empty, 0700, the step's user's. It is
+// made in this process's TMPDIR, or, when the step's user could not reach that (a
+// TMPDIR inside flowd's 0700 data dir), in /tmp.
 func workDir(u *User) (string, error) {
-	dir, err := os.MkdirTemp("", workDirPrefix+strconv.Itoa(os.Getpid())+"-")
+	base := workDirBase(u)
+	if u != nil && !reachableBy(base, u) {
+		return "", fmt.Errorf("a working directory: user %s may not enter %s nor /tmp: set TMPDIR to a directory it may", u.Name, os.TempDir())
+	}
+	dir, err := os.MkdirTemp(base, workDirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return "", fmt.Errorf("a working directory: %w (is TMPDIR writable?)", err)
 	}
@@ -112,6 +119,49 @@ func workDir(u *User) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// workDirBase is where a step running as u gets its working directory: TMPDIR, or /tmp
+// if u may not reach TMPDIR.
+func workDirBase(u *User) string {
+	tmp := os.TempDir()
+	if u == nil || reachableBy(tmp, u) || !reachableBy("/tmp", u) {
+		return tmp
+	}
+	return "/tmp"
+}
+
+// reachableBy reports whether u may enter dir: search permission on it and on every
+// directory above it, by the mode bits (owner, group, others) that apply to u.
+func reachableBy(dir string, u *User) bool {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			return false
+		}
+		sys, ok := st.Sys().(*syscall.Stat_t)
+		if !ok {
+			return false
+		}
+		perm := st.Mode().Perm()
+		var x fs.FileMode = 0o001
+		switch {
+		case sys.Uid == u.UID:
+			x = 0o100
+		case sys.Gid == u.GID || slices.Contains(u.Groups, sys.Gid):
+			x = 0o010
+		}
+		if perm&x == 0 {
+			return false
+		}
+		if p == filepath.Dir(p) {
+			return true
+		}
+	}
 }
 
 // removeWorkDir removes a step's working directory and what the step left in it,
@@ -140,10 +190,20 @@ func removeWorkDir(dir string, log *slog.Logger) {
 // RemoveStaleWorkDirs removes the working directories that exec steps of processes
 // no longer running left behind (a flowd that was SIGKILLed could not remove its
 // running steps'), and returns how many it removed. flowd calls it at start. Only
-// directories in this process's TMPDIR named by a dead process, and owned by this
+// directories in this process's TMPDIR (and in /tmp, where u's steps get theirs when
+// u may not reach TMPDIR) named by a dead process, and owned by this
 // process's user or by u (--exec-user), are removed.
 func RemoveStaleWorkDirs(u *User) (int, error) {
-	tmp := os.TempDir()
+	n, err := removeStaleIn(os.TempDir(), u)
+	if base := workDirBase(u); base != os.TempDir() {
+		m, err2 := removeStaleIn(base, u)
+		n += m
+		err = errors.Join(err, err2)
+	}
+	return n, err
+}
+
+func removeStaleIn(tmp string, u *User) (int, error) {
 	entries, err := os.ReadDir(tmp)
 	if err != nil {
 		return 0, err

@@ -42,6 +42,11 @@ func launchInUserNamespace(uids, gids string, setgroups bool) int {
 		_, _ = fmt.Fprintf(os.NewFile(initReportFD, "report"), "failed cannot make a user and PID namespace: %v\n", err)
 		return 2
 	}
+	// The init has its maps (written before ForkExec returned): from now on nothing may
+	// read or trace this process (the step cannot name it from inside its namespace
+	// anyway). Before the fork it could not be: the init's /proc files would have been
+	// root's, and its maps unwritable.
+	_ = setDumpable(false)
 	// The init holds the pipes now: flowd's end of the report sees EOF when it exits.
 	_ = syscall.Close(initControlFD)
 	_ = syscall.Close(initReportFD)
@@ -70,7 +75,39 @@ func launchInUserNamespace(uids, gids string, setgroups bool) int {
 	}
 }
 
-const prSetChildSubreaper = 36 // prctl(2)
+// prctl(2)
+const (
+	prSetDumpable       = 4
+	prSetChildSubreaper = 36
+)
+
+// setDumpable sets this process's dumpable flag (prctl PR_SET_DUMPABLE): 0 makes its
+// /proc/PID files root's and closes it to ptrace by anyone without CAP_SYS_PTRACE in its
+// user namespace.
+func setDumpable(on bool) error {
+	v := uintptr(0)
+	if on {
+		v = 1
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, v, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// mountPrivateProc mounts, in the init's own mount namespace (pid-namespace mode:
+// CLONE_NEWNS), a /proc of its PID namespace over the host's: the step sees its own
+// processes only, not flowd's nor any other's, command lines included. Mounts are made
+// private first, so that nothing of this propagates to the host's namespace.
+func mountPrivateProc() error {
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	if err := syscall.Mount("proc", "/proc", "proc", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount proc: %w", err)
+	}
+	return nil
+}
 
 // The init's limits. sweepGiveUp: after the command exited and the tree was killed, how
 // long the init waits for processes it cannot kill (another user's) before it exits
@@ -105,6 +142,27 @@ func stepInit() int {
 	var spec initSpec
 	if err != nil || json.Unmarshal(line, &spec) != nil {
 		return 2
+	}
+	// Not dumpable, before the command exists: a step running as the init's own user
+	// (flowd's, in user-pid-namespace and subreaper modes) may not ptrace it (and so
+	// freeze it past the trust deadline, docs/security.md), nor read its memory; in a
+	// user namespace of the init's, the step has no CAP_SYS_PTRACE that would override
+	// it. The command is dumpable again once it has exec'd.
+	if !spec.Dumpable {
+		if err := setDumpable(false); err != nil {
+			report("failed cannot make the step init not dumpable: %v", err)
+			return 2
+		}
+	}
+	if spec.PrivateProc {
+		if err := mountPrivateProc(); err != nil {
+			if spec.Probe {
+				report("ok noproc %v", err)
+				return 0
+			}
+			report("failed cannot mount the step's own /proc: %v", err)
+			return 2
+		}
 	}
 	if spec.Probe {
 		report("ok")
