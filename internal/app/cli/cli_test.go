@@ -34,8 +34,14 @@ type env struct {
 
 func startFlowd(t *testing.T) *env {
 	dir := t.TempDir()
-	cfg, err := daemon.Load([]string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
-		"--node-id", "node-a", "--lease-ttl", "1s"}, []string{})
+	args := []string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
+		"--node-id", "node-a", "--lease-ttl", "1s"}
+	if os.Geteuid() == 0 {
+		// Its steps write the test's files (t.TempDir: root's, 0700), so they run as
+		// root, the one way back (issue 36); as a plain user they are flowd's own.
+		args = append(args, "--exec-user", "root")
+	}
+	cfg, err := daemon.Load(args, []string{})
 	if err != nil {
 		t.Fatal(err)
 	}

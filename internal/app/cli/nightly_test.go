@@ -22,8 +22,14 @@ func startAuthFlowd(t *testing.T) *env {
 	if err := os.WriteFile(users, []byte("users:\n  - {user: olga, password: o-secret-1, role: operator}\n  - {user: vera, password: v-secret-1, role: viewer}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := daemon.Load([]string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
-		"--node-id", "node-a", "--lease-ttl", "1s", "--auth", users}, []string{})
+	args := []string{"--data-dir", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http", "off",
+		"--node-id", "node-a", "--lease-ttl", "1s", "--auth", users}
+	if os.Geteuid() == 0 {
+		// Its steps write the test's files (t.TempDir: root's, 0700), so they run as
+		// root, the one way back (issue 36); as a plain user they are flowd's own.
+		args = append(args, "--exec-user", "root")
+	}
+	cfg, err := daemon.Load(args, []string{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,8 +67,14 @@ type Config struct {
 	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
-	// ExecUser, if set (--exec-user), is the user exec steps run as.
+	// ExecUser, if set, is the user exec steps run as: --exec-user's, or, for a flowd
+	// running as root without it, an unprivileged one (DefaultExecUser). nil: flowd's
+	// own user (a flowd that is not root, or --exec-user root).
 	ExecUser *steps.User
+	// ExecUserDefault: ExecUser is the default of a root flowd, not --exec-user's.
+	ExecUserDefault bool
+	// ExecAsRoot: --exec-user root, the one way to run steps as root (warned at start).
+	ExecAsRoot bool
 	// UIHosts are more names the web UI answers to (--ui-host); UIProxies the reverse
 	// proxies in front of it (--ui-proxy). docs/ui.md.
 	UIHosts   []string
@@ -118,7 +124,7 @@ var options = []option{
 	{"nats-tls-key", "", "key file of --nats-tls-cert"},
 	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
-	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID (docs/security.md)"},
+	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID. Default: flowd's own user, but as root the unprivileged " + DefaultExecUser + " (uid 65534 if there is none); root runs them as root, with a warning at every start (docs/security.md)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
 	{"hold-cluster-version", "false", "keep the cluster version (the log format writers use) where it is while this node is a member, while an upgrade is tried (docs/operations.md, Upgrading)"},
 	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},

@@ -11,10 +11,37 @@ import (
 	"github.com/flowrun/flow/steps"
 )
 
+// DefaultExecUser is the user exec steps of a flowd running as root run as when no
+// --exec-user is given: never root, never flowd's own user. Without it in the user
+// database (a minimal image), uid and gid 65534.
+const DefaultExecUser = "nobody"
+
 // loadExecUser reads --exec-user: a user that exists, is not flowd's own nor root, and
-// that this process may switch to.
+// that this process may switch to; or root, for a flowd that is root (the old
+// behaviour, warned at every start). Without it, a flowd running as root runs its steps
+// as DefaultExecUser: a root step reads flowd's environment, its files and the data dir.
 func (c *Config) loadExecUser(name string, bad func(string, string, ...any)) {
+	if name == "root" || name == "0" {
+		if os.Geteuid() != 0 {
+			bad("exec-user", "root: only a flowd running as root may run its steps as root (and none should: docs/security.md)")
+			return
+		}
+		c.ExecAsRoot = true
+		return
+	}
 	if name == "" {
+		if os.Geteuid() != 0 {
+			return // flowd's own user: it cannot switch (docs/security.md says what such a step reaches)
+		}
+		u, err := steps.LookupUser(DefaultExecUser)
+		if err != nil {
+			u = &steps.User{Name: "65534", UID: 65534, GID: 65534}
+		}
+		if err := u.CheckSwitch(); err != nil {
+			bad("exec-user", "%v (flowd runs as root without --exec-user: its steps run as %s; give --exec-user USER)", err, u.Name)
+			return
+		}
+		c.ExecUser, c.ExecUserDefault = u, true
 		return
 	}
 	u, err := steps.LookupUser(name)
@@ -98,10 +125,19 @@ func stepsAtStart(logger *slog.Logger, c *Config) {
 	}
 	mode := steps.Containment()
 	runAs := "flowd's own user"
-	if c.ExecUser != nil {
+	switch {
+	case c.ExecAsRoot:
+		runAs = "root"
+	case c.ExecUser != nil:
 		runAs = fmt.Sprintf("%s (uid %d)", c.ExecUser.Name, c.ExecUser.UID)
 	}
 	attrs := []any{"mode", string(mode), "run_as", runAs, "why", steps.ContainmentNote()}
+	if c.ExecUserDefault {
+		attrs = append(attrs, "run_as_why", "flowd runs as root and no --exec-user was given")
+	}
+	if c.ExecAsRoot {
+		logger.Warn("exec steps run as root (--exec-user root): a step can read flowd's environment, the users file, credentials and the data dir, so become a node, and do anything root can; give --exec-user USER, or leave it out for " + DefaultExecUser)
+	}
 	switch {
 	case mode == steps.ModeProcessGroup:
 		logger.Warn("step containment: off; what a step starts outside its process group (setsid) outlives the step", attrs...)

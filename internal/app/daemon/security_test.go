@@ -150,23 +150,33 @@ func TestSecretFilesMustBePrivate(t *testing.T) {
 	}
 }
 
-// --exec-user names a user that exists, is neither flowd's own nor root, and that this
-// process may switch to; flowd refuses to start when that user owns the data dir or a
-// secret file (the user's steps could read them).
+// --exec-user names a user that exists, is not flowd's own, and that this process may
+// switch to, or root for a flowd that is root (the one way back, warned at start);
+// without it, a root flowd's steps run as DefaultExecUser. flowd refuses to start when
+// that user owns the data dir or a secret file (the user's steps could read them).
 func TestExecUserConfig(t *testing.T) {
-	for _, c := range []struct{ user, want string }{
-		{"no-such-user-flow", "exec-user: steps: user \"no-such-user-flow\""},
-		{"root", "exec-user: steps: user root"},
-	} {
-		if _, err := Load([]string{"--exec-user", c.user}, []string{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("--exec-user %s: %v; want %q", c.user, err, c.want)
-		}
+	if _, err := Load([]string{"--exec-user", "no-such-user-flow"}, []string{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "exec-user: steps: user \"no-such-user-flow\"") {
+		t.Errorf("--exec-user no-such-user-flow: %v", err)
 	}
+	cfg, err := Load([]string{"--exec-user", "root"}, []string{})
 	if os.Geteuid() != 0 {
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "only a flowd running as root") {
+			t.Errorf("--exec-user root as uid %d: %v", os.Geteuid(), err)
+		}
+		if cfg, err := Load(nil, []string{}); err != nil || cfg.ExecUser != nil || cfg.ExecUserDefault {
+			t.Errorf("no --exec-user as a plain user: %+v %v; want flowd's own user", cfg, err)
+		}
 		t.Skip("the rest needs root (a process that may switch users)")
 	}
+	if err != nil || cfg.ExecUser != nil || !cfg.ExecAsRoot {
+		t.Fatalf("--exec-user root as root: %+v %v; want steps as root, said so", cfg, err)
+	}
+	cfg, err = Load(nil, []string{})
+	if err != nil || cfg.ExecUser == nil || !cfg.ExecUserDefault || cfg.ExecUser.UID == 0 || cfg.ExecAsRoot {
+		t.Fatalf("no --exec-user as root: %+v %v; want the unprivileged %s", cfg, err, DefaultExecUser)
+	}
 	dir := t.TempDir()
-	cfg, err := Load([]string{"--exec-user", "nobody", "--data-dir", filepath.Join(dir, "data")}, []string{})
+	cfg, err = Load([]string{"--exec-user", "nobody", "--data-dir", filepath.Join(dir, "data")}, []string{})
 	if err != nil || cfg.ExecUser == nil || cfg.ExecUser.Name != "nobody" {
 		t.Fatalf("--exec-user nobody: %+v %v", cfg, err)
 	}

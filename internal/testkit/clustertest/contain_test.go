@@ -149,6 +149,7 @@ func startContainFlowd(t *testing.T, v containFlowd, url, name string) *Proc {
 	}
 	node := &Proc{Name: name, log: logf, args: []string{v.bin(t), "--node-id", name, "--nats-url", url,
 		"--data-dir", filepath.Join(dir, "data"), "--http", "off", "--log-format", "json", "--lease-ttl", "1s"}}
+	node.args = append(node.args, stepsAsTestUser()...) // its steps write the test's own files
 	node.start(t)
 	t.Cleanup(node.Kill)
 	t.Cleanup(func() {

@@ -46,6 +46,7 @@ func TestKilledFlowdTakesItsStepsWithIt(t *testing.T) {
 			logf, _ := os.Create(filepath.Join(dir, "flowd.log"))
 			node := &Proc{Name: "node-a", log: logf, args: []string{bin, "--node-id", "node-a", "--nats-url", url,
 				"--data-dir", filepath.Join(dir, "data"), "--http", "off", "--log-format", "json", "--lease-ttl", "1s"}}
+			node.args = append(node.args, stepsAsTestUser()...) // its step writes the test's own files
 			node.start(t)
 			t.Cleanup(node.Kill)
 			defer func() {

@@ -27,7 +27,7 @@ func TestFailureHandlerOnceAcrossAnOwnerKill(t *testing.T) {
 	c := &Cluster{URLs: []string{url}}
 	dir := t.TempDir()
 	marker, gate := filepath.Join(dir, "told"), filepath.Join(dir, "gate")
-	a := StartFlowd(t, c, "node-a", "--lease-ttl", "1s")
+	a := StartFlowd(t, c, "node-a", append([]string{"--lease-ttl", "1s"}, stepsAsTestUser()...)...) // its steps write the test's files
 	cl := dial(t, c)
 	yaml := fmt.Sprintf(`name: nightly
 steps:
@@ -51,7 +51,7 @@ on_failure:
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	StartFlowd(t, c, "node-b", "--lease-ttl", "1s")
+	StartFlowd(t, c, "node-b", append([]string{"--lease-ttl", "1s"}, stepsAsTestUser()...)...)
 	cl = dial(t, c)
 	WaitFor(t, 60*time.Second, "the handler run ended on node-b", func() bool {
 		var r client.Run

@@ -57,6 +57,7 @@ steps:
 	node := &Proc{Name: "flowd", log: logf, args: []string{filepath.Join(bin, "flowd"), "--node-id", "node-a",
 		"--data-dir", filepath.Join(dir, "data"), "--nats-listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--http", "off", "--lease-ttl", "1s", "--log-format", "json"}}
+	node.args = append(node.args, stepsAsTestUser()...) // its steps write the test's own files
 	node.start(t)
 	t.Cleanup(node.Kill)
 	// Ready: flowd answers, or it died again first (the run it resumed at once can kill it

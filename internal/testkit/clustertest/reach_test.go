@@ -183,12 +183,25 @@ func TestStepsCannotReadFlowdsEnvironment(t *testing.T) {
 	}
 }
 
-// With --exec-user, a step of an operator's workflow cannot read the users file (the
-// node role's password: operator would become node), list the data dir, or read
-// flowd's environment, although each sits in a directory anyone may enter. The control
-// is the same flowd as root without --exec-user: its step, root, reads all three
-// (CAP_SYS_PTRACE reads a non-dumpable process's environment): the set-up difference
-// docs/security.md describes.
+// stepsAsTestUser are the flags that make a flowd run its exec steps as the test's own
+// user, for tests whose steps read or write the test's files (t.TempDir: 0700): as
+// root, --exec-user root (the one way back since issue 36; flowd warns); as a plain
+// user, nothing (its steps are its own user's).
+func stepsAsTestUser() []string {
+	if os.Geteuid() == 0 {
+		return []string{"--exec-user", "root"}
+	}
+	return nil
+}
+
+// What a step of an operator's workflow reaches of a flowd running as root: with
+// --exec-user, and without it (issue 36: then its steps run as nobody, never as root),
+// it cannot read the users file (the node role's password: operator would become
+// node), list the data dir, or read flowd's environment (a variable planted in it),
+// although each sits in a directory anyone may enter. The control is the same flowd
+// with --exec-user root (the one way back, warned at start): its step, root, reads all
+// three (CAP_SYS_PTRACE reads a non-dumpable process's environment), which is what
+// every root flowd's steps did before.
 func TestExecUserKeepsStepsFromFlowdsFiles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts flowd processes")
@@ -197,8 +210,17 @@ func TestExecUserKeepsStepsFromFlowdsFiles(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: --exec-user needs a flowd that may switch users")
 	}
-	for _, control := range []bool{false, true} {
-		t.Run(map[bool]string{false: "exec-user", true: "control-as-root"}[control], func(t *testing.T) {
+	for _, v := range []struct {
+		name    string
+		args    []string
+		runAs   string // the start-up log's run_as
+		control bool
+	}{
+		{"exec-user", []string{"--exec-user", "nobody"}, `"run_as":"nobody (uid 65534)"`, false},
+		{"default", nil, `"run_as_why":"flowd runs as root and no --exec-user was given"`, false},
+		{"control-exec-user-root", []string{"--exec-user", "root"}, `"run_as":"root"`, true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
 			base := openDir(t)
 			users := filepath.Join(base, "users.yaml")
 			if err := os.WriteFile(users, []byte(authUsers), 0o600); err != nil {
@@ -207,20 +229,23 @@ func TestExecUserKeepsStepsFromFlowdsFiles(t *testing.T) {
 			data := filepath.Join(base, "data")
 			port := freePorts(t, 1)[0]
 			url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-			args := []string{"--data-dir", data, "--nats-listen", fmt.Sprintf("127.0.0.1:%d", port), "--auth", users}
-			if !control {
-				args = append(args, "--exec-user", "nobody")
-			}
+			args := append([]string{"--data-dir", data, "--nats-listen", fmt.Sprintf("127.0.0.1:%d", port), "--auth", users}, v.args...)
 			node := startFlowdProc(t, "node-a", filepath.Join(Binaries(t), "flowd"), "", nil, args...)
 			if !node.Alive() {
 				t.Fatal("flowd exited at start")
 			}
+			if !strings.Contains(LogOf(node), v.runAs) {
+				t.Fatalf("flowd's start-up log does not say steps run as %s:\n%s", v.runAs, tail(LogOf(node)))
+			}
 			out := reach(t, url, "otto", reachScript(t, base, users, data), node.current().Process.Pid)
-			if control {
+			if v.control {
 				for _, want := range []string{"uid 0", "node-pw-7", "\nnats\n", "\nstate\n", "planted-secret-24"} {
 					if !strings.Contains(out, want) {
 						t.Fatalf("control: the root step did not reach %q:\n%s", want, out)
 					}
+				}
+				if !strings.Contains(LogOf(node), `"level":"WARN","msg":"exec steps run as root`) {
+					t.Fatalf("--exec-user root without a warning at start:\n%s", tail(LogOf(node)))
 				}
 				return
 			}
@@ -233,9 +258,6 @@ func TestExecUserKeepsStepsFromFlowdsFiles(t *testing.T) {
 				if strings.Contains(out, secret) {
 					t.Fatalf("the step as nobody reached %q:\n%s", secret, out)
 				}
-			}
-			if !strings.Contains(LogOf(node), `"run_as":"nobody (uid 65534)"`) {
-				t.Fatalf("flowd's start-up log does not say steps run as nobody:\n%s", tail(LogOf(node)))
 			}
 		})
 	}

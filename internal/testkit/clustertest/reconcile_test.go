@@ -31,7 +31,7 @@ func TestWholeClusterRestart(t *testing.T) {
 	var names []string
 	nodes := map[string]*Proc{}
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		nodes[n] = StartFlowd(t, c, n, "--lease-ttl", "1s")
+		nodes[n] = StartFlowd(t, c, n, append([]string{"--lease-ttl", "1s"}, stepsAsTestUser()...)...) // its steps write the test's files
 		names = append(names, n)
 	}
 	t.Cleanup(func() {

@@ -325,7 +325,7 @@ func TestUI(t *testing.T) {
 	Binaries(t) // built before the clock starts
 	started := time.Now()
 	dir := t.TempDir()
-	node, url, httpAddr := embeddedFlowd(t, "--lease-ttl", "1s")
+	node, url, httpAddr := embeddedFlowd(t, append([]string{"--lease-ttl", "1s"}, stepsAsTestUser()...)...) // its steps read the test's files
 
 	// First, while no page is open: the dead-lettered runs, which take two restarts of
 	// flowd.
