@@ -165,9 +165,12 @@ var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER
 // included (a copy).
 func FlowStreams() []string { return slices.Clone(flowStreams) }
 
-// NodePurges are the streams a node may purge: the log (compaction), the leader bucket
-// (a term raise) and the snapshots (an old one removed). It may update none.
-var NodePurges = []string{"FLOW_LOG", "KV_FLOW_LEADER", "OBJ_FLOW_SNAPSHOTS"}
+// NodePurges are the streams a node may purge, compaction's two: the log below a
+// snapshot, and the snapshots that one replaces (nats.go's object store deletes and
+// renames by purging a subject). It may update none, and purge no bucket: a term raise
+// (a purge of the leader bucket) goes through a node's admin path (engine
+// raisingElector; issue 36).
+var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS"}
 
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
 // starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's

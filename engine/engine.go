@@ -146,7 +146,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err
 	}
-	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: e.elector, State: e.store, Specs: e.specs, Log: log,
+	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: raisingElector{e.elector, e}, State: e.store, Specs: e.specs, Log: log,
 		Leases: e.leases, Tasks: e.tasks, Snapshots: e.clog.Snapshots, Compactor: compactor{e},
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.js, m) },
 		Gate:        gatePromoter{e},

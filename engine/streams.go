@@ -174,6 +174,9 @@ func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]streams.Find
 		return nil, ErrNoAdminPath
 	}
 	found, err := streams.Repair(ctx, e.adminJS, e.wantedStreams(), dryRun, uint64(max(e.store.HighestTerm(), 0)))
+	if f, ok := e.lowTerms(ctx, dryRun); ok {
+		found = append(found, f)
+	}
 	for _, f := range found {
 		if f.Done {
 			e.log.Warn("repaired a stream of flow's", "stream", f.Stream, "action", f.Action, "was", strings.Join(f.Problems, ", "))
@@ -224,4 +227,54 @@ func (e *Engine) withStreamFindings(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w; flow's streams differ from what flow needs: %s", err, strings.Join(lines, "; "))
+}
+
+// raisingElector is the leader's elector, whose term raise (a purge of the leader
+// bucket's stream) goes through this node's admin path: the node role may purge only
+// the log (issue 36). A node without one tries its own connection (which has the right
+// on a server without permissions) and, refused, says what to do.
+type raisingElector struct {
+	*epoch.Elector
+	e *Engine
+}
+
+func (r raisingElector) RaiseTerms(ctx context.Context, above int64) error {
+	js := r.e.adminJS
+	if js == nil {
+		js = r.e.js
+	}
+	err := epoch.RaiseTermsIn(ctx, js, above)
+	if err != nil && r.e.adminJS == nil {
+		return fmt.Errorf("%w (a node credential may not purge the leader bucket: run `flowctl cluster repair` as an admin, which raises the terms through a node with an admin path)", err)
+	}
+	return err
+}
+
+// lowTerms is the repair of a leader bucket whose revisions (the terms it gives) are not
+// above the highest term the log applied (a forged entry's, or a bucket made anew
+// outside flow): every term won there is stale. It raises them through the admin path,
+// which a leader on a node credential cannot (raisingElector).
+func (e *Engine) lowTerms(ctx context.Context, dryRun bool) (streams.Finding, bool) {
+	high := e.store.HighestTerm()
+	s, err := e.adminJS.Stream(ctx, "KV_"+epoch.LeaderBucket)
+	if err != nil || high <= 0 {
+		return streams.Finding{}, false
+	}
+	last := s.CachedInfo().State.LastSeq
+	if last+1 >= uint64(high) { // the next term won (a revision above last) is not below the log's
+		return streams.Finding{}, false
+	}
+	f := streams.Finding{Stream: "KV_" + epoch.LeaderBucket, Action: "update",
+		Problems: []string{fmt.Sprintf("its revisions (%d) are not above the log's highest term %d: every term won there is stale", last, high)},
+		Note:     fmt.Sprintf("its next revision, the next term, moved above %d", high)}
+	if dryRun {
+		return f, true
+	}
+	if err := epoch.RaiseTermsIn(ctx, e.adminJS, high); err != nil {
+		f.Error = err.Error()
+		return f, true
+	}
+	f.Done = true
+	e.log.Warn("raised the leader bucket's terms", "above", high)
+	return f, true
 }

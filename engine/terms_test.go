@@ -107,6 +107,20 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 				t.Fatalf("control: a wait for the unscheduled run ended with %v; want its deadline", err)
 			}
 			t.Logf("control: terms %d to %d won below the applied term; the run is pending, never assigned (%q)", before, won, e.LeadershipProblem())
+			// The admin's repair raises the terms when the leader does not (a node
+			// credential may not purge the leader bucket: issue 36); the run is scheduled.
+			found, err := e.RepairStreams(ctxT(t, 10*time.Second), false)
+			raised := false
+			for _, f := range found {
+				raised = raised || f.Stream == "KV_FLOW_LEADER" && f.Done
+			}
+			if err != nil || !raised {
+				t.Fatalf("the repair: %+v %v; want the leader bucket's terms raised", found, err)
+			}
+			waitLeading(t, e, forged, 30*time.Second)
+			if end, err := e.WaitRun(ctxT(t, 30*time.Second), id); err != nil || end.Status != checkpoint.StatusSucceeded {
+				t.Fatalf("the run after the repair: %v %+v", err, end)
+			}
 		})
 	}
 }

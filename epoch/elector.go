@@ -262,12 +262,18 @@ const MaxTerm = 1 << 53
 // that term can do nothing anyway, because the log has applied a higher one (a leader
 // bucket that was reset, whose revisions restarted at 1).
 func (e *Elector) RaiseTerms(ctx context.Context, above int64) error {
+	return RaiseTermsIn(ctx, e.js, above)
+}
+
+// RaiseTermsIn is RaiseTerms through js: a purge of the leader bucket's stream, which the
+// node role may not do (docs/security.md): a node raises through its admin path.
+func RaiseTermsIn(ctx context.Context, js jetstream.JetStream, above int64) error {
 	if above < 0 || above >= MaxTerm {
 		return fmt.Errorf("%w: terms cannot be raised above %d (at most %d): the log holds a term no leader bucket reaches; see docs/operations.md, \"Leader terms\"", ErrTermOutOfReach, above, int64(MaxTerm))
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	s, err := e.js.Stream(ctx, "KV_"+LeaderBucket)
+	s, err := js.Stream(ctx, "KV_"+LeaderBucket)
 	if err != nil {
 		return fmt.Errorf("epoch: raise terms: %w", err)
 	}
