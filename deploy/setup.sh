@@ -8,7 +8,7 @@
 set -eu
 dir=${1:?usage: setup.sh DIR}
 if [ "$(id -u)" != 0 ]; then
-	echo "setup.sh: run it as root (sudo): its files must belong to the containers' user, 65532, and no one else" >&2
+	echo "setup.sh: run it as root (sudo): its files must belong to root or to the NATS containers' user, 65532, and no one else" >&2
 	exit 1
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -82,8 +82,16 @@ FLOW_PASSWORD=$ops_pw
 FLOW_TLS_CA=/etc/flow/ca.pem
 ENV
 
-# The containers run as 65532: the files are theirs, and no one else's.
+# Who reads what (the directory is /etc/flow in every container): the NATS servers
+# (65532) their configuration (every user's password) and the server's key; flowd (root
+# in its container) people.yaml; docker-compose, on this host, node.env and ops.env;
+# nobody the CA's key (kept for issuing more certificates). Certificates are public.
+# No secret is readable by anyone else: not by the flow nodes' exec steps (flow-steps,
+# 65533), nor, on this host, by other users (internal/testkit/dockertest checks it).
+chown 0:0 ./*
 chmod 600 ./*
-chown 65532:65532 ./*
+chmod 400 ca-key.pem
+chmod 644 ca.pem server.pem node.json ops.json
+chown 65532:65532 nats-1.conf nats-2.conf nats-3.conf server-key.pem
 chmod 755 .
 echo "wrote $dir: CA and certificate, nats-{1,2,3}.conf, people.yaml, node.env, ops.env (the ops user's password is in ops.env)"

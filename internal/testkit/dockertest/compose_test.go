@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,6 +134,7 @@ func TestComposeCluster(t *testing.T) {
 		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 2
 	})
 	c.must("--profile", "tools", "run", "--rm", "-T", "flowctl", "workflow", "apply", "-f", "/usr/share/flow/payout.yaml")
+	stepReach(t, c, conf)
 
 	// The payout, with its owner killed and a NATS server stopped during the transfer.
 	pay := func(date string) (client.Run, string) {
@@ -242,4 +244,203 @@ func TestComposeCluster(t *testing.T) {
 		return false
 	})
 	t.Logf("payout %s: owner %s cut from the network mid-transfer; paid once, and %s came back whole", id, owner, owner)
+}
+
+// reachGo is a program that says what it can read: its uid, then each file (or, for a
+// path ending in "/", each directory listing) read or denied. The image has no shell
+// and no cat: a step would use any program in it; the test copies this one in.
+const reachGo = `package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+func main() {
+	fmt.Printf("uid %d\n", os.Getuid())
+	for _, p := range os.Args[1:] {
+		var err error
+		var got string
+		if strings.HasSuffix(p, "/") {
+			var es []os.DirEntry
+			es, err = os.ReadDir(p)
+			for _, e := range es {
+				got += e.Name() + " "
+			}
+		} else {
+			var b []byte
+			b, err = os.ReadFile(p)
+			got = string(b)
+		}
+		if err != nil {
+			fmt.Printf("%s: denied\n", p)
+			continue
+		}
+		fmt.Printf("%s: read %q\n", p, got)
+	}
+}
+`
+
+// secretsInTheImage are what no exec step of a flow node may read (issue 36): the
+// node's and the operator's environment files (passwords), the users file, the CA's
+// and the servers' keys, a NATS configuration (every user's password), flowd's own
+// environment (the node's password again) and its data dir.
+var secretsInTheImage = []string{"/etc/flow/node.env", "/etc/flow/ops.env", "/etc/flow/people.yaml", "/etc/flow/ca-key.pem",
+	"/etc/flow/server-key.pem", "/etc/flow/nats-1.conf", "/proc/1/environ", "/data/"}
+
+// stepReach runs an exec step on the compose cluster that tries to read every secret a
+// flow node's container holds, and requires each denied: the step runs as flow-steps
+// (65533), flowd as root, the secrets are root's or flow's (65532) and 0600
+// (deploy/setup.sh, the Dockerfile, compose.yaml). The control runs the same program
+// in a flow node's container as root, flowd's user: it reads the files (flowd's own
+// environment stays closed even to it: flowd is not dumpable and root there has no
+// CAP_SYS_PTRACE), so it is the step's user that keeps the step out.
+func stepReach(t *testing.T, c *compose, conf string) {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(reachGo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module reach\n\ngo 1.22\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(src, "reach")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = src
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the reach program: %v\n%s", err, out)
+	}
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"flowd-1", "flowd-2", "flowd-3"} {
+		cid := strings.TrimSpace(c.must("ps", "-q", node))
+		if out, err := exec.Command("docker", "cp", bin, cid+":/tmp/reach").CombinedOutput(); err != nil {
+			t.Fatalf("docker cp into %s: %v\n%s", node, err, out)
+		}
+	}
+	args := `"` + strings.Join(secretsInTheImage, `", "`) + `"`
+	wf := "name: reach\nsteps:\n  - name: look\n    uses: exec\n    retry: {max_attempts: 1}\n    with: {command: [/tmp/reach, " + args + "]}\n"
+	if err := os.WriteFile(filepath.Join(conf, "reach.yaml"), []byte(wf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.flowctl("workflow", "apply", "-f", "/etc/flow/reach.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.flowctl("run", "start", "reach", "--id", "reach-1", "--wait"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.flowctl("run", "get", "reach-1", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r client.Run
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Status != "succeeded" || len(r.Steps) != 1 {
+		t.Fatalf("the reach run: %v %s", err, out)
+	}
+	var got struct{ Stdout string }
+	if err := json.Unmarshal(r.Steps[0].Output, &got); err != nil {
+		t.Fatalf("the reach step's output %s: %v", r.Steps[0].Output, err)
+	}
+	got.Stdout += "\n" // the step's output is trimmed: its last line ends like the others
+	if !strings.Contains(got.Stdout, "uid 65533\n") {
+		t.Fatalf("the step ran as %q; want flow-steps (65533)", got.Stdout)
+	}
+	for _, p := range secretsInTheImage {
+		if !strings.Contains(got.Stdout, p+": denied\n") {
+			t.Errorf("an exec step read %s:\n%s", p, got.Stdout)
+		}
+	}
+	nodeEnv, err := os.ReadFile(filepath.Join(conf, "node.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(nodeEnv), "\n") {
+		if pw, ok := strings.CutPrefix(l, "FLOWD_NATS_PASSWORD="); ok && pw != "" && strings.Contains(got.Stdout, pw) {
+			t.Errorf("the step's output holds the node's password")
+		}
+	}
+	// The control: flowd's user, root in the node's container, reads the files.
+	cid := strings.TrimSpace(c.must("ps", "-q", "flowd-1"))
+	ctl, err := exec.Command("docker", append([]string{"exec", "-u", "0", cid, "/tmp/reach"}, secretsInTheImage...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("control: docker exec: %v\n%s", err, ctl)
+	}
+	for _, p := range []string{"/etc/flow/node.env", "/etc/flow/people.yaml", "/etc/flow/nats-1.conf", "/data/"} {
+		if !strings.Contains(string(ctl), p+": read ") {
+			t.Errorf("control: root in the node's container did not read %s:\n%s", p, ctl)
+		}
+	}
+}
+
+// The files deploy/setup.sh writes (mounted at /etc/flow in every container): no secret
+// is readable by the flow nodes' exec steps (flow-steps, 65533), nor by any user but
+// its reader's (root for flowd, docker-compose and the CA's key; 65532 for the NATS
+// servers). Run without Docker (it needs root, openssl and Go). The control is the
+// same check of a file left readable by others, which it must refuse.
+func TestSetupKeepsSecretsFromSteps(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("setup.sh runs as root (its files belong to root and to 65532)")
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("no openssl:", err)
+	}
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "flowctl"), "github.com/flowrun/flow/cmd/flowctl").CombinedOutput(); err != nil {
+		t.Fatalf("building flowctl: %v\n%s", err, out)
+	}
+	conf := filepath.Join(t.TempDir(), "run")
+	setup := exec.Command("sh", filepath.Join(root, "deploy", "setup.sh"), conf)
+	setup.Env = append(os.Environ(), "FLOWCTL="+filepath.Join(bin, "flowctl"))
+	if out, err := setup.CombinedOutput(); err != nil {
+		t.Fatalf("setup.sh: %v\n%s", err, out)
+	}
+	owner := map[string]uint32{"node.env": 0, "ops.env": 0, "people.yaml": 0, "ca-key.pem": 0,
+		"server-key.pem": 65532, "nats-1.conf": 65532, "nats-2.conf": 65532, "nats-3.conf": 65532}
+	for name, uid := range owner {
+		p := filepath.Join(conf, name)
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sys := st.Sys().(*syscall.Stat_t)
+		if sys.Uid != uid || st.Mode().Perm()&0o400 == 0 {
+			t.Errorf("%s: owner %d, mode %04o; want %d's, readable by it", name, sys.Uid, st.Mode().Perm(), uid)
+		}
+		if why := readableByOthers(st); why != "" {
+			t.Errorf("%s: %s", name, why)
+		}
+	}
+	// The control: a secret left as the files were before issue 36 would be refused
+	// too (65532's, the user flowd and its steps shared); one left 0644, by anyone.
+	probe := filepath.Join(conf, "node.env")
+	if err := os.Chmod(probe, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(probe)
+	if readableByOthers(st) == "" {
+		t.Fatal("control: a 0644 node.env passed the check")
+	}
+}
+
+// readableByOthers says who besides a file's owner may read it ("": nobody), and
+// whether the steps' user flow-steps (65533) may.
+func readableByOthers(st os.FileInfo) string {
+	sys := st.Sys().(*syscall.Stat_t)
+	perm := st.Mode().Perm()
+	switch {
+	case sys.Uid == 65533:
+		return "belongs to flow-steps (65533), the steps' user"
+	case perm&0o004 != 0:
+		return fmt.Sprintf("readable by every user (mode %04o)", perm)
+	case perm&0o040 != 0:
+		return fmt.Sprintf("readable by its group %d (mode %04o)", sys.Gid, perm)
+	}
+	return ""
 }
