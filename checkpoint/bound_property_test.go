@@ -28,21 +28,8 @@ import (
 // written; and p's children are exactly those runs.
 func childProperty(h *testhooks.Hooks) func(*rapid.T) {
 	return func(t *rapid.T) {
-		s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: h})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, apply := memApplier(t, h)
 		defer s.Close()
-		apply := func(entries ...checkpoint.Entry) []error {
-			for i := range entries {
-				entries[i].At = t0
-			}
-			res, err := s.Apply(s.Applied()+1, msg(t, entries...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
-		}
 		apply(submitEntry("p", checkpoint.StepSpec{Name: "fan", Foreach: true}, checkpoint.StepSpec{Name: "other"}))
 		apply(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "p", Term: 1, Worker: "w0"})
 		var epochs []int64 // every epoch p had, oldest first
@@ -121,21 +108,8 @@ func TestChildBindingProperty(t *testing.T) {
 // rejected; and every approval the log accepted while the run waited counts.
 func approvalProperty(h *testhooks.Hooks) func(*rapid.T) {
 	return func(t *rapid.T) {
-		s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: h})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, apply := memApplier(t, h)
 		defer s.Close()
-		apply := func(entries ...checkpoint.Entry) []error {
-			for i := range entries {
-				entries[i].At = t0
-			}
-			res, err := s.Apply(s.Applied()+1, msg(t, entries...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res
-		}
 		must := func(entries ...checkpoint.Entry) {
 			for i, err := range apply(entries...) {
 				if err != nil {
@@ -218,5 +192,24 @@ func TestBoundGuardsAreNeeded(t *testing.T) {
 				t.Fatalf("with %s the property failed, but not with %q:\n%s", c.name, c.damage, got)
 			}
 		})
+	}
+}
+
+// memApplier is a store in memory and a function that applies entries to it as the next
+// log message, returning each entry's outcome.
+func memApplier(t *rapid.T, h *testhooks.Hooks) (*checkpoint.Store, func(...checkpoint.Entry) []error) {
+	s, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, func(entries ...checkpoint.Entry) []error {
+		for i := range entries {
+			entries[i].At = t0
+		}
+		res, err := s.Apply(s.Applied()+1, msg(t, entries...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
 	}
 }

@@ -460,7 +460,7 @@ func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions
 	if err := e.running(); err != nil {
 		return err
 	}
-	if err := e.signalBytes.take(audit.Actor(ctx), len(opts.Data)); err != nil {
+	if err := e.takeSignalBytes(audit.Actor(ctx), len(opts.Data)); err != nil {
 		return err
 	}
 	entry := checkpoint.Entry{Kind: checkpoint.KindSignal, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID,

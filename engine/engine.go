@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"github.com/flowrun/flow/internal/base/bytelimit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,7 @@ var ErrNotStarted = errors.New("engine: not running")
 // program around the engine may know of its insides.
 type Engine struct {
 	// signalBytes bounds each person's signal data per second on this node (signalrate.go).
-	signalBytes signalLimiter
+	signalBytes *bytelimit.Limiter
 
 	cfg   Config
 	log   *slog.Logger
@@ -103,7 +104,7 @@ func New(cfg Config) (*Engine, error) {
 		// A program's own registry runs its exec steps as flowd's settings say too.
 		cfg.Registry.ConfigureExec(cfg.execOptions()...)
 	}
-	e := &Engine{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
+	e := &Engine{cfg: cfg, signalBytes: newSignalLimiter(), log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
 	e.sup = supervise.New(supervise.WithLogger(e.log))
 	e.cfg.Lease.Supervisor = e.sup
 	e.mu.waiters = map[string][]chan struct{}{}

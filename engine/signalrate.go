@@ -3,10 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"sync"
-	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/flowrun/flow/internal/base/bytelimit"
 )
 
 // ErrTooMuchSignalData: a person sent more signal data to this node than its per-person
@@ -26,54 +24,17 @@ const (
 	signalBurst = 2 << 20
 )
 
-// signalLimiter holds each person's allowance; idle ones are dropped.
-type signalLimiter struct {
-	mu   sync.Mutex
-	now  func() time.Time
-	per  map[string]*personRate
-	seen time.Time // when idle allowances were last dropped
-}
+func newSignalLimiter() *bytelimit.Limiter { return bytelimit.New(signalRate, signalBurst) }
 
-type personRate struct {
-	lim  *rate.Limiter
-	used time.Time
-}
-
-// take spends n bytes of who's allowance, or refuses them (nothing spent).
-func (l *signalLimiter) take(who string, n int) error {
-	if n == 0 {
+// takeSignalBytes spends n bytes of who's signal allowance, or refuses them.
+func (e *Engine) takeSignalBytes(who string, n int) error {
+	if _, ok := e.signalBytes.Take(who, n); ok {
 		return nil
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if l.now != nil {
-		now = l.now()
+	name := who
+	if name == "" {
+		name = "anonymous callers (no --auth)"
 	}
-	if l.per == nil {
-		l.per = map[string]*personRate{}
-	}
-	if now.Sub(l.seen) > time.Minute {
-		for k, p := range l.per {
-			if now.Sub(p.used) > time.Minute { // a full allowance again: nothing to keep
-				delete(l.per, k)
-			}
-		}
-		l.seen = now
-	}
-	p := l.per[who]
-	if p == nil {
-		p = &personRate{lim: rate.NewLimiter(rate.Limit(signalRate), signalBurst)}
-		l.per[who] = p
-	}
-	p.used = now
-	if !p.lim.AllowN(now, n) {
-		name := who
-		if name == "" {
-			name = "anonymous callers (no --auth)"
-		}
-		return fmt.Errorf("%w: %s sent more than %d bytes of signal data a second to this node (bursts of %d), the most one person may: send less, or smaller signals",
-			ErrTooMuchSignalData, name, signalRate, signalBurst)
-	}
-	return nil
+	return fmt.Errorf("%w: %s sent more than %d bytes of signal data a second to this node (bursts of %d), the most one person may: send less, or smaller signals",
+		ErrTooMuchSignalData, name, signalRate, signalBurst)
 }

@@ -15,30 +15,31 @@ import (
 // a second; another person keeps their own allowance; an allowance refills with time.
 func TestSignalDataPerPersonRate(t *testing.T) {
 	now := time.Date(2026, 12, 4, 2, 0, 0, 0, time.UTC)
-	l := &signalLimiter{now: func() time.Time { return now }}
+	e := &Engine{signalBytes: newSignalLimiter()}
+	e.signalBytes.SetClock(func() time.Time { return now })
 	mb := 900 << 10
 	for i := range 2 {
-		if err := l.take("mallory", mb); err != nil {
+		if err := e.takeSignalBytes("mallory", mb); err != nil {
 			t.Fatalf("signal %d of the burst: %v", i, err)
 		}
 	}
-	err := l.take("mallory", mb)
+	err := e.takeSignalBytes("mallory", mb)
 	if !errors.Is(err, ErrTooMuchSignalData) || !strings.Contains(err.Error(), "mallory sent more than") {
 		t.Fatalf("a third 900 KB signal at once: %v; want refused, naming the person", err)
 	}
-	if err := l.take("ann", mb); err != nil {
+	if err := e.takeSignalBytes("ann", mb); err != nil {
 		t.Fatalf("another person: %v", err)
 	}
-	if err := l.take("mallory", 0); err != nil {
+	if err := e.takeSignalBytes("mallory", 0); err != nil {
 		t.Fatalf("a signal without data: %v", err)
 	}
 	now = now.Add(time.Second)
-	if err := l.take("mallory", mb); err != nil {
+	if err := e.takeSignalBytes("mallory", mb); err != nil {
 		t.Fatalf("a second later: %v", err)
 	}
 	now = now.Add(2 * time.Minute)
-	if err := l.take("nobody", 1); err != nil || len(l.per) != 1 {
-		t.Fatalf("idle allowances are dropped: %v, %d kept", err, len(l.per))
+	if err := e.takeSignalBytes("nobody", 1); err != nil || e.signalBytes.Keys() != 1 {
+		t.Fatalf("idle allowances are dropped: %v, %d kept", err, e.signalBytes.Keys())
 	}
 }
 
@@ -64,9 +65,7 @@ func TestSignalFloodIsRefusedBeforeTheLog(t *testing.T) {
 		awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
 	}
 	frozen := time.Now() // no refill while the signals are sent, however slow the machine
-	e.signalBytes.mu.Lock()
-	e.signalBytes.now = func() time.Time { return frozen }
-	e.signalBytes.mu.Unlock()
+	e.signalBytes.SetClock(func() time.Time { return frozen })
 	mal := audit.WithActor(ctx, "mallory")
 	big := json.RawMessage(`"` + strings.Repeat("x", 700_000) + `"`)
 	var refused error

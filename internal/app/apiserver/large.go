@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/flowrun/flow/internal/base/bytelimit"
 )
 
 // Large requests (issue 36). A request's body is decoded before anything can judge it,
@@ -26,55 +26,27 @@ const (
 	largeHold    = 2 * time.Second
 )
 
+// largeLimiter bounds large requests' bytes per user (nil bytes: built on first use).
 type largeLimiter struct {
-	mu   sync.Mutex
-	per  map[string]*largeAllowance
-	seen time.Time
-	off  bool // the test switch: no bound
-}
-
-type largeAllowance struct {
-	lim  *rate.Limiter
-	used time.Time
+	once  sync.Once
+	bytes *bytelimit.Limiter
+	off   bool // the test switch: no bound
 }
 
 // admit spends n bytes of who's allowance if n is large; refused, it says why and how
 // long to hold the refusal back.
 func (l *largeLimiter) admit(who, name string, n int) (why string, hold time.Duration, ok bool) {
-	if n <= largeRequest {
+	if n <= largeRequest || l.off {
 		return "", 0, true
 	}
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.off {
-		return "", 0, true
-	}
-	if l.per == nil {
-		l.per = map[string]*largeAllowance{}
-	}
-	if now.Sub(l.seen) > time.Minute {
-		for k, a := range l.per {
-			if now.Sub(a.used) > time.Minute {
-				delete(l.per, k)
-			}
-		}
-		l.seen = now
-	}
-	a := l.per[who]
-	if a == nil {
-		a = &largeAllowance{lim: rate.NewLimiter(rate.Limit(largeRate), largeBurst)}
-		l.per[who] = a
-	}
-	a.used = now
-	r := a.lim.ReserveN(now, n)
-	if r.OK() && r.DelayFrom(now) == 0 {
+	l.once.Do(func() { l.bytes = bytelimit.New(largeRate, largeBurst) })
+	wait, ok := l.bytes.Take(who, n)
+	if ok {
 		return "", 0, true
 	}
 	hold = largeHold
-	if r.OK() {
-		hold = min(r.DelayFrom(now), largeHold)
-		r.CancelAt(now) // refused: it spends nothing
+	if wait > 0 {
+		hold = min(wait, largeHold)
 	}
 	if name == "" {
 		name = "callers without a name (no --auth)"
