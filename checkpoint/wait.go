@@ -94,7 +94,7 @@ type Wait struct {
 	Need          int    `json:"need,omitempty"`
 	Exclude       string `json:"exclude,omitempty"`
 	NotTheStarter bool   `json:"not_the_starter,omitempty"`
-	Role    string `json:"role,omitempty"` // for people to read: who may decide
+	Role          string `json:"role,omitempty"` // for people to read: who may decide
 	// Children, for a child wait: the child runs it waits for (all must end).
 	Children []string `json:"children,omitempty"`
 }
