@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
@@ -48,7 +49,7 @@ func ctxT(t *testing.T) context.Context {
 func TestOpenCreatesTheStream(t *testing.T) {
 	js := startJS(t)
 	ctx := ctxT(t)
-	if err := Open(ctx, js, 0); err != nil {
+	if err := open(ctx, js, 0); err != nil {
 		t.Fatal(err)
 	}
 	st, err := js.Stream(ctx, Stream)
@@ -74,10 +75,10 @@ func TestOpenCreatesTheStream(t *testing.T) {
 	if cfg.Replicas != 1 {
 		t.Errorf("replicas %d, want 1 (asked for 0: at least one)", cfg.Replicas)
 	}
-	if err := Publish(ctx, js, Message{Run: "r1", Epoch: 3}); err != nil {
+	if err := Publish(ctx, jsport.PublisherOf(js), Message{Run: "r1", Epoch: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := Open(ctx, js, 1); err != nil {
+	if err := open(ctx, js, 1); err != nil {
 		t.Fatalf("Open on an existing stream: %v", err)
 	}
 	if info, err := st.Info(ctx); err != nil || info.State.Msgs != 1 {
@@ -92,7 +93,7 @@ func TestOpenCreatesTheStream(t *testing.T) {
 func TestPublishDeduplicatesByRunAndEpoch(t *testing.T) {
 	js := startJS(t)
 	ctx := ctxT(t)
-	if err := Open(ctx, js, 1); err != nil {
+	if err := open(ctx, js, 1); err != nil {
 		t.Fatal(err)
 	}
 	st, err := js.Stream(ctx, Stream)
@@ -110,7 +111,7 @@ func TestPublishDeduplicatesByRunAndEpoch(t *testing.T) {
 	m := Message{Run: "pay-1", Workflow: "payout", Epoch: 41, EpochChanges: 6, MaxEpochs: 5, Reason: "max_epochs exceeded",
 		LastOwner: "node-b", At: "2026-11-29T02:00:00Z"}
 	for i := 0; i < 3; i++ {
-		if err := Publish(ctx, js, m); err != nil {
+		if err := Publish(ctx, jsport.PublisherOf(js), m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,7 +121,7 @@ func TestPublishDeduplicatesByRunAndEpoch(t *testing.T) {
 	// Another field changing (a later reconcile's At) does not make it another notice.
 	later := m
 	later.At = "2026-11-29T02:00:05Z"
-	if err := Publish(ctx, js, later); err != nil {
+	if err := Publish(ctx, jsport.PublisherOf(js), later); err != nil {
 		t.Fatal(err)
 	}
 	if n := msgs(); n != 1 {
@@ -136,15 +137,21 @@ func TestPublishDeduplicatesByRunAndEpoch(t *testing.T) {
 	}
 	again := m
 	again.Epoch = 57
-	if err := Publish(ctx, js, again); err != nil {
+	if err := Publish(ctx, jsport.PublisherOf(js), again); err != nil {
 		t.Fatal(err)
 	}
 	other := m
 	other.Run = "pay-2"
-	if err := Publish(ctx, js, other); err != nil {
+	if err := Publish(ctx, jsport.PublisherOf(js), other); err != nil {
 		t.Fatal(err)
 	}
 	if n := msgs(); n != 3 {
 		t.Fatalf("a new epoch of the run and another run: %d messages, want 3", n)
 	}
+}
+
+// open creates the stream as a node does (jsport.Open).
+func open(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	_, err := jsport.EnsureStream(ctx, js, jsport.DLQConfig(replicas))
+	return err
 }

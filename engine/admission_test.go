@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
@@ -168,7 +168,11 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 			}
 			ctx := ctxT(t, 30*time.Second)
 			cfg := epoch.Config{TTL: 600 * time.Millisecond, AllowShortTTL: true, Counters: &epoch.Counters{}}
-			leases, err := epoch.NewLeases(ctx, js, cfg, 1)
+			kv, err := jsport.OpenKV(ctx, js, jsport.LeasesConfig(cfg.TTL, 1), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leases, err := epoch.NewLeases(kv, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,7 +185,7 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 			if capped {
 				maxBytes = 1 << 20
 			}
-			if err := tasks.EnsureStream(ctx, js, 1, maxBytes); err != nil {
+			if err := jsport.EnsureTasks(ctx, js, 1, maxBytes); err != nil {
 				t.Fatal(err)
 			}
 			// Fill the stream until the server refuses a task.
@@ -191,9 +195,9 @@ func TestFullTaskStreamLeavesLeasesTheirMemory(t *testing.T) {
 				if i > 1000 {
 					t.Fatal("32 MiB of tasks accepted on a 4 MiB server")
 				}
-				_, refused = js.Publish(ctx, tasks.Subject, junk, jetstream.WithMsgID(fmt.Sprint("junk-", i)))
+				_, refused = js.Publish(ctx, port.TasksSubject, junk, jetstream.WithMsgID(fmt.Sprint("junk-", i)))
 			}
-			info, err := js.Stream(ctx, tasks.Stream)
+			info, err := js.Stream(ctx, port.TasksStream)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -249,23 +253,23 @@ func TestTasksStreamFromBeforeTheCapGetsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 10*time.Second)
-	if err := tasks.EnsureStream(ctx, js, 1, 0); err != nil { // the stream as it was
+	if err := jsport.EnsureTasks(ctx, js, 1, 0); err != nil { // the stream as it was
 		t.Fatal(err)
 	}
 	// A node does not update it (a node's credential may not: issue 36); an admin path
 	// does (checkStreams at a start on the embedded server, cluster repair).
-	if err := tasks.EnsureStream(ctx, js, 1, tasks.MaxBytes); !errors.Is(err, tasks.ErrCapNotSet) {
+	if err := jsport.EnsureTasks(ctx, js, 1, jsport.TasksMaxBytes); !errors.Is(err, jsport.ErrCapNotSet) {
 		t.Fatalf("a node's ensure of a stream from before the cap: %v; want ErrCapNotSet", err)
 	}
-	if _, err := streams.Repair(ctx, js, []streams.Want{streams.WantStream(tasks.StreamConfig(1, tasks.MaxBytes))}, false, 0); err != nil {
+	if _, err := jsport.Repair(ctx, js, []jsport.Want{jsport.WantStream(jsport.TasksConfig(1, jsport.TasksMaxBytes))}, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, tasks.Stream)
+	s, err := js.Stream(ctx, port.TasksStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := s.CachedInfo().Config; c.MaxBytes != tasks.MaxBytes || c.Discard != jetstream.DiscardNew {
-		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, tasks.MaxBytes)
+	if c := s.CachedInfo().Config; c.MaxBytes != jsport.TasksMaxBytes || c.Discard != jetstream.DiscardNew {
+		t.Fatalf("after the update: max bytes %d, discard %v; want %d and DiscardNew", c.MaxBytes, c.Discard, jsport.TasksMaxBytes)
 	}
 }
 

@@ -409,11 +409,10 @@ func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
 
 // LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
 func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
-	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	info, err := e.ports.Log.Info(ctx)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
 	}
-	info := s.CachedInfo()
 	snaps, err := e.clog.Snapshots.List(ctx)
 	if err != nil {
 		return 0, 0, 0, err
@@ -421,7 +420,7 @@ func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, e
 	if len(snaps) > 0 {
 		snapshot = snaps[len(snaps)-1].Seq
 	}
-	return info.State.FirstSeq, info.State.LastSeq, snapshot, nil
+	return info.FirstSeq, info.LastSeq, snapshot, nil
 }
 
 // Workflows lists every applied workflow version.

@@ -10,7 +10,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/nodes"
-	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/jsport"
 )
 
 // The cluster version (docs/operations.md, "Upgrading"; engine/internal/gate): each
@@ -61,11 +61,11 @@ func Binary() string {
 func (e *Engine) register(ctx context.Context) error {
 	m := gate.Member{Binary: Binary(), Formats: checkpoint.ReadFormats(), Hold: e.cfg.HoldClusterVersion, Since: e.cfg.Clock.Now().UTC()}
 	r, err := e.gate.Register(ctx, e.cfg.NodeID, m, e.store.ClusterVersion())
-	if streams.IsSealed(err) {
+	if jsport.IsSealed(err) {
 		// The roster was read (a cluster past this binary refuses it before the write)
 		// and cannot be written: nor can a promise of a newer version, so the version
 		// stays where this node reads it. Starting lets cluster repair be run.
-		e.log.Error("the cluster roster (KV_FLOW_CLUSTER) is sealed: this node starts unregistered, and the cluster version cannot move until it is mended: run `"+streams.RepairCommand+"`", "err", err)
+		e.log.Error("the cluster roster (KV_FLOW_CLUSTER) is sealed: this node starts unregistered, and the cluster version cannot move until it is mended: run `"+jsport.RepairCommand+"`", "err", err)
 		return nil
 	}
 	if err != nil {
@@ -84,7 +84,7 @@ type gatePromoter struct{ e *Engine }
 func (g gatePromoter) Promote(ctx context.Context, applied int) (int, string, error) {
 	e := g.e
 	defer e.gatePasses.Add(1)
-	live, err := nodes.Live(ctx, e.nodesKV)
+	live, err := nodes.Live(ctx, e.ports.Nodes)
 	if err != nil {
 		return 0, "", fmt.Errorf("read the live nodes: %w", err)
 	}
@@ -115,7 +115,7 @@ func (e *Engine) ClusterRoster(ctx context.Context) (gate.Roster, int, error) {
 // ForgetNode removes a node that is gone for good from the roster, so that the
 // cluster version can move past what it read. A live node is refused.
 func (e *Engine) ForgetNode(ctx context.Context, node string) error {
-	live, err := nodes.Live(ctx, e.nodesKV)
+	live, err := nodes.Live(ctx, e.ports.Nodes)
 	if err != nil {
 		return fmt.Errorf("engine: read the live nodes: %w", err)
 	}

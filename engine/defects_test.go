@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -218,7 +218,7 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	for _, body := range []string{`{"run":"a.","epoch":5}`, `{"run":"a..b","epoch":5}`, `{"run":"x","epoch":0}`, `not json`,
 		`{"run":"a.","epoch":6}`, `{"run":"b.","epoch":7}`, `{"run":"c..d","epoch":8}`, `{"run":"e.","epoch":9}`} {
-		if _, err := e.js.Publish(ctx, tasks.Subject, []byte(body)); err != nil {
+		if _, err := e.js.Publish(ctx, port.TasksSubject, []byte(body)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -227,7 +227,7 @@ func TestForgedTasksAreDroppedNotLooped(t *testing.T) {
 		t.Fatalf("a real run beside forged tasks: %s %s", v.Run.Status, v.Run.Error)
 	}
 	for {
-		cons, err := e.tasks.Consumer(ctx)
+		cons, err := e.js.Consumer(ctx, port.TasksStream, port.TasksConsumer)
 		if err != nil {
 			t.Fatal(err)
 		}

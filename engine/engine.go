@@ -3,11 +3,13 @@ package engine
 import (
 	"context"
 	"errors"
-	"github.com/flowrun/flow/internal/base/bytelimit"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flowrun/flow/internal/base/bytelimit"
+	"github.com/flowrun/flow/internal/base/port"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +50,11 @@ type Engine struct {
 	// name: approvals are counted only for them (Decide).
 	people map[string]string
 
+	// over, if set, is what the engine runs over instead of NATS (NewOver: the
+	// simulation); ports are its streams and buckets, on JetStream or over.
+	over  *Over
+	ports port.Ports
+
 	// The node's I/O, opened by Start (node.go).
 	srv      *natsnode.Server // nil with an external NATS
 	nc       *nats.Conn
@@ -58,7 +65,6 @@ type Engine struct {
 	elector  *epoch.Elector
 	leases   *epoch.Leases
 	tasks    *tasks.Queue
-	nodesKV  jetstream.KeyValue
 	gate     *gate.Gate
 	// tasksCap is the tasks stream's cap on this server; streamCheck the newest check of
 	// flow's streams against what it wants (streams.go).
@@ -149,7 +155,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	}
 	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: raisingElector{e.elector, e}, State: e.store, Specs: e.specs, Log: log,
 		Leases: e.leases, Tasks: e.tasks, Snapshots: e.clog.Snapshots, Compactor: compactor{e},
-		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.js, m) },
+		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.ports.DLQ, m) },
 		Gate:        gatePromoter{e},
 		Admission:   e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
 		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Silence: e.Silence(),
@@ -159,7 +165,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err := retrySetup(ctx, e.log, e.register); err != nil { // a cluster still electing its JetStream leader answers nothing yet
 		return e.withStreamFindings(ctx, err)
 	}
-	e.reporter = nodes.NewReporter(e.nodesKV, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: checkpoint.ReadFormats()}, e.store.Applied, e.cfg.Clock, e.log)
+	e.reporter = nodes.NewReporter(e.ports.Nodes, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: checkpoint.ReadFormats()}, e.store.Applied, e.cfg.Clock, e.log)
 	// Live from now on: the leader's compaction keeps what this node still needs while it
 	// catches up.
 	e.reporter.Report(ctx)

@@ -146,7 +146,9 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	s := e.workers.Stats()
 	m.Stolen, m.HandedBack, m.TasksDeferred = s.Stolen.Load(), s.HandedBack.Load(), s.TasksDeferred.Load()
 	m.StepAttempts, m.StepFailures = s.StepAttempts.Load(), s.StepFailures.Load()
-	m.NATSReconnects = e.nc.Stats().Reconnects
+	if e.nc != nil {
+		m.NATSReconnects = e.nc.Stats().Reconnects
+	}
 	m.PartRestarts, m.Parts = e.sup.Restarts(), e.partHealth()
 	return m
 }

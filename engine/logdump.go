@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/logstream"
 )
 
 // DumpedMessage is one log message as log.dump gives it: decoded whatever its format.
@@ -38,67 +35,53 @@ func (e *Engine) DumpLog(ctx context.Context, from uint64, run string, limit int
 		limit = DefaultDumpLimit
 	}
 	limit = min(limit, MaxDumpLimit)
-	s, err := e.js.Stream(ctx, logstream.DefaultStream)
+	info, err := e.ports.Log.Info(ctx)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
-	}
-	first, last := info.State.FirstSeq, info.State.LastSeq
+	first, last := info.FirstSeq, info.LastSeq
 	from = max(from, first, 1)
 	if from > last {
 		return nil, 0, first, nil
 	}
-	// The server forgets the page's consumer soon after (each page makes its own).
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from, InactiveThreshold: 30 * time.Second})
+	it, err := e.ports.Log.Consume(ctx, from)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
 	}
+	defer it.Stop()
 	var out []DumpedMessage
 	bytes, scanned, next := 0, 0, from
 	for next <= last && len(out) < limit && bytes < dumpPageBytes && scanned < dumpScan {
-		batch, err := cons.Fetch(min(limit-len(out), 256), jetstream.FetchMaxWait(2*time.Second))
+		mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := it.Next(mctx)
+		cancel()
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("engine: log dump: %w", err)
+			break // the log's end as far as the server says, or it is slow: this page ends
 		}
-		got, full := 0, false
-		for m := range batch.Messages() { // read to the batch's end: a fetch left open outlives the call
-			got++
-			meta, err := m.Metadata()
-			if err != nil || full {
-				continue
-			}
-			seq := meta.Sequence.Stream
-			if seq > last || len(out) >= limit || bytes >= dumpPageBytes {
-				full = true
-				continue
-			}
-			next, scanned = seq+1, scanned+1
-			d := DumpedMessage{Seq: seq}
-			d.Message, d.Err = checkpoint.DecodeMessage(seq, m.Data())
-			if run != "" {
-				if d.Err != nil {
-					continue
-				}
-				kept := d.Message.Entries[:0:0]
-				for _, en := range d.Message.Entries {
-					if en.Run == run || en.Tick != nil && en.Tick.RunID == run {
-						kept = append(kept, en)
-					}
-				}
-				if len(kept) == 0 {
-					continue
-				}
-				d.Message.Entries = kept
-			}
-			bytes += len(m.Data())
-			out = append(out, d)
-		}
-		if batch.Error() != nil || got == 0 {
+		seq := m.Seq
+		if seq > last {
 			break
 		}
+		next, scanned = seq+1, scanned+1
+		d := DumpedMessage{Seq: seq}
+		d.Message, d.Err = checkpoint.DecodeMessage(seq, m.Data)
+		if run != "" {
+			if d.Err != nil {
+				continue
+			}
+			kept := d.Message.Entries[:0:0]
+			for _, en := range d.Message.Entries {
+				if en.Run == run || en.Tick != nil && en.Tick.RunID == run {
+					kept = append(kept, en)
+				}
+			}
+			if len(kept) == 0 {
+				continue
+			}
+			d.Message.Entries = kept
+		}
+		bytes += len(m.Data)
+		out = append(out, d)
 	}
 	if next > last {
 		next = 0

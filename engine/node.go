@@ -15,14 +15,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/nodes"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -32,9 +31,41 @@ import (
 // NodesBucket holds each live node's applied sequence (engine/internal/nodes).
 const NodesBucket = nodes.Bucket
 
-// open connects (or embeds) NATS, opens the state from the newest snapshot when it has
-// none, and opens the log, the elector, the leases, the task queue and the buckets.
+// open connects (or embeds) NATS and opens flow's streams and buckets as ports (or takes
+// the ports it was built over: NewOver), opens the state (from the newest snapshot when
+// it has none), and wires the log, the elector, the leases, the task queue and the gate
+// over the ports.
 func (e *Engine) open(ctx context.Context) (err error) {
+	if e.over != nil {
+		e.ports = e.over.Ports
+		if e.store, err = checkpoint.OpenStore(e.over.StateDir, checkpoint.StoreOptions{FS: e.over.FS, Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
+			return err
+		}
+		return e.wire()
+	}
+	if err := e.openNATS(ctx); err != nil {
+		return err
+	}
+	// A node with no state, or one behind the log's first sequence, starts from the
+	// newest snapshot (the log after it is applied as usual).
+	if err := retrySetup(ctx, e.log, func(ctx context.Context) error {
+		return logstream.PrepareState(ctx, e.ports.Log, e.ports.Snapshots, filepath.Join(e.cfg.DataDir, "state"), e.log)
+	}); err != nil {
+		return err
+	}
+	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
+		return err
+	}
+	if err := e.wire(); err != nil {
+		return err
+	}
+	// One sealed or reconfigured (issue 36) is said now, with what to do (streams.go).
+	e.checkStreams(ctx)
+	return nil
+}
+
+// openNATS connects (or embeds) NATS and opens flow's streams and buckets (jsport.Open).
+func (e *Engine) openNATS(ctx context.Context) (err error) {
 	if e.cfg.NATSURL == "" {
 		listen := e.cfg.NATSListen
 		if listen == "-" {
@@ -59,41 +90,31 @@ func (e *Engine) open(ctx context.Context) (err error) {
 	if err := e.openAdminPath(); err != nil {
 		return err
 	}
-	e.replicas = streams.Replicas(e.nc)
+	e.replicas = jsport.Replicas(e.nc)
 	if e.srv == nil {
 		e.warnIfUnsynced()
 	}
-	// A node with no state, or one behind the log's first sequence, starts from the
-	// newest snapshot (the log after it is applied as usual). Its first JetStream request
-	// meets a cluster that may still be electing (a CI run saw one go unanswered for 5 s
-	// and the node give up): retried like the set-up below.
-	if err := retrySetup(ctx, e.log, func(ctx context.Context) error {
-		return logstream.PrepareState(ctx, e.js, "", filepath.Join(e.cfg.DataDir, "state"), e.log)
-	}); err != nil {
-		return err
-	}
-	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
-		return err
-	}
 	// Streams and buckets are created by whichever node comes first; on a cluster two
-	// nodes creating one replicated stream at once can time out: retry for a while.
-	if err := retrySetup(ctx, e.log, e.setupJetStream); err != nil {
+	// nodes creating one replicated stream at once can time out, and a node's first
+	// JetStream request meets a cluster that may still be electing (a CI run saw one go
+	// unanswered for 5 s and the node give up): retry for a while.
+	return retrySetup(ctx, e.log, func(ctx context.Context) (err error) {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		e.ports, err = jsport.Open(sctx, e.js, jsport.Options{Replicas: e.replicas, TTL: e.cfg.Lease.TTL, Admin: e.adminJS, Logger: e.log})
 		return err
-	}
-	// One sealed or reconfigured (issue 36) is said now, with what to do (streams.go).
-	e.checkStreams(ctx)
-	return nil
+	})
 }
 
 // warnIfUnsynced says at start what flow cannot promise on an external NATS server that
 // does not fsync every write. It warns rather than refuses: a stock nats-server syncs
 // every 2 minutes, and a user trying flow on one should get a running node and the facts.
 func (e *Engine) warnIfUnsynced() {
-	switch streams.ServerSyncPolicy(e.nc, 2*time.Second) {
-	case streams.SyncPeriodic:
+	switch jsport.ServerSyncPolicy(e.nc, 2*time.Second) {
+	case jsport.SyncPeriodic:
 		e.log.Warn("the NATS server does not fsync every write: a commit it acknowledged can be lost on a power cut; " +
 			"set sync_interval: always in its jetstream block (docs/operations.md, \"Durability\")")
-	case streams.SyncUnknown:
+	case jsport.SyncUnknown:
 		e.log.Warn("cannot tell whether the NATS server fsyncs every write (its monitoring answers the system account only); " +
 			"unless its jetstream block sets sync_interval: always, a commit it acknowledged can be lost on a power cut (docs/operations.md, \"Durability\")")
 	}
@@ -112,34 +133,29 @@ func (e *Engine) natsURL() string {
 // ClientURL is the NATS URL that clients (flowctl) reach this node's NATS at.
 func (e *Engine) ClientURL() string { return e.natsURL() }
 
-func (e *Engine) setupJetStream(ctx context.Context) (err error) {
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+// wire builds the node's log, elector, leases, task queue and gate over its ports.
+func (e *Engine) wire() (err error) {
 	logCfg := logstream.DefaultConfig()
-	logCfg.JS, logCfg.Store, logCfg.Node, logCfg.Replicas = e.js, e.store, e.cfg.NodeID, e.replicas
+	logCfg.Stream, logCfg.Snapshots, logCfg.Store, logCfg.Node = e.ports.Log, e.ports.Snapshots, e.store, e.cfg.NodeID
 	logCfg.MaxOutputBytes, logCfg.Logger, logCfg.Supervisor, logCfg.Hooks = e.cfg.MaxOutputBytes, e.log, e.sup, e.hooks
-	if e.clog, err = logstream.Open(sctx, logCfg); err != nil {
+	if e.over != nil {
+		logCfg.Nonce = e.over.Nonce
+	}
+	if e.clog, err = logstream.Open(logCfg); err != nil {
 		return err
 	}
 	e.cfg.MaxOutputBytes = e.clog.Writer.MaxOutputBytes() // fitted to the server's max_payload
-	if e.elector, err = epoch.NewElector(sctx, e.js, e.cfg.NodeID, e.cfg.Lease, e.replicas); err != nil {
+	if e.elector, err = epoch.NewElector(e.ports.Leader, e.ports.Terms, e.cfg.NodeID, e.cfg.Lease); err != nil {
 		return err
 	}
 	leaseCfg := e.cfg.Lease
 	leaseCfg.Hooks = e.hooks // the lease guards' negative controls are for run leases
-	if e.leases, err = epoch.NewLeases(sctx, e.js, leaseCfg, e.replicas); err != nil {
+	if e.leases, err = epoch.NewLeases(e.ports.Leases, leaseCfg); err != nil {
 		return err
 	}
-	if e.tasks, err = tasks.Open(sctx, e.js, e.replicas, e.cfg.Lease.TTL, e.log); err != nil {
-		return err
-	}
-	if e.nodesKV, err = nodes.Open(sctx, e.js, e.replicas); err != nil {
-		return err
-	}
-	if e.gate, err = gate.Open(sctx, e.js, e.replicas); err != nil {
-		return err
-	}
-	return dlq.Open(sctx, e.js, e.replicas)
+	e.tasks = tasks.New(e.ports.Tasks)
+	e.gate = gate.New(e.ports.Cluster)
+	return nil
 }
 
 // retrySetup retries fn on timeouts for up to a minute, with backoff.
@@ -217,7 +233,7 @@ func natsUsers(users []NATSUser) []natsnode.User {
 type compactor struct{ e *Engine }
 
 func (c compactor) LiveApplied(ctx context.Context) (uint64, bool, error) {
-	low, any, err := nodes.LiveApplied(ctx, c.e.nodesKV, c.e.cfg.NodeID)
+	low, any, err := nodes.LiveApplied(ctx, c.e.ports.Nodes, c.e.cfg.NodeID)
 	if err != nil {
 		return 0, false, fmt.Errorf("engine: compact: read the nodes' reports: %w", err)
 	}
@@ -225,22 +241,18 @@ func (c compactor) LiveApplied(ctx context.Context) (uint64, bool, error) {
 }
 
 func (c compactor) FirstSeq(ctx context.Context) (uint64, error) {
-	s, err := c.e.js.Stream(ctx, logstream.DefaultStream)
+	info, err := c.e.ports.Log.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("engine: compact: %w", err)
 	}
-	return s.CachedInfo().State.FirstSeq, nil
+	return info.FirstSeq, nil
 }
 
 func (c compactor) Purge(ctx context.Context, keep uint64) error {
-	s, err := c.e.js.Stream(ctx, logstream.DefaultStream)
-	if err != nil {
-		return fmt.Errorf("engine: compact: %w", err)
-	}
 	if killDuringPurge != "" {
-		c.e.killDuringPurge(s, keep)
+		c.e.killDuringPurge(keep)
 	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSequence(keep)); err != nil {
+	if err := c.e.ports.Log.Purge(ctx, keep); err != nil {
 		return fmt.Errorf("engine: compact the log below %d: %w", keep, err)
 	}
 	return nil
@@ -253,9 +265,9 @@ func (c compactor) Purge(ctx context.Context, keep uint64) error {
 // TestCrashDuringSnapshotRestoreAndPurge).
 var killDuringPurge string
 
-func (e *Engine) killDuringPurge(s jetstream.Stream, keep uint64) {
+func (e *Engine) killDuringPurge(keep uint64) {
 	e.log.Warn("test build: this process kills itself during the purge (killDuringPurge)", "below", keep)
-	go func() { _ = s.Purge(context.Background(), jetstream.WithPurgeSequence(keep)) }()
+	go func() { _ = e.ports.Log.Purge(context.Background(), keep) }()
 	// A jitter of up to a millisecond, so that repeated runs land at different points of
 	// the purge: fault injection, not synchronisation.
 	time.Sleep(time.Duration(rand.Int64N(int64(time.Millisecond))))

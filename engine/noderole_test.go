@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -114,7 +114,7 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 	}
 	defer admin.Close()
 	ajs, _ := jetstream.New(admin)
-	if _, err := streams.Repair(ctx, ajs, b.wantedStreams(), false, 0); err != nil {
+	if _, err := jsport.Repair(ctx, ajs, b.wantedStreams(), false, 0); err != nil {
 		t.Fatal(err)
 	}
 	if f := b.streamFindings(ctx, true); len(f) != 0 {

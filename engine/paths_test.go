@@ -14,6 +14,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
@@ -203,12 +204,12 @@ func TestLogOutageEndsTheEpochNotTheRun(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("step b never started")
 	}
-	setLogSubject(t, e, logstream.DefaultSubject+".cut")
+	setLogSubject(t, e, port.LogSubject+".cut")
 	cut := true
 	heal := func() {
 		if cut {
 			cut = false
-			setLogSubject(t, e, logstream.DefaultSubject)
+			setLogSubject(t, e, port.LogSubject)
 		}
 	}
 	t.Cleanup(heal) // before the engine stops

@@ -14,9 +14,9 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // seal seals one of flow's streams, as a node's credential could before issue 36.
@@ -46,7 +46,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 	}
 	ctx := ctxT(t, 60*time.Second)
 	before := e.Metrics(ctx).HighestTerm
-	for _, name := range []string{"KV_" + epoch.LeaderBucket, "KV_" + epoch.LeaseBucket, tasks.Stream, "KV_" + NodesBucket} {
+	for _, name := range []string{"KV_" + epoch.LeaderBucket, "KV_" + epoch.LeaseBucket, port.TasksStream, "KV_" + NodesBucket} {
 		seal(t, ctx, e.js, name)
 	}
 	pollUntil(t, 20*time.Second, "readyz to name the sealed leader bucket and the fix", func() bool {

@@ -133,7 +133,7 @@ func TestCompactionKeepsWhatALaggingNodeNeeds(t *testing.T) {
 			var report uint64
 			deadline := time.Now().Add(3 * nodes.ReportEvery)
 			for {
-				low, any, err := nodes.LiveApplied(ctx, a.nodesKV, "node-a")
+				low, any, err := nodes.LiveApplied(ctx, a.ports.Nodes, "node-a")
 				if err == nil && any && low == b.store.Applied() {
 					report = low
 					break

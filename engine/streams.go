@@ -11,14 +11,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/client"
-	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/gate"
-	"github.com/flowrun/flow/engine/internal/nodes"
-	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
-	"github.com/flowrun/flow/logstream"
 )
 
 // Flow's streams and buckets as this node wants them, and what it does when one differs
@@ -65,32 +61,30 @@ type streamCheck struct {
 	mu       sync.Mutex
 	ready    bool // the streams are open (checkStreams): before, there is nothing to check
 	at       time.Time
-	findings []streams.Finding
+	findings []jsport.Finding
 	err      error
 }
 
 // wantedStreams are flow's streams and buckets as this node creates them.
-func (e *Engine) wantedStreams() []streams.Want {
+func (e *Engine) wantedStreams() []jsport.Want {
 	ttl := e.leases.Config().TTL
-	logCfg := logstream.DefaultConfig()
-	logCfg.Replicas = e.replicas
-	logW := streams.WantStream(logstream.StreamConfig(logCfg))
+	logW := jsport.WantStream(jsport.LogConfig(e.replicas))
 	logW.Refuse = "the log is the state of every run: deleting it loses them (docs/security.md, \"Sealing and repair\")"
-	dlqW := streams.WantStream(dlq.StreamConfig(e.replicas))
+	dlqW := jsport.WantStream(jsport.DLQConfig(e.replicas))
 	dlqW.Refuse = "the DLQ stream holds the dead-letter notices alerting reads (docs/security.md, \"Sealing and repair\")"
-	snapW := streams.WantObjectStore(logstream.SnapshotBucketConfig(e.replicas))
+	snapW := jsport.WantObjectStore(jsport.SnapshotsConfig(e.replicas))
 	snapW.Refuse = "the snapshots are what a new node starts from once the log is compacted (docs/security.md, \"Sealing and repair\")"
-	leaderW := streams.WantKV(epoch.LeaderBucketConfig(ttl, e.replicas))
+	leaderW := jsport.WantKV(jsport.LeaderConfig(ttl, e.replicas))
 	leaderW.Recreate, leaderW.KeepSequence = true, true
-	leasesW := streams.WantKV(epoch.LeaseBucketConfig(ttl, e.replicas))
+	leasesW := jsport.WantKV(jsport.LeasesConfig(ttl, e.replicas))
 	leasesW.Recreate = true // leases lost: their runs get new epochs, and commits are fenced
-	nodesW := streams.WantKV(nodes.Config(e.replicas))
+	nodesW := jsport.WantKV(jsport.NodesConfig(e.replicas))
 	nodesW.Recreate = true // every node reports again within nodes.ReportEvery
-	gateW := streams.WantKV(gate.Config(e.replicas))
+	gateW := jsport.WantKV(jsport.ClusterConfig(e.replicas))
 	gateW.Recreate = true // every node registers again at its next start; the version is in the log
-	tasksW := streams.WantStream(tasks.StreamConfig(e.replicas, e.tasksCap))
+	tasksW := jsport.WantStream(jsport.TasksConfig(e.replicas, e.tasksCap))
 	tasksW.Recreate = true // the reconciler queues again every run assigned and not claimed
-	return []streams.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW}
+	return []jsport.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW}
 }
 
 // checkStreams looks at flow's streams once they are open. With an admin path (the
@@ -100,14 +94,14 @@ func (e *Engine) wantedStreams() []streams.Want {
 func (e *Engine) checkStreams(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	e.tasksCap = tasks.Cap(ctx, e.js)
+	e.tasksCap = jsport.TasksCap(ctx, e.js)
 	e.streamCheck.mu.Lock()
 	e.streamCheck.ready = true
 	e.streamCheck.mu.Unlock()
 	wants := e.wantedStreams()
 	if e.adminJS != nil {
-		var soft []streams.Want
-		found, err := streams.Check(ctx, e.adminJS, wants)
+		var soft []jsport.Want
+		found, err := jsport.Check(ctx, e.adminJS, wants)
 		for _, f := range found {
 			if f.Action == "update" {
 				for _, w := range wants {
@@ -118,7 +112,7 @@ func (e *Engine) checkStreams(ctx context.Context) {
 			}
 		}
 		if err == nil && len(soft) > 0 {
-			fixed, err := streams.Repair(ctx, e.adminJS, soft, false, uint64(max(e.store.HighestTerm(), 0)))
+			fixed, err := jsport.Repair(ctx, e.adminJS, soft, false, uint64(max(e.store.HighestTerm(), 0)))
 			for _, f := range fixed {
 				e.log.Warn("set a stream back to flow's settings", "stream", f.Stream, "was", strings.Join(f.Problems, ", "))
 			}
@@ -134,7 +128,7 @@ func (e *Engine) checkStreams(ctx context.Context) {
 
 // streamFindings are the newest check's findings, checked again when it is older than
 // streamCheckEvery (or now).
-func (e *Engine) streamFindings(ctx context.Context, now bool) []streams.Finding {
+func (e *Engine) streamFindings(ctx context.Context, now bool) []jsport.Finding {
 	c := &e.streamCheck
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -143,7 +137,7 @@ func (e *Engine) streamFindings(ctx context.Context, now bool) []streams.Finding
 	}
 	if now || time.Since(c.at) >= streamCheckEvery {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		c.findings, c.err = streams.Check(cctx, e.js, e.wantedStreams())
+		c.findings, c.err = jsport.Check(cctx, e.js, e.wantedStreams())
 		cancel()
 		c.at = time.Now()
 	}
@@ -165,15 +159,15 @@ func (e *Engine) streamProblems(ctx context.Context) []string {
 }
 
 // RepairStreams mends flow's streams and buckets that differ from what flow wants
-// (streams.Repair) through this node's admin path, or, with dryRun, says what it would
+// (jsport.Repair) through this node's admin path, or, with dryRun, says what it would
 // do. Without an admin path it is ErrNoAdminPath. Every handle the node holds is by
 // name: a bucket or stream made anew is used from the next call on (the task fetcher
 // makes its consumer again when it finds it gone).
-func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]streams.Finding, error) {
+func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]jsport.Finding, error) {
 	if e.adminJS == nil {
 		return nil, ErrNoAdminPath
 	}
-	found, err := streams.Repair(ctx, e.adminJS, e.wantedStreams(), dryRun, uint64(max(e.store.HighestTerm(), 0)))
+	found, err := jsport.Repair(ctx, e.adminJS, e.wantedStreams(), dryRun, uint64(max(e.store.HighestTerm(), 0)))
 	if f, ok := e.lowTerms(ctx, dryRun); ok {
 		found = append(found, f)
 	}
@@ -239,12 +233,8 @@ type raisingElector struct {
 }
 
 func (r raisingElector) RaiseTerms(ctx context.Context, above int64) error {
-	js := r.e.adminJS
-	if js == nil {
-		js = r.e.js
-	}
-	err := epoch.RaiseTermsIn(ctx, js, above)
-	if err != nil && r.e.adminJS == nil {
+	err := r.Elector.RaiseTerms(ctx, above)
+	if err != nil && r.e.adminJS == nil && r.e.over == nil {
 		return fmt.Errorf("%w (a node credential may not purge the leader bucket: run `flowctl cluster repair` as an admin, which raises the terms through a node with an admin path)", err)
 	}
 	return err
@@ -254,23 +244,23 @@ func (r raisingElector) RaiseTerms(ctx context.Context, above int64) error {
 // above the highest term the log applied (a forged entry's, or a bucket made anew
 // outside flow): every term won there is stale. It raises them through the admin path,
 // which a leader on a node credential cannot (raisingElector).
-func (e *Engine) lowTerms(ctx context.Context, dryRun bool) (streams.Finding, bool) {
+func (e *Engine) lowTerms(ctx context.Context, dryRun bool) (jsport.Finding, bool) {
 	high := e.store.HighestTerm()
 	s, err := e.adminJS.Stream(ctx, "KV_"+epoch.LeaderBucket)
 	if err != nil || high <= 0 {
-		return streams.Finding{}, false
+		return jsport.Finding{}, false
 	}
 	last := s.CachedInfo().State.LastSeq
 	if last+1 >= uint64(high) { // the next term won (a revision above last) is not below the log's
-		return streams.Finding{}, false
+		return jsport.Finding{}, false
 	}
-	f := streams.Finding{Stream: "KV_" + epoch.LeaderBucket, Action: "update",
+	f := jsport.Finding{Stream: "KV_" + epoch.LeaderBucket, Action: "update",
 		Problems: []string{fmt.Sprintf("its revisions (%d) are not above the log's highest term %d: every term won there is stale", last, high)},
 		Note:     fmt.Sprintf("its next revision, the next term, moved above %d", high)}
 	if dryRun {
 		return f, true
 	}
-	if err := epoch.RaiseTermsIn(ctx, e.adminJS, high); err != nil {
+	if err := e.elector.RaiseTerms(ctx, high); err != nil { // through the admin path: jsport.Open gave it
 		f.Error = err.Error()
 		return f, true
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
@@ -18,10 +19,9 @@ const (
 	DefaultTTL        = 10 * time.Second
 	minProductionTTL  = time.Second
 	DefaultExitCode   = 75 // exit status of a poison pill (EX_TEMPFAIL)
-	LeaderBucket      = "FLOW_LEADER"
-	LeaseBucket       = "FLOW_LEASES"
+	LeaderBucket      = port.LeaderBucket
+	LeaseBucket       = port.LeaseBucket
 	leaderKey         = "leader"
-	defaultMarkerTTL  = time.Second // how long a lapse marker stays (watchers need to see it)
 	minRenewalTimeout = 50 * time.Millisecond
 )
 

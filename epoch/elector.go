@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // ErrResigned is the cause of a term's context after Resign.
@@ -22,15 +23,18 @@ type Leader struct {
 
 // Elector campaigns for the scheduler leadership of one node.
 type Elector struct {
-	js   jetstream.JetStream
-	kv   jetstream.KeyValue
-	node string
-	cfg  Config
+	kv     port.KV
+	raiser port.TermRaiser
+	node   string
+	cfg    Config
 }
 
-// NewElector opens the leader bucket. replicas is the NATS cluster's size (at most 3).
-// It takes its own copy of cfg, with defaults (Config.WithDefaults), and validates it.
-func NewElector(ctx context.Context, js jetstream.JetStream, node string, cfg Config, replicas int) (*Elector, error) {
+// NewElector campaigns on the leader bucket kv (port.LeaderBucket, whose TTL must be
+// cfg's: on JetStream, jsport.LeaderConfig, in file storage, so that the terms keep
+// growing across a restart of every NATS server). raiser raises the bucket's terms
+// (RaiseTerms; nil: it cannot). It takes its own copy of cfg, with defaults
+// (Config.WithDefaults), and validates it.
+func NewElector(kv port.KV, raiser port.TermRaiser, node string, cfg Config) (*Elector, error) {
 	cfg, err := cfg.ready()
 	if err != nil {
 		return nil, err
@@ -38,13 +42,10 @@ func NewElector(ctx context.Context, js jetstream.JetStream, node string, cfg Co
 	if node == "" {
 		return nil, fmt.Errorf("%w: node ID is empty: pass the node's ID to NewElector", ErrInvalidConfig)
 	}
-	// File storage: terms are the bucket's revisions and must keep growing across a
-	// restart of every NATS server, or a new leader's writes would look stale.
-	kv, err := openBucket(ctx, js, LeaderBucket, cfg.TTL, replicas, jetstream.FileStorage)
-	if err != nil {
-		return nil, err
+	if kv == nil {
+		return nil, fmt.Errorf("%w: the leader bucket is nil", ErrInvalidConfig)
 	}
-	return &Elector{js: js, kv: kv, node: node, cfg: cfg}, nil
+	return &Elector{kv: kv, raiser: raiser, node: node, cfg: cfg}, nil
 }
 
 // Term is one won election. Its context is cancelled (with the cause) the moment the
@@ -135,7 +136,7 @@ func (e *Elector) Campaign(ctx context.Context, opts ...CampaignOption) (*Term, 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+		if isRevisionMismatch(err) {
 			c.heard() // the server answered the bid
 			if err := e.waitForVacancy(ctx, w, lapse, c.heard); err != nil {
 				return nil, err
@@ -153,7 +154,7 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 	val, _ := json.Marshal(leaderValue{Node: e.node, Term: int64(rev)})
 	t := &Term{term: int64(rev), node: e.node}
 	// The term's life is not the campaign's ctx: it ends by Resign or lost trust.
-	t.k = newKeeper(context.WithoutCancel(ctx), jsBucket{e.js, e.kv}, leaderKey, val, rev, sent, &e.cfg,
+	t.k = newKeeper(context.WithoutCancel(ctx), e.kv, leaderKey, val, rev, sent, &e.cfg,
 		fmt.Sprintf("term %d of %s", rev, e.node), true, func() { e.cfg.Counters.TermsLost.Add(1) })
 	e.cfg.Counters.TermsWon.Add(1)
 	e.cfg.Logger.Info("won leadership", "node", e.node, "term", rev)
@@ -162,7 +163,7 @@ func (e *Elector) won(ctx context.Context, rev uint64, sent time.Time) *Term {
 
 // waitForVacancy returns when the leader key was deleted, lapsed (marker), or has not
 // been renewed for a TTL on this node's clock.
-func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, lapse clockwork.Timer, heard func()) error {
+func (e *Elector) waitForVacancy(ctx context.Context, w port.Watcher, lapse clockwork.Timer, heard func()) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -178,7 +179,7 @@ func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, la
 			if entry == nil {
 				continue // end of the initial value
 			}
-			if entry.Operation() != jetstream.KeyValuePut {
+			if entry.Op != port.OpPut {
 				return nil
 			}
 			if !lapse.Stop() {
@@ -194,7 +195,7 @@ func (e *Elector) waitForVacancy(ctx context.Context, w jetstream.KeyWatcher, la
 
 // Leader reads the current leader through the bucket stream's leader.
 func (e *Elector) Leader(ctx context.Context) (Leader, error) {
-	l, err := readLatest(ctx, e.js, LeaderBucket, leaderKey)
+	l, err := readLatest(ctx, e.kv, leaderKey)
 	if err != nil || !l.found || l.deleted {
 		return Leader{}, err
 	}
@@ -234,8 +235,8 @@ func (e *Elector) Observe(ctx context.Context) (<-chan Leader, error) {
 					continue
 				}
 				cur := Leader{}
-				if entry.Operation() == jetstream.KeyValuePut {
-					cur = parseLeader(entry.Value(), entry.Revision())
+				if entry.Op == port.OpPut {
+					cur = parseLeader(entry.Value, entry.Revision)
 				}
 				if cur == last {
 					continue // a renewal
@@ -262,23 +263,13 @@ const MaxTerm = 1 << 53
 // that term can do nothing anyway, because the log has applied a higher one (a leader
 // bucket that was reset, whose revisions restarted at 1).
 func (e *Elector) RaiseTerms(ctx context.Context, above int64) error {
-	return RaiseTermsIn(ctx, e.js, above)
-}
-
-// RaiseTermsIn is RaiseTerms through js: a purge of the leader bucket's stream, which the
-// node role may not do (docs/security.md): a node raises through its admin path.
-func RaiseTermsIn(ctx context.Context, js jetstream.JetStream, above int64) error {
 	if above < 0 || above >= MaxTerm {
 		return fmt.Errorf("%w: terms cannot be raised above %d (at most %d): the log holds a term no leader bucket reaches; see docs/operations.md, \"Leader terms\"", ErrTermOutOfReach, above, int64(MaxTerm))
 	}
+	if e.raiser == nil {
+		return fmt.Errorf("epoch: raise terms above %d: this node has no way to (no admin path)", above)
+	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	s, err := js.Stream(ctx, "KV_"+LeaderBucket)
-	if err != nil {
-		return fmt.Errorf("epoch: raise terms: %w", err)
-	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSequence(uint64(above)+1)); err != nil {
-		return fmt.Errorf("epoch: raise terms above %d: %w", above, err)
-	}
-	return nil
+	return e.raiser.RaiseTerms(ctx, above)
 }

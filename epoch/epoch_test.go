@@ -40,7 +40,7 @@ func TestConfigValidation(t *testing.T) {
 		if fmt.Sprintf("%+v", c.cfg) != fmt.Sprintf("%+v", before) {
 			t.Errorf("Validate changed its config: %+v, was %+v", c.cfg, before)
 		}
-		if _, err := NewLeases(context.Background(), nil, c.cfg, 1); !errors.Is(err, ErrInvalidConfig) {
+		if _, err := newLeases(context.Background(), nil, c.cfg, 1); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewLeases(%+v) = %v; want ErrInvalidConfig before any I/O", c.cfg, err)
 		}
 	}
@@ -74,11 +74,11 @@ func TestElectionAndResign(t *testing.T) {
 	counters := &Counters{}
 	cfgA, cfgB := testConfig(), testConfig()
 	cfgA.Counters, cfgB.Counters = counters, counters
-	a, err := NewElector(ctx, js, "node-a", cfgA, 1)
+	a, err := newElector(ctx, js, "node-a", cfgA, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewElector(ctx, js, "node-b", cfgB, 1)
+	b, err := newElector(ctx, js, "node-b", cfgB, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	_, js := connect(t, srv.ClientURL())
 	cfg := testConfig()
-	ls, err := NewLeases(ctx, js, cfg, 1)
+	ls, err := newLeases(ctx, js, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 	}
 	// A release deletes the key, so the next epoch is taken at once, without waiting for
 	// the TTL.
-	if cur, err := readLatest(ctx, js, LeaseBucket, "run-1"); err != nil || (cur.found && !cur.deleted) {
+	if cur, err := latestOf(ctx, js, LeaseBucket, "run-1"); err != nil || (cur.found && !cur.deleted) {
 		t.Fatalf("after release the key is %+v (%v); want it deleted", cur, err)
 	}
 	l2, err := ls.Acquire(ctx, "run-1", 11, "w2")
@@ -203,7 +203,7 @@ func TestLeaseLapsesAndNewerEpochTakesOver(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
 	_, js := connect(t, srv.ClientURL())
 	cfg := testConfig()
-	ls, err := NewLeases(ctx, js, cfg, 1)
+	ls, err := newLeases(ctx, js, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestLeaseLapsesAndNewerEpochTakesOver(t *testing.T) {
 	}
 	defer w.Stop()
 	dead := Config{TTL: testTTL, Hooks: &testhooks.Hooks{NoRenew: true, NoKillSwitch: true}}
-	lsDead, err := NewLeases(ctx, js, dead, 1)
+	lsDead, err := newLeases(ctx, js, dead, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,11 +263,11 @@ func TestPartitionFiresKillSwitch(t *testing.T) {
 	_, jsCut := connect(t, p.url(), nats.Timeout(time.Second))
 	_, js := connect(t, srv.ClientURL())
 	cfg := Config{TTL: 2 * time.Second, Backoff: fastBackoff}
-	lsCut, err := NewLeases(ctx, jsCut, cfg, 1)
+	lsCut, err := newLeases(ctx, jsCut, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls, err := NewLeases(ctx, js, cfg, 1)
+	ls, err := newLeases(ctx, js, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +305,7 @@ func TestDegradedWhileUnanswered(t *testing.T) {
 	p := startProxy(t, strings.TrimPrefix(srv.ClientURL(), "nats://"))
 	_, jsCut := connect(t, p.url())
 	cfg := Config{TTL: 3 * time.Second, Backoff: fastBackoff}
-	ls, err := NewLeases(ctx, jsCut, cfg, 1)
+	ls, err := newLeases(ctx, jsCut, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,11 +341,11 @@ func TestPoisonPillExits(t *testing.T) {
 	var held atomic.Pointer[Lease]
 	cfg := Config{TTL: 2 * time.Second, Backoff: fastBackoff, FastFail: true}
 	cfg.Exit = func(code int) { exited <- exit{code, held.Load().Err() != nil} }
-	ls, err := NewLeases(ctx, jsCut, cfg, 1)
+	ls, err := newLeases(ctx, jsCut, cfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := NewLeases(ctx, js, Config{TTL: cfg.TTL, Backoff: fastBackoff}, 1)
+	other, err := newLeases(ctx, js, Config{TTL: cfg.TTL, Backoff: fastBackoff}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +377,7 @@ func TestStartStopStress(t *testing.T) {
 	srv := startNATS(t)
 	ctx := ctxT(t, 60*time.Second)
 	_, js := connect(t, srv.ClientURL())
-	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	ls, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +404,7 @@ func TestStartStopStress(t *testing.T) {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
-			e, err := NewElector(ctx, js, "node-"+string(rune('a'+g)), testConfig(), 1)
+			e, err := newElector(ctx, js, "node-"+string(rune('a'+g)), testConfig(), 1)
 			if err != nil {
 				t.Error(err)
 				return
@@ -423,7 +423,7 @@ func TestStartStopStress(t *testing.T) {
 	}
 	// Campaigns abandoned by their context end cleanly too.
 	for i := 0; i < 5; i++ {
-		e, _ := NewElector(ctx, js, "quitter", testConfig(), 1)
+		e, _ := newElector(ctx, js, "quitter", testConfig(), 1)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 		if term, err := e.Campaign(cctx); err == nil {
 			_ = term.Resign(ctx)
@@ -439,7 +439,7 @@ func TestTakeoverDetectedAtNextRenewal(t *testing.T) {
 	srv := startNATS(t)
 	ctx := ctxT(t, 30*time.Second)
 	_, js := connect(t, srv.ClientURL())
-	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	ls, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +470,7 @@ func TestAcquireAdoptsItsOwnKeyByRenewingIt(t *testing.T) {
 	srv := startNATS(t)
 	ctx := ctxT(t, 30*time.Second)
 	_, js := connect(t, srv.ClientURL())
-	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	ls, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestAcquireAdoptsItsOwnKeyByRenewingIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	cur, err := readLatest(ctx, js, LeaseBucket, "run-7")
+	cur, err := latestOf(ctx, js, LeaseBucket, "run-7")
 	if err != nil || cur.rev <= put || string(cur.value) != string(raw) {
 		t.Fatalf("after adopting: key at revision %d (%v), created at %d; want a renewal of the same value", cur.rev, err, put)
 	}
@@ -501,7 +501,7 @@ func TestAcquireInvalidRunIsPermanent(t *testing.T) {
 	_, js := connect(t, srv.ClientURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	ls, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}

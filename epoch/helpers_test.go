@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
@@ -189,4 +190,43 @@ func recvEvent(t testing.TB, events <-chan LeaseEvent, d time.Duration, what str
 		t.Fatalf("no lease event within %s: waiting for %s", d, what)
 		return LeaseEvent{}
 	}
+}
+
+// newLeases opens the lease bucket for cfg's TTL on js and takes leases in it, as the
+// engine does (jsport.Open).
+func newLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) (*Leases, error) {
+	ready, err := cfg.ready()
+	if err != nil {
+		return nil, err
+	}
+	kv, err := jsport.OpenKV(ctx, js, jsport.LeasesConfig(ready.TTL, replicas), nil)
+	if err != nil {
+		return nil, err
+	}
+	return NewLeases(kv, cfg)
+}
+
+// newElector opens the leader bucket for cfg's TTL on js and campaigns in it; its terms
+// are raised through js.
+func newElector(ctx context.Context, js jetstream.JetStream, node string, cfg Config, replicas int) (*Elector, error) {
+	ready, err := cfg.ready()
+	if err != nil {
+		return nil, err
+	}
+	kv, err := jsport.OpenKV(ctx, js, jsport.LeaderConfig(ready.TTL, replicas), nil)
+	if err != nil {
+		return nil, err
+	}
+	return NewElector(kv, raiseIn{js}, node, cfg)
+}
+
+type raiseIn struct{ js jetstream.JetStream }
+
+func (r raiseIn) RaiseTerms(ctx context.Context, above int64) error {
+	return jsport.RaiseTerms(ctx, r.js, above)
+}
+
+// latestOf reads key of bucket through the stream leader.
+func latestOf(ctx context.Context, js jetstream.JetStream, bucket, key string) (latest, error) {
+	return readLatest(ctx, jsport.KVNamed(js, bucket), key)
 }

@@ -10,42 +10,16 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/flowrun/flow/internal/base/port"
 )
-
-// bucket is what a keeper needs of its KV bucket: compare-and-set, delete at a
-// revision, and a read through the stream leader. Narrow, so that tests can drive a
-// keeper with an in-memory bucket and a fake clock.
-type bucket interface {
-	update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
-	deleteAt(ctx context.Context, key string, rev uint64) error
-	latest(ctx context.Context, key string) (latest, error)
-}
-
-// jsBucket is a JetStream KV bucket.
-type jsBucket struct {
-	js jetstream.JetStream
-	kv jetstream.KeyValue
-}
-
-func (b jsBucket) update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	return b.kv.Update(ctx, key, value, rev)
-}
-
-func (b jsBucket) deleteAt(ctx context.Context, key string, rev uint64) error {
-	return b.kv.Delete(ctx, key, jetstream.LastRevision(rev))
-}
-
-func (b jsBucket) latest(ctx context.Context, key string) (latest, error) {
-	return readLatest(ctx, b.js, b.kv.Bucket(), key)
-}
 
 // keeper renews one key (a term or a lease) and owns the goroutine that does it. It
 // carries out the decisions of its Trust (trust.go): it sleeps until the next renewal is
 // due or the trust window closes, renews, and fires the kill switch and the poison pill
 // when the Trust says so. Every time it reads and every timer it sets is Config.Clock's.
 type keeper struct {
-	b           bucket
+	b           port.KV
 	key         string
 	value       []byte
 	cfg         *Config
@@ -83,7 +57,7 @@ type keeper struct {
 	parked func(until time.Time)
 }
 
-func newKeeper(parent context.Context, b bucket, key string, value []byte,
+func newKeeper(parent context.Context, b port.KV, key string, value []byte,
 	rev uint64, sent time.Time, cfg *Config, what string, loseOnError bool, onLost func()) *keeper {
 	k := makeKeeper(parent, b, key, value, rev, sent, cfg, what, loseOnError, onLost)
 	go k.run()
@@ -91,7 +65,7 @@ func newKeeper(parent context.Context, b bucket, key string, value []byte,
 }
 
 // makeKeeper is newKeeper without starting the goroutine (tests start it themselves).
-func makeKeeper(parent context.Context, b bucket, key string, value []byte,
+func makeKeeper(parent context.Context, b port.KV, key string, value []byte,
 	rev uint64, sent time.Time, cfg *Config, what string, loseOnError bool, onLost func()) *keeper {
 	k := &keeper{b: b, key: key, value: value, cfg: cfg, clock: cfg.Clock, what: what, loseOnError: loseOnError, onLost: onLost,
 		stop: make(chan struct{}), done: make(chan struct{}), freeze: make(chan time.Duration, 1)}
@@ -356,12 +330,12 @@ func (k *keeper) renewOnce(start time.Time, tr Trust) (answered bool, err error)
 	ctx, cancel := withClockDeadline(k.loopCtx, k.clock, deadline)
 	defer cancel()
 	k.park(deadline) // on the network, and at most until then
-	rev, err := k.b.update(ctx, k.key, k.value, k.rev.Load())
+	rev, err := k.b.Update(ctx, k.key, k.value, k.rev.Load())
 	if err != nil && isRevisionMismatch(err) && k.stillOurs(ctx) {
 		// Either the revision did not move (on R3 an Update can fail with 10164 anyway),
 		// or it moved to our own value: an earlier renewal that timed out here reached
 		// the server after all. The key is still ours: retry at its revision.
-		rev, err = k.b.update(ctx, k.key, k.value, k.rev.Load())
+		rev, err = k.b.Update(ctx, k.key, k.value, k.rev.Load())
 	}
 	k.park(time.Time{})
 	if err == nil {
@@ -374,7 +348,7 @@ func (k *keeper) renewOnce(start time.Time, tr Trust) (answered bool, err error)
 	switch {
 	case k.loopCtx.Err() != nil:
 		return true, nil // stopping
-	case isRevisionMismatch(err), errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+	case isRevisionMismatch(err), errors.Is(err, port.ErrKeyNotFound):
 		return true, fmt.Errorf("%w: %s: the key moved on (lapsed or taken): %v", ErrLeaseLost, k.what, err)
 	case k.loseOnError:
 		return true, fmt.Errorf("%w: %s: renewal failed: %v", ErrLeaseLost, k.what, err)
@@ -393,7 +367,7 @@ func (k *keeper) renewOnce(start time.Time, tr Trust) (answered bool, err error)
 // this holder's value (which names the owner and epoch or term, so no other holder
 // writes the same bytes); if so it adopts the key's current revision.
 func (k *keeper) stillOurs(ctx context.Context) bool {
-	l, err := k.b.latest(ctx, k.key)
+	l, err := readLatest(ctx, k.b, k.key)
 	if err != nil || !l.found || l.deleted || !bytes.Equal(l.value, k.value) || l.rev < k.rev.Load() {
 		return false
 	}
@@ -415,7 +389,7 @@ func (k *keeper) release(ctx context.Context, cause error) error {
 	if !stillHeld {
 		return nil
 	}
-	err := k.b.deleteAt(ctx, k.key, k.rev.Load())
+	err := k.b.Delete(ctx, k.key, k.rev.Load())
 	if err != nil && !isRevisionMismatch(err) {
 		return fmt.Errorf("epoch: release %s: %w (it will lapse after the TTL)", k.what, err)
 	}

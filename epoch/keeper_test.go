@@ -11,8 +11,8 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
@@ -35,7 +35,8 @@ const fakeTTL = 3 * time.Second
 // (at once), "hold" (no answer until answer is called or the attempt gives up), or
 // "fail" (at once, with no responders: a dead connection).
 type memBucket struct {
-	clk *clockwork.FakeClock
+	port.KV // the methods a keeper never calls
+	clk     *clockwork.FakeClock
 
 	mu      sync.Mutex
 	rev     uint64
@@ -50,7 +51,9 @@ func newMemBucket(clk *clockwork.FakeClock, value []byte) *memBucket {
 	return &memBucket{clk: clk, rev: 1, value: value, mode: "answer", answer: make(chan struct{})}
 }
 
-func (b *memBucket) update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+func (b *memBucket) Bucket() string { return "mem" }
+
+func (b *memBucket) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
 	b.mu.Lock()
 	b.sends = append(b.sends, b.clk.Now())
 	mode, answer := b.mode, b.answer
@@ -68,18 +71,18 @@ func (b *memBucket) update(ctx context.Context, key string, value []byte, rev ui
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if rev != b.rev {
-		return 0, jetstream.ErrKeyRevisionMismatch
+		return 0, port.ErrWrongRevision
 	}
 	b.rev++
 	b.value = value
 	return b.rev, nil
 }
 
-func (b *memBucket) deleteAt(ctx context.Context, key string, rev uint64) error {
+func (b *memBucket) Delete(ctx context.Context, key string, rev uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if rev != b.rev {
-		return jetstream.ErrKeyRevisionMismatch
+		return port.ErrWrongRevision
 	}
 	b.deletes++
 	b.rev++
@@ -87,10 +90,14 @@ func (b *memBucket) deleteAt(ctx context.Context, key string, rev uint64) error 
 	return nil
 }
 
-func (b *memBucket) latest(ctx context.Context, key string) (latest, error) {
+func (b *memBucket) Latest(ctx context.Context, key string) (port.Entry, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return latest{rev: b.rev, value: b.value, found: true, deleted: b.value == nil}, nil
+	op := port.OpPut
+	if b.value == nil {
+		op = port.OpDelete
+	}
+	return port.Entry{Key: key, Revision: b.rev, Value: b.value, Op: op}, nil
 }
 
 func (b *memBucket) setMode(mode string) {

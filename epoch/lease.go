@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // ErrReleased is the cause of a lease's context after Release.
@@ -23,47 +22,25 @@ type LeaseValue struct {
 
 // Leases opens run leases on one bucket. One per node.
 type Leases struct {
-	js       jetstream.JetStream
-	kv       jetstream.KeyValue
-	cfg      Config
-	replicas int
+	kv  port.KV
+	cfg Config
 }
 
-// NewLeases opens the lease bucket. replicas is the NATS cluster's size (at most 3).
+// NewLeases takes run leases in the bucket kv (port.LeaseBucket, whose TTL must be
+// cfg's). On JetStream it is jsport.LeasesConfig, in memory storage: leases are soft
+// state. Epochs come from the log, not from this bucket; if every NATS server restarts,
+// the leases vanish, their holders' next renewal fails, and the runs are reclaimed with
+// new epochs (fencing makes that safe); the bucket itself is created again (jsport.KV).
 // It takes its own copy of cfg, with defaults (Config.WithDefaults), and validates it.
-func NewLeases(ctx context.Context, js jetstream.JetStream, cfg Config, replicas int) (*Leases, error) {
+func NewLeases(kv port.KV, cfg Config) (*Leases, error) {
 	cfg, err := cfg.ready()
 	if err != nil {
 		return nil, err
 	}
-	// Memory storage: leases are soft state. Epochs come from the log, not from this
-	// bucket; if every NATS server restarts, the leases vanish, their holders' next
-	// renewal fails, and the runs are reclaimed with new epochs (fencing makes that
-	// safe). A synced write per acquire and release is the cost this saves.
-	kv, err := openBucket(ctx, js, LeaseBucket, cfg.TTL, replicas, jetstream.MemoryStorage)
-	if err != nil {
-		return nil, err
+	if kv == nil {
+		return nil, fmt.Errorf("%w: the lease bucket is nil", ErrInvalidConfig)
 	}
-	return &Leases{js: js, kv: kv, cfg: cfg, replicas: replicas}, nil
-}
-
-// restore creates the lease bucket again when err says it is gone, and reports
-// whether it did. The bucket is in memory storage: an external NATS server that
-// restarts comes back without it, and without this every acquire and the leader's
-// watch would fail until flowd restarted (measured on a stock nats-server). The leases
-// it held are gone with it; their holders' renewals fail and the runs move on.
-func (ls *Leases) restore(ctx context.Context, err error) bool {
-	// KV watches go through nats.go's older JetStream API, with its own errors.
-	if !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) &&
-		!errors.Is(err, nats.ErrStreamNotFound) && !errors.Is(err, nats.ErrBucketNotFound) {
-		return false
-	}
-	if _, oerr := openBucket(ctx, ls.js, LeaseBucket, ls.cfg.TTL, ls.replicas, jetstream.MemoryStorage); oerr != nil {
-		ls.cfg.Logger.Warn("the lease bucket is gone and could not be created again; retrying", "err", oerr)
-		return false
-	}
-	ls.cfg.Logger.Warn("the lease bucket was gone (a NATS server restarted without it); created it again")
-	return true
+	return &Leases{kv: kv, cfg: cfg}, nil
 }
 
 // Config is the configuration in use: the constructor's, with its defaults.
@@ -142,18 +119,16 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 		if err == nil {
 			return ls.start(ctx, val, raw, rev, sent), nil
 		}
-		if errors.Is(err, jetstream.ErrInvalidKey) {
+		if errors.Is(err, port.ErrInvalidKey) {
 			return nil, fmt.Errorf("%w: %q", ErrInvalidRun, run)
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isRevisionMismatch(err) {
+		if !isRevisionMismatch(err) {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("epoch: acquire lease of %s: %w", run, ctx.Err())
 			}
-			if !ls.restore(ctx, err) {
-				ls.cfg.Logger.Warn("lease acquire failed; retrying", "run", run, "err", err)
-			}
+			ls.cfg.Logger.Warn("lease acquire failed; retrying", "run", run, "err", err)
 		} else {
-			cur, err := readLatest(ctx, ls.js, LeaseBucket, run)
+			cur, err := readLatest(ctx, ls.kv, run)
 			if err != nil {
 				return nil, err
 			}
@@ -187,7 +162,7 @@ func (ls *Leases) Acquire(ctx context.Context, run string, epoch int64, owner st
 // older copy): its value, and whether it is held (live: not deleted, not lapsed). The
 // leader reads it before a reclaim (engine/internal/leader).
 func (ls *Leases) Holder(ctx context.Context, run string) (LeaseValue, bool, error) {
-	cur, err := readLatest(ctx, ls.js, LeaseBucket, run)
+	cur, err := readLatest(ctx, ls.kv, run)
 	if err != nil || !cur.found || cur.deleted {
 		return LeaseValue{}, false, err
 	}
@@ -202,7 +177,7 @@ func (ls *Leases) start(ctx context.Context, val LeaseValue, raw []byte, rev uin
 	ls.cfg.Counters.LeasesAcquired.Add(1)
 	what := fmt.Sprintf("lease of run %s at epoch %d (%s)", val.Run, val.Epoch, val.Owner)
 	l := &Lease{value: val}
-	l.k = newKeeper(context.WithoutCancel(ctx), jsBucket{ls.js, ls.kv}, val.Run, raw, rev, sent, &ls.cfg, what, false,
+	l.k = newKeeper(context.WithoutCancel(ctx), ls.kv, val.Run, raw, rev, sent, &ls.cfg, what, false,
 		func() { ls.cfg.Counters.LeasesLost.Add(1) })
 	return l
 }

@@ -67,7 +67,7 @@ func TestPoisonPillKillsStepGroupsBeforeExit(t *testing.T) {
 			if !control {
 				cfg.BeforeExit = func() { killed.Store(int32(steps.KillProcessGroups())) }
 			}
-			ls, err := NewLeases(ctx, jsCut, cfg, 1)
+			ls, err := newLeases(ctx, jsCut, cfg, 1)
 			if err != nil {
 				t.Fatal(err)
 			}

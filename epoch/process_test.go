@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/internal/testkit/within"
 	"github.com/flowrun/flow/logstream"
@@ -52,15 +53,19 @@ func helperMain() {
 		fail(err)
 	}
 	logCfg := logstream.DefaultConfig()
-	logCfg.JS, logCfg.Store, logCfg.Node = js, store, node
-	lg, err := logstream.Open(ctx, logCfg)
+	src, err := jsport.OpenStream(ctx, js, jsport.LogConfig(1))
+	if err != nil {
+		fail(err)
+	}
+	logCfg.Stream, logCfg.Store, logCfg.Node = src, store, node
+	lg, err := logstream.Open(logCfg)
 	if err != nil {
 		fail(err)
 	}
 	if err := lg.Start(ctx); err != nil {
 		fail(err)
 	}
-	el, err := NewElector(ctx, js, node, Config{TTL: testTTL, Backoff: fastBackoff}, 1)
+	el, err := newElector(ctx, js, node, Config{TTL: testTTL, Backoff: fastBackoff}, 1)
 	if err != nil {
 		fail(err)
 	}
@@ -225,8 +230,12 @@ func watchLog(t *testing.T, srv *natsnode.Server) (*checkpoint.Store, *logstream
 	}
 	ctx := ctxT(t, time.Minute)
 	logCfg := logstream.DefaultConfig()
-	logCfg.JS, logCfg.Store, logCfg.Node = js, store, "observer"
-	lg, err := logstream.Open(ctx, logCfg)
+	src, err := jsport.OpenStream(ctx, js, jsport.LogConfig(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCfg.Stream, logCfg.Store, logCfg.Node = src, store, "observer"
+	lg, err := logstream.Open(logCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

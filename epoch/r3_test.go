@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/internal/testkit/within"
 )
 
@@ -38,12 +38,12 @@ func TestR3LeasesSurviveStaleReadsAndSpuriousConflicts(t *testing.T) {
 		urls = append(urls, s.ClientURL())
 	}
 	nc, js := connect(t, strings.Join(urls, ","))
-	if r := streams.Replicas(nc); r != 3 {
+	if r := jsport.Replicas(nc); r != 3 {
 		t.Fatalf("replicas for a 3-node cluster = %d", r)
 	}
 	ctx := ctxT(t, 60*time.Second)
 	cfg := testConfig()
-	ls, err := NewLeases(ctx, js, cfg, 3)
+	ls, err := newLeases(ctx, js, cfg, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestR3LeasesSurviveStaleReadsAndSpuriousConflicts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := readLatest(ctx, js, LeaseBucket, "probe")
+		l, err := latestOf(ctx, js, LeaseBucket, "probe")
 		if err != nil || l.rev != rev || string(l.value) != fmt.Sprint(i) {
 			t.Fatalf("write %d at revision %d, read back %+v (%v)", i, rev, l, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
 )
@@ -98,8 +99,12 @@ func runScenarioC(t *testing.T, heartbeat bool, guardsOff *testhooks.Hooks) scen
 	}
 	defer store.Close()
 	logCfg := logstream.DefaultConfig()
-	logCfg.JS, logCfg.Store, logCfg.Node = js, store, "node"
-	lg, err := logstream.Open(ctx, logCfg)
+	src, err := jsport.OpenStream(ctx, js, jsport.LogConfig(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logCfg.Stream, logCfg.Store, logCfg.Node = src, store, "node"
+	lg, err := logstream.Open(logCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,11 +130,11 @@ func runScenarioC(t *testing.T, heartbeat bool, guardsOff *testhooks.Hooks) scen
 
 	zombieCfg := testConfig()
 	zombieCfg.Hooks = &testhooks.Hooks{NoRenew: !heartbeat, NoKillSwitch: !heartbeat}
-	zls, err := NewLeases(ctx, js, zombieCfg, 1)
+	zls, err := newLeases(ctx, js, zombieCfg, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls, err := NewLeases(ctx, js, testConfig(), 1)
+	ls, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}

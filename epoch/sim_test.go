@@ -35,7 +35,7 @@ func leaseHelperMain() {
 	}
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	ls, err := NewLeases(ctx, js, Config{TTL: ttl}, 1)
+	ls, err := newLeases(ctx, js, Config{TTL: ttl}, 1)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(2)
@@ -121,7 +121,7 @@ func (h *pausedHolder) pause(t *testing.T, js jetstream.JetStream, run string, t
 	_ = h.cmd.Process.Signal(syscall.SIGCONT)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*ttl)
 	defer cancel()
-	resumed, err := readLatest(ctx, js, LeaseBucket, run) // the key as it stood at the resume, or later
+	resumed, err := latestOf(ctx, js, LeaseBucket, run) // the key as it stood at the resume, or later
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func (h *pausedHolder) pause(t *testing.T, js jetstream.JetStream, run string, t
 		case l := <-h.lines:
 			return strings.HasPrefix(l, "lost")
 		case <-poll.C:
-			if cur, err := readLatest(ctx, js, LeaseBucket, run); err == nil && cur.found && !cur.deleted && cur.rev > resumed.rev {
+			if cur, err := latestOf(ctx, js, LeaseBucket, run); err == nil && cur.found && !cur.deleted && cur.rev > resumed.rev {
 				return false // renewed after the resume: kept
 			}
 		case <-ctx.Done():
@@ -154,7 +154,7 @@ func TestLeaseTTLTradeoff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const ttl = 2 * time.Second
-	if _, err := NewLeases(ctx, js, Config{TTL: ttl}, 1); err != nil { // the bucket, to watch it
+	if _, err := newLeases(ctx, js, Config{TTL: ttl}, 1); err != nil { // the bucket, to watch it
 		t.Fatal(err)
 	}
 	// Each pause starts right after a renewal the test sees land on the server, plus
@@ -206,7 +206,7 @@ func measureLeaseTTLTradeoff(t *testing.T) {
 	reps := 4
 	fmt.Printf("| TTL | pause/TTL | leases lost (of %d) | recovery after SIGKILL (median) |\n|---|---|---|---|\n", reps)
 	for _, ttl := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
-		ls, err := NewLeases(context.Background(), js, Config{TTL: ttl}, 1)
+		ls, err := newLeases(context.Background(), js, Config{TTL: ttl}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

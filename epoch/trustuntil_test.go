@@ -21,7 +21,7 @@ func TestTrustUntilIsTheKillSwitchAndMovesWithRenewals(t *testing.T) {
 	p := startProxy(t, strings.TrimPrefix(srv.ClientURL(), "nats://"))
 	_, jsCut := connect(t, p.url())
 	_, js := connect(t, srv.ClientURL())
-	ls, err := NewLeases(ctx, jsCut, testConfig(), 1)
+	ls, err := newLeases(ctx, jsCut, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestTrustUntilIsTheKillSwitchAndMovesWithRenewals(t *testing.T) {
 	if lost.Before(last) {
 		t.Fatalf("the kill switch fired %s before TrustUntil", last.Sub(lost))
 	}
-	other, err := NewLeases(ctx, js, testConfig(), 1)
+	other, err := newLeases(ctx, js, testConfig(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestTrustUntilIsTheKillSwitchAndMovesWithRenewals(t *testing.T) {
 
 	noSwitch := testConfig()
 	noSwitch.Hooks = &testhooks.Hooks{NoKillSwitch: true}
-	ls3, err := NewLeases(ctx, js, noSwitch, 1)
+	ls3, err := newLeases(ctx, js, noSwitch, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

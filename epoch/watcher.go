@@ -7,8 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 )
 
@@ -103,10 +102,7 @@ func (lw *LeaseWatcher) Stop() {
 // run is one life of the watch: from a new KV watch (which delivers every lease's
 // latest value first) until ctx ends or the watch closes.
 func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
-	w, err := lw.ls.kv.WatchAll(ctx)
-	if err != nil && lw.ls.restore(ctx, err) {
-		w, err = lw.ls.kv.WatchAll(ctx)
-	}
+	w, err := lw.ls.kv.Watch(ctx, "")
 	if err != nil {
 		return fmt.Errorf("epoch: watch leases: %w", err)
 	}
@@ -144,14 +140,14 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 				lw.mu.Unlock()
 				continue
 			}
-			seenRev = max(seenRev, entry.Revision())
+			seenRev = max(seenRev, entry.Revision)
 			if !initial && seenRev >= target {
 				markCurrent()
 			}
-			run := entry.Key()
-			if entry.Operation() == jetstream.KeyValuePut {
+			run := entry.Key
+			if entry.Op == port.OpPut {
 				var v LeaseValue
-				if json.Unmarshal(entry.Value(), &v) == nil {
+				if json.Unmarshal(entry.Value, &v) == nil {
 					lw.mu.Lock()
 					lw.live[run] = watched{value: v, seen: clk.Now()}
 					lw.mu.Unlock()
@@ -159,7 +155,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 				continue
 			}
 			kind := LeaseReleased
-			if entry.Operation() == jetstream.KeyValuePurge {
+			if entry.Op == port.OpPurge {
 				kind = LeaseLapsed // the server's TTL marker
 			}
 			lw.end(ctx, run, kind)
@@ -171,10 +167,10 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 			// delivered: a watch that is behind (or deaf) must not judge lapses by its
 			// own clock, or every lease would look lapsed while it hears nothing.
 			pctx, cancel := withClockDeadline(ctx, clk, clk.Now().Add(max(ttl/4, 100*time.Millisecond)))
-			st, err := lw.ls.kv.Status(pctx)
+			last, err := lw.ls.kv.LastRevision(pctx)
 			cancel()
-			if bs, ok := st.(*jetstream.KeyValueBucketStatus); err == nil && ok {
-				target = bs.StreamInfo().State.LastSeq
+			if err == nil {
+				target = last
 				if target <= seenRev {
 					alive()
 					markCurrent()

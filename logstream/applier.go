@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
@@ -23,10 +22,9 @@ import (
 // that the log is one the state can continue from (continuity.go), and stops for good
 // on an error that leaves the state untrustworthy (Failed, Err). Start it, Stop it.
 type Applier struct {
-	js           jetstream.JetStream
+	src          port.Stream // the log
 	store        *checkpoint.Store
-	stream       string
-	subject      string
+	stream       string // its name
 	stallTimeout time.Duration
 	sup          *supervise.Supervisor // nil: one of its own, made at Start
 	hooks        *testhooks.Hooks      // Deaf, FailApply, HoldApply, NoLogCheck (production's zero value unless a test's)
@@ -50,12 +48,16 @@ type Applier struct {
 	failed   chan struct{} // closed when the applier stops on an error
 	// firstConsumer is Start's consumer until the supervised part takes it (owned by
 	// that goroutine, then by Stop once life.done is closed).
-	firstConsumer jetstream.MessagesContext
+	firstConsumer port.Messages
 	consumers     atomic.Int64 // consumers opened
 }
 
 func newApplier(cfg Config, hooks *testhooks.Hooks, log *slog.Logger) *Applier {
-	a := &Applier{js: cfg.JS, store: cfg.Store, stream: cfg.Stream, subject: cfg.Subject, stallTimeout: cfg.StallTimeout,
+	name := ""
+	if cfg.Stream != nil { // nil only in tests that drive the applier without a log
+		name = cfg.Stream.Name()
+	}
+	a := &Applier{src: cfg.Stream, store: cfg.Store, stream: name, stallTimeout: cfg.StallTimeout,
 		sup: cfg.Supervisor, hooks: hooks, log: log, stopped: make(chan struct{}), failed: make(chan struct{})}
 	a.mu.pending = map[string][]*Future{}
 	a.mu.applied = make(chan struct{})
@@ -177,15 +179,11 @@ func (a *Applier) CatchUp(ctx context.Context) error {
 
 // LastSeq is the stream's last sequence: the node has caught up when it has applied it.
 func (a *Applier) LastSeq(ctx context.Context) (uint64, error) {
-	s, err := a.js.Stream(ctx, a.stream)
+	info, err := a.src.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("logstream: stream info: %w", err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("logstream: stream info: %w", err)
-	}
-	return info.State.LastSeq, nil
+	return info.LastSeq, nil
 }
 
 // expect registers the Futures of a message being published under its ID, in message
@@ -210,21 +208,11 @@ func (a *Applier) abandon(id string, err error) {
 }
 
 // consume opens an ordered consumer of the stream from the first unapplied sequence.
-func (a *Applier) consume(ctx context.Context) (jetstream.MessagesContext, error) {
+func (a *Applier) consume(ctx context.Context) (port.Messages, error) {
 	if err := a.checkLog(ctx); err != nil {
 		return nil, err
 	}
-	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
-	if a := a.store.Applied(); a > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a+1
-	}
-	cons, err := a.js.OrderedConsumer(ctx, a.stream, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("logstream: consume %s: %w", a.stream, err)
-	}
-	// Idle heartbeats every second: a consumer whose server went away is noticed (two
-	// missed) and recreated by the client in seconds, not the default's ten.
-	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
+	it, err := a.src.Consume(ctx, a.store.Applied()+1)
 	if err != nil {
 		return nil, fmt.Errorf("logstream: consume %s: %w", a.stream, err)
 	}
@@ -238,7 +226,7 @@ func (a *Applier) consume(ctx context.Context) (jetstream.MessagesContext, error
 // after one NATS server of three was killed: silent for minutes, no error, no heartbeat
 // reset; or a silent partition) is ended by the supervisor after StallTimeout and
 // opened again from the first unapplied sequence.
-func (a *Applier) runConsumer(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
+func (a *Applier) runConsumer(ctx context.Context, it port.Messages, alive func()) error {
 	if it == nil {
 		var err error
 		if it, err = a.consume(ctx); err != nil {
@@ -308,18 +296,17 @@ func (a *Applier) probeCaughtUp(ctx context.Context, alive func()) error {
 	pctx, cancel := context.WithTimeout(ctx, min(a.stallTimeout/2, 2*time.Second))
 	defer cancel()
 	before := a.store.Applied()
-	s, err := a.js.Stream(pctx, a.stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) && !a.hooks.NoLogCheck {
+	info, err := a.src.Info(pctx)
+	if errors.Is(err, port.ErrNotFound) && !a.hooks.NoLogCheck {
 		return a.wrongLog("the stream %s was deleted", a.stream)
 	}
 	if err != nil || a.hooks.Deaf.Load() {
 		return nil
 	}
-	info := s.CachedInfo()
 	if err := a.checkInfo(info, before); err != nil {
 		return err
 	}
-	if end := info.State.LastSeq; end > a.store.Applied() {
+	if end := info.LastSeq; end > a.store.Applied() {
 		if skipped, err := a.skipDeleted(pctx, end); err != nil || !skipped {
 			return nil
 		}
@@ -348,16 +335,16 @@ func (a *Applier) applyOwn(id string, seq uint64, data []byte, entries []checkpo
 
 // runApplier applies what it consumes until the consumer ends. A fatal error (the
 // state may be half-applied) ends it for good: supervise.Fatal.
-func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, alive func()) error {
+func (a *Applier) runApplier(ctx context.Context, it port.Messages, alive func()) error {
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		msg, err := it.Next(ctx)
 		select {
 		case <-a.failed: // applyOwn failed: the state may be half-applied, apply nothing more
 			return supervise.Fatal(a.Err())
 		default:
 		}
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if errors.Is(err, port.ErrClosed) {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -388,13 +375,7 @@ func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, 
 			}
 			return errors.New("logstream: released from Hooks.HoldApply: opening the consumer again")
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			err = fmt.Errorf("logstream: log message without metadata: %w", err)
-			a.fail(err)
-			return supervise.Fatal(err)
-		}
-		seq := meta.Sequence.Stream
+		seq := msg.Seq
 		if seq > a.store.Applied()+1 {
 			if err := a.checkGap(ctx, seq); err != nil {
 				if !errors.Is(err, ErrWrongLog) {
@@ -407,7 +388,7 @@ func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, 
 		if a.hooks.FailApply.Load() { // as a storage failure does: nothing of it applied
 			err = fmt.Errorf("logstream: apply %d: %w: injected (Hooks.FailApply)", seq, checkpoint.ErrStorage)
 		} else {
-			results, err = a.store.Apply(seq, msg.Data())
+			results, err = a.store.Apply(seq, msg.Data)
 		}
 		if err != nil {
 			a.log.Error("applier stopped", "seq", seq, "err", err)
@@ -418,7 +399,7 @@ func (a *Applier) runApplier(ctx context.Context, it jetstream.MessagesContext, 
 		if results == nil {
 			continue // its writer here applied it already (applyOwn)
 		}
-		a.applied(msg.Headers().Get(jetstream.MsgIDHeader), seq, results)
+		a.applied(msg.ID, seq, results)
 	}
 }
 

@@ -5,42 +5,42 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/ident"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Defaults of Config (DefaultConfig).
 const (
-	DefaultStream          = "FLOW_LOG"
-	DefaultSubject         = "flow.log"
-	DefaultReplicas        = 1
+	DefaultStream          = port.LogStream
 	DefaultMaxOutputBytes  = 1 << 20 // 1 MiB per step output
 	DefaultMaxBatchEntries = 256
 	DefaultPublishTimeout  = 10 * time.Second
 	DefaultStallTimeout    = 10 * time.Second
 	DefaultNoteDelay       = 5 * time.Millisecond
-	duplicateWindow        = 2 * time.Minute
 	envelopeHeadroom       = 4 << 10
 	// minOutputBytes is the smallest output limit worth running with: below it a
 	// server's max_payload is refused at start rather than fitted.
 	minOutputBytes = 4 << 10
 )
 
-// Config configures a node's log (Open). Start from DefaultConfig and set JS, Store and
-// Node: Validate refuses a zero limit or timeout instead of filling one in, so that the
-// value a caller passes is the value the log runs with.
+// Config configures a node's log (Open). Start from DefaultConfig and set Stream, Store
+// and Node: Validate refuses a zero limit or timeout instead of filling one in, so that
+// the value a caller passes is the value the log runs with.
 type Config struct {
-	JS    jetstream.JetStream // required
-	Store *checkpoint.Store   // required: this node's state, fed by the applier
-	Node  string              // required: this node's ID (message IDs, envelope)
-
-	Stream   string // default FLOW_LOG
-	Subject  string // default flow.log
-	Replicas int    // stream (and snapshot bucket) replicas; default 1 (streams.Replicas gives the cluster's)
+	// Stream is the log (port.LogStream: on JetStream, jsport.OpenStream of
+	// jsport.LogConfig). Required.
+	Stream port.Stream
+	// Snapshots is where snapshots are kept (port.SnapshotBucket); nil: none are taken
+	// or listed.
+	Snapshots port.Objects
+	Store     *checkpoint.Store // required: this node's state, fed by the applier
+	Node      string            // required: this node's ID (message IDs, envelope)
+	// Nonce distinguishes this node's message IDs from those of its earlier lives
+	// (default: random). The simulation sets it from its seed.
+	Nonce string
 
 	// MaxOutputBytes bounds one step output (default 1 MiB). Above it, Write refuses
 	// the entry with ErrOutputTooLarge. Open lowers it (and warns) when the server's
@@ -72,13 +72,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig returns a Config with every default set. JS, Store and Node are the
+// DefaultConfig returns a Config with every default set. Stream, Store and Node are the
 // caller's to set.
 func DefaultConfig() Config {
 	return Config{
-		Stream:          DefaultStream,
-		Subject:         DefaultSubject,
-		Replicas:        DefaultReplicas,
 		MaxOutputBytes:  DefaultMaxOutputBytes,
 		MaxBatchEntries: DefaultMaxBatchEntries,
 		StallTimeout:    DefaultStallTimeout,
@@ -94,18 +91,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.%s %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case c.JS == nil:
-		return bad("JS", "is nil: set it to the node's JetStream context (jetstream.New)")
+	case c.Stream == nil:
+		return bad("Stream", "is nil: set it to the log (jsport.OpenStream)")
 	case c.Store == nil:
 		return bad("Store", "is nil: set it to the node's state (checkpoint.OpenStore)")
 	case !ident.ValidID(c.Node):
 		return bad("Node", "is %q, not a valid node ID: %s", c.Node, ident.IDRule)
-	case c.Stream == "":
-		return bad("Stream", "is empty: set it, or start from DefaultConfig (%s)", DefaultStream)
-	case c.Subject == "":
-		return bad("Subject", "is empty: set it, or start from DefaultConfig (%s)", DefaultSubject)
-	case c.Replicas < 1:
-		return bad("Replicas", "is %d: set it to 1 or more (streams.Replicas gives the cluster's; DefaultConfig sets %d)", c.Replicas, DefaultReplicas)
 	case c.MaxOutputBytes < 1:
 		return bad("MaxOutputBytes", "is %d: set it above 0, or start from DefaultConfig (%d)", c.MaxOutputBytes, DefaultMaxOutputBytes)
 	case c.MaxBatchEntries < 1:

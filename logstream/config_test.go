@@ -6,32 +6,29 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
-// fakeJS is a JetStream that is not nil and fails the test if used.
-type fakeJS struct{ jetstream.JetStream }
+// fakeStream is a log that is not nil and panics if used.
+type fakeStream struct{ port.Stream }
 
 // Validate names the field it refuses and the fix, refuses zero limits instead of
 // filling them in, and accepts DefaultConfig with the three required fields set. Open
 // refuses what Validate refuses before it touches NATS.
 func TestConfigValidateNamesTheField(t *testing.T) {
 	store := memStore(t)
-	valid := testConfig(fakeJS{}, store, "node-a")
+	valid := testConfigOn(fakeStream{}, store, "node-a")
 	if err := valid.Validate(); err != nil {
-		t.Fatalf("DefaultConfig with JS, Store and Node: %v", err)
+		t.Fatalf("DefaultConfig with Stream, Store and Node: %v", err)
 	}
 	for _, c := range []struct {
 		field string
 		set   func(*Config)
 	}{
-		{"JS", func(c *Config) { c.JS = nil }},
+		{"Stream", func(c *Config) { c.Stream = nil }},
 		{"Store", func(c *Config) { c.Store = nil }},
 		{"Node", func(c *Config) { c.Node = "a b" }},
 		{"Node", func(c *Config) { c.Node = "" }},
-		{"Stream", func(c *Config) { c.Stream = "" }},
-		{"Subject", func(c *Config) { c.Subject = "" }},
-		{"Replicas", func(c *Config) { c.Replicas = 0 }},
 		{"MaxOutputBytes", func(c *Config) { c.MaxOutputBytes = 0 }},
 		{"MaxBatchEntries", func(c *Config) { c.MaxBatchEntries = -1 }},
 		{"StallTimeout", func(c *Config) { c.StallTimeout = 0 }},
@@ -50,8 +47,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		}
 	}
 	// Without DefaultConfig the limits are zero: refused, not filled in.
-	bare := Config{JS: fakeJS{}, Store: store, Node: "node-a"}
-	if _, err := Open(ctxT(t), bare); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "DefaultConfig") {
+	bare := Config{Stream: fakeStream{}, Store: store, Node: "node-a"}
+	if _, err := Open(bare); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "DefaultConfig") {
 		t.Fatalf("Open of a Config without its defaults: %v; want ErrInvalidConfig pointing to DefaultConfig", err)
 	}
 }

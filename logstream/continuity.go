@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // The Applier's checks that the log is one this node's state can continue from: the
@@ -26,21 +26,21 @@ func identity(name string, created time.Time) string {
 // without an identity (new, or from a flowd that did not record one) records this log's.
 func (a *Applier) checkLog(ctx context.Context) error {
 	before := a.store.Applied()
-	s, err := a.js.Stream(ctx, a.stream)
+	info, err := a.src.Info(ctx)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if errors.Is(err, port.ErrNotFound) {
 			return a.wrongLog("the stream %s does not exist (it was deleted); this node's state was built from it", a.stream)
 		}
 		return fmt.Errorf("logstream: stream info: %w", err)
 	}
-	return a.checkInfo(s.CachedInfo(), before)
+	return a.checkInfo(info, before)
 }
 
 // checkInfo is checkLog on stream info already fetched; appliedBefore is the applied
 // sequence read before it was (the node may apply more meanwhile: the log's end is
 // compared with what was applied before it was read, its start with what is applied
 // after).
-func (a *Applier) checkInfo(info *jetstream.StreamInfo, appliedBefore uint64) error {
+func (a *Applier) checkInfo(info port.StreamInfo, appliedBefore uint64) error {
 	if a.hooks.NoLogCheck { // the controls of docs/testing.md's "log's identity and continuity"
 		return nil
 	}
@@ -58,15 +58,15 @@ func (a *Applier) checkInfo(info *jetstream.StreamInfo, appliedBefore uint64) er
 	case have != id:
 		return a.wrongLog("this node's state was built from the stream %s, and the stream now is %s: it was deleted and created again, so its sequences are not the ones applied", have, id)
 	}
-	if first := info.State.FirstSeq; first > applied+1 {
+	if first := info.FirstSeq; first > applied+1 {
 		if applied == 0 { // an empty state (or one whose unsynced writes a crash lost)
 			return a.wrongLog("this node has no state and the log starts at sequence %d: messages 1 to %d were purged (compacted), and no snapshot bridges the gap", first, first-1)
 		}
 		return a.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them, and no snapshot bridges the gap",
 			applied, first, applied+1, first-1)
 	}
-	if appliedBefore > info.State.LastSeq {
-		return a.wrongLog("this node applied the log up to sequence %d, and the log ends at %d: it is not the log this state was built from", appliedBefore, info.State.LastSeq)
+	if appliedBefore > info.LastSeq {
+		return a.wrongLog("this node applied the log up to sequence %d, and the log ends at %d: it is not the log this state was built from", appliedBefore, info.LastSeq)
 	}
 	return nil
 }
@@ -85,12 +85,12 @@ func (a *Applier) checkGap(ctx context.Context, seq uint64) error {
 	}
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	s, err := a.js.Stream(ictx, a.stream)
+	info, err := a.src.Info(ictx)
 	if err != nil {
 		return fmt.Errorf("logstream: stream info at a gap before %d: %w", seq, err)
 	}
 	applied := a.store.Applied()
-	if first := s.CachedInfo().State.FirstSeq; first > applied+1 {
+	if first := info.FirstSeq; first > applied+1 {
 		return a.wrongLog("this node applied the log up to sequence %d, and the log now starts at %d: messages %d to %d were purged before this node applied them",
 			applied, first, applied+1, first-1)
 	}
@@ -105,12 +105,8 @@ func (a *Applier) skipDeleted(ctx context.Context, end uint64) (bool, error) {
 	if end <= applied {
 		return false, nil
 	}
-	s, err := a.js.Stream(ctx, a.stream)
-	if err != nil {
-		return false, fmt.Errorf("logstream: stream: %w", err)
-	}
-	_, err = s.GetMsg(ctx, applied+1, jetstream.WithGetMsgSubject(a.subject))
-	if !errors.Is(err, jetstream.ErrMsgNotFound) {
+	has, err := a.src.Has(ctx, applied+1)
+	if err != nil || has {
 		return false, nil // a message is there (the consumer brings it), or we cannot tell
 	}
 	if err := a.store.Skip(end); err != nil {

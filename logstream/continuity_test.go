@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
@@ -37,7 +38,7 @@ func startOn(t *testing.T, env *testEnv, store *checkpoint.Store, node string) (
 // startOnWith is startOn with the test switches h (nil: production's).
 func startOnWith(t *testing.T, env *testEnv, store *checkpoint.Store, node string, h *testhooks.Hooks) (*Log, error) {
 	t.Helper()
-	l, err := Open(ctxT(t), testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond; c.Hooks = h }))
+	l, err := Open(testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond; c.Hooks = h }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestRecreatedWhileConsumingStopsTheApplier(t *testing.T) {
 			// The server may refuse to create the stream again while it still removes the
 			// old one's files ("error creating store for stream"): ask again, with a deadline.
 			for deadline := time.Now().Add(10 * time.Second); ; {
-				_, err := env.js.CreateStream(ctx, jetstream.StreamConfig{Name: DefaultStream, Subjects: []string{DefaultSubject}})
+				_, err := env.js.CreateStream(ctx, jetstream.StreamConfig{Name: DefaultStream, Subjects: []string{port.LogSubject}})
 				if err == nil {
 					break
 				}
@@ -241,7 +242,7 @@ func TestRecreatedWhileConsumingStopsTheApplier(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := env.js.Publish(ctx, DefaultSubject, msg); err != nil {
+			if _, err := env.js.Publish(ctx, port.LogSubject, msg); err != nil {
 				t.Fatal(err)
 			}
 			// The same window on both sides: 50 probes, where the check needs one.
@@ -282,7 +283,7 @@ func TestGarbageInTheLogIsRejected(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ack, err := env.js.Publish(ctx, DefaultSubject, []byte("garbage"))
+			ack, err := env.js.Publish(ctx, port.LogSubject, []byte("garbage"))
 			if err != nil {
 				t.Fatal(err)
 			}

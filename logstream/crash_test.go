@@ -20,6 +20,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 const crashHelperEnv = "FLOW_CHECKPOINT_CRASH_HELPER"
@@ -46,8 +47,8 @@ func crashHelperMain() {
 	}
 	ctx := context.Background()
 	cfg := DefaultConfig()
-	cfg.JS, cfg.Store, cfg.Node = js, store, "helper"
-	l, err := Open(ctx, cfg)
+	cfg.Stream, cfg.Store, cfg.Node = logStream(js), store, "helper"
+	l, err := Open(cfg)
 	if err != nil {
 		fail(err)
 	}
@@ -134,7 +135,7 @@ func TestCrashDuringApply(t *testing.T) {
 		env := startEnv(t, dir)
 		env.closeLog()
 		for i, m := range msgs {
-			ack, err := env.js.Publish(ctxT(t), DefaultSubject, m)
+			ack, err := env.js.Publish(ctxT(t), port.LogSubject, m)
 			if err != nil || ack.Sequence != uint64(i+1) {
 				t.Fatalf("publish %d: %v %+v", i, err, ack)
 			}

@@ -13,7 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
@@ -52,8 +54,15 @@ func submitEntry(run string, steps ...checkpoint.StepSpec) checkpoint.Entry {
 
 // testConfig is DefaultConfig for node over js and store, changed by set.
 func testConfig(js jetstream.JetStream, store *checkpoint.Store, node string, set ...func(*Config)) Config {
+	cfg := testConfigOn(logStream(js), store, node, set...)
+	cfg.Snapshots = snapshotsOf(js)
+	return cfg
+}
+
+// testConfigOn is DefaultConfig for node over the log src and store, changed by set.
+func testConfigOn(src port.Stream, store *checkpoint.Store, node string, set ...func(*Config)) Config {
 	cfg := DefaultConfig()
-	cfg.JS, cfg.Store, cfg.Node = js, store, node
+	cfg.Stream, cfg.Store, cfg.Node = src, store, node
 	for _, f := range set {
 		f(&cfg)
 	}
@@ -113,7 +122,7 @@ func (env *testEnv) openLog(t testing.TB) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := Open(ctx, testConfig(env.js, store, "node-a"))
+	l, err := Open(testConfig(env.js, store, "node-a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,4 +150,18 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// logStream is the log on js, created if missing (as jsport.Open does for a node).
+func logStream(js jetstream.JetStream) port.Stream {
+	s, err := jsport.OpenStream(context.Background(), js, jsport.LogConfig(1))
+	if err != nil {
+		panic(err) // tests' set-up: a server that cannot create the log fails them all
+	}
+	return s
+}
+
+// snapshotsOf is the snapshots' object store on js.
+func snapshotsOf(js jetstream.JetStream) port.Objects {
+	return jsport.ObjectsOf(js, jsport.SnapshotsConfig(1))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // BenchmarkJoin measures how long a node with an empty data dir takes to start from the
@@ -61,7 +62,7 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	seq := uint64(0)
 	compacted := false // the soak compacts as it goes: the whole log can no longer be replayed
 	publish := func(version int, entries ...[]byte) {
-		if _, err := env.js.PublishAsync(DefaultSubject, checkpoint.EncodeJSONEnvelope("bench", version, entries)); err != nil {
+		if _, err := env.js.PublishAsync(port.LogSubject, checkpoint.EncodeJSONEnvelope("bench", version, entries)); err != nil {
 			b.Fatal(err)
 		}
 		seq++
@@ -118,7 +119,7 @@ func benchJoin(b *testing.B, runs int, retire bool) {
 	b.ResetTimer()
 	began := time.Now()
 	state := filepath.Join(dir, "joined")
-	if err := PrepareState(ctx, env.js, "", state, env.log.Applier.log); err != nil {
+	if err := PrepareState(ctx, logStream(env.js), snapshotsOf(env.js), state, env.log.Applier.log); err != nil {
 		b.Fatal(err)
 	}
 	joined := startLogOn(b, env, state, "joined")
@@ -171,7 +172,7 @@ func startLogOn(b *testing.B, env *testEnv, dir, node string) *Log {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	l, err := Open(ctx, testConfig(env.js, store, node))
+	l, err := Open(testConfig(env.js, store, node))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/base/streams"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
@@ -22,16 +19,15 @@ type Log struct {
 	Snapshots *Snapshots
 }
 
-// Open validates cfg (Config.Validate), creates the stream if needed and returns the
-// node's log, ready to Start. The step output limit is fitted to the NATS server's
+// Open validates cfg (Config.Validate) and returns the node's log, ready to Start. The step output limit is fitted to the NATS server's
 // max_payload (with a warning) when the server cannot hold it, and refused when the
 // server leaves no room for a useful one.
-func Open(ctx context.Context, cfg Config) (*Log, error) {
+func Open(cfg Config) (*Log, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.logger().With("component", "log")
-	maxPayload := int(cfg.JS.Conn().MaxPayload())
+	maxPayload := cfg.Stream.MaxPayload()
 	maxOutput := cfg.MaxOutputBytes
 	// An output of the limit must fit one message with its entry's other fields and
 	// the envelope: a headroom for each.
@@ -46,10 +42,6 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 			"max_output_bytes", fit, "asked", maxOutput, "max_payload", maxPayload)
 		maxOutput = fit
 	}
-	_, err := streams.EnsureStream(ctx, cfg.JS, StreamConfig(cfg))
-	if err != nil {
-		return nil, fmt.Errorf("logstream: create stream %s: %w", cfg.Stream, err)
-	}
 	hooks := testhooks.OrProduction(cfg.Hooks)
 	a := newApplier(cfg, hooks, log)
 	return &Log{
@@ -57,19 +49,6 @@ func Open(ctx context.Context, cfg Config) (*Log, error) {
 		Writer:    newWriter(cfg, a, maxOutput, maxPayload-envelopeHeadroom, hooks, log),
 		Snapshots: newSnapshots(cfg, log),
 	}, nil
-}
-
-// StreamConfig is the log's stream as Open creates it for cfg.
-func StreamConfig(cfg Config) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        cfg.Stream,
-		Description: "flow checkpoint log: every change to run state, in order",
-		Subjects:    []string{cfg.Subject},
-		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		Replicas:    cfg.Replicas,
-		Duplicates:  duplicateWindow,
-	}
 }
 
 // Start starts the applier (replaying from the store's applied sequence; a log the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/testkit/within"
 )
 
@@ -115,7 +116,7 @@ func TestLogReplayAfterRestart(t *testing.T) {
 	}
 	// A fresh node: no state at all, the same log.
 	fresh := memStore(t)
-	l2, err := Open(ctx, testConfig(env.js, fresh, "node-b"))
+	l2, err := Open(testConfig(env.js, fresh, "node-b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestLogGroupCommit(t *testing.T) {
 func TestLogStopIsSafe(t *testing.T) {
 	env := startEnv(t, t.TempDir())
 	ctx := ctxT(t)
-	unstarted, err := Open(ctx, testConfig(env.js, memStore(t), "x"))
+	unstarted, err := Open(testConfig(env.js, memStore(t), "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestStartStopStress(t *testing.T) {
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(3, 9))
 	for round := range 20 {
-		l, err := Open(ctx, testConfig(env.js, memStore(t), "stress"))
+		l, err := Open(testConfig(env.js, memStore(t), "stress"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +253,7 @@ func TestApplierStopsOnANewerFormat(t *testing.T) {
 	if _, err := write(ctx, env.log.Writer, submitEntry("r1", checkpoint.StepSpec{Name: "one"})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.js.Publish(ctx, DefaultSubject, []byte(`{"v":9,"entries":[]}`)); err != nil {
+	if _, err := env.js.Publish(ctx, port.LogSubject, []byte(`{"v":9,"entries":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -359,7 +360,7 @@ func TestOwnApplyAgreesWithTheLog(t *testing.T) {
 	ctx := ctxT(t)
 	open := func(node string) (*Log, *checkpoint.Store) {
 		s := memStore(t)
-		l, err := Open(ctx, testConfig(env.js, s, node))
+		l, err := Open(testConfig(env.js, s, node))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -436,7 +437,7 @@ func TestStalledApplierIsRestarted(t *testing.T) {
 		recovers bool
 	}{{300 * time.Millisecond, true}, {time.Hour, false}} {
 		store := memStore(t)
-		watched, err := Open(ctx, testConfig(env.js, store, "watched", func(cfg *Config) { cfg.StallTimeout = c.stall }))
+		watched, err := Open(testConfig(env.js, store, "watched", func(cfg *Config) { cfg.StallTimeout = c.stall }))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -659,7 +660,7 @@ func TestNotesRideWithTheNextWrite(t *testing.T) {
 	// A note delay far longer than a write takes, so that the rounds do not depend on
 	// the machine's speed (under -race on a loaded machine a write came after 5ms).
 	store := memStore(t)
-	patient, err := Open(ctx, testConfig(env.js, store, "patient", func(c *Config) { c.NoteDelay = time.Minute }))
+	patient, err := Open(testConfig(env.js, store, "patient", func(c *Config) { c.NoteDelay = time.Minute }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // The output limit is fitted to a server whose max_payload cannot hold it (a stock
@@ -35,7 +37,9 @@ func TestOutputLimitFitsTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		js, _ := jetstream.New(nc)
-		l, err := Open(ctxT(t), testConfig(js, memStore(t), "node-a"))
+		// The log as a reader names it: Open creates nothing (jsport.Open creates the
+		// streams of a node).
+		l, err := Open(testConfigOn(jsport.StreamOf(js, port.LogStream, port.LogSubject), memStore(t), "node-a"))
 		switch {
 		case c.refused != "":
 			if !errors.Is(err, checkpoint.ErrInvalidEntry) || !strings.Contains(err.Error(), c.refused) {

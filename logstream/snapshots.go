@@ -6,21 +6,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // SnapshotBucket is the JetStream object store that holds the state snapshots.
-const SnapshotBucket = "FLOW_SNAPSHOTS"
+const SnapshotBucket = port.SnapshotBucket
 
 // KeepSnapshots is how many snapshots are kept: the newest, and two to fall back on.
 const KeepSnapshots = 3
@@ -42,68 +39,35 @@ type Snapshot struct {
 // node that must start from a snapshot restores one with PrepareState, before its store
 // is open.
 type Snapshots struct {
-	js       jetstream.JetStream
-	store    *checkpoint.Store
-	replicas int
-	nonce    string // names this node's snapshots being written
-	log      *slog.Logger
+	objs  port.Objects // nil: none are kept
+	store *checkpoint.Store
+	nonce string // names this node's snapshots being written
+	log   *slog.Logger
 }
 
 func newSnapshots(cfg Config, log *slog.Logger) *Snapshots {
-	return &Snapshots{js: cfg.JS, store: cfg.Store, replicas: cfg.Replicas, nonce: strconv.FormatUint(rand.Uint64(), 36), log: log}
-}
-
-// SnapshotBucketConfig is the snapshot bucket as a node creates it.
-func SnapshotBucketConfig(replicas int) jetstream.ObjectStoreConfig {
-	return jetstream.ObjectStoreConfig{Bucket: SnapshotBucket,
-		Description: "flow state snapshots: the state at a log sequence", Storage: jetstream.FileStorage, Replicas: max(replicas, 1)}
-}
-
-// openSnapshots opens the snapshot bucket, creating it if needed.
-func openSnapshots(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.ObjectStore, error) {
-	obs, err := js.ObjectStore(ctx, SnapshotBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		obs, err = js.CreateObjectStore(ctx, SnapshotBucketConfig(replicas))
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			obs, err = js.ObjectStore(ctx, SnapshotBucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("logstream: snapshot bucket %s: %w", SnapshotBucket, err)
-	}
-	return obs, nil
+	return &Snapshots{objs: cfg.Snapshots, store: cfg.Store, nonce: nonceOr(cfg.Nonce), log: log}
 }
 
 // List lists the stored snapshots, oldest first (none when there is no bucket yet).
-func (s *Snapshots) List(ctx context.Context) ([]Snapshot, error) { return listBucket(ctx, s.js) }
+func (s *Snapshots) List(ctx context.Context) ([]Snapshot, error) { return listSnapshots(ctx, s.objs) }
 
-// listBucket lists the snapshots in js's bucket, oldest first.
-func listBucket(ctx context.Context, js jetstream.JetStream) ([]Snapshot, error) {
-	obs, err := js.ObjectStore(ctx, SnapshotBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+// listSnapshots lists the snapshots in objs, oldest first (none without a store).
+func listSnapshots(ctx context.Context, objs port.Objects) ([]Snapshot, error) {
+	if objs == nil {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("logstream: snapshot bucket: %w", err)
-	}
-	return listSnapshots(ctx, obs)
-}
-
-func listSnapshots(ctx context.Context, obs jetstream.ObjectStore) ([]Snapshot, error) {
-	infos, err := obs.List(ctx)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		return nil, nil
-	}
+	infos, err := objs.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("logstream: list snapshots: %w", err)
 	}
 	var out []Snapshot
 	for _, in := range infos {
 		seq, err := strconv.ParseUint(strings.TrimPrefix(in.Name, snapshotPrefix), 10, 64)
-		if !strings.HasPrefix(in.Name, snapshotPrefix) || err != nil || in.Deleted {
-			continue // not ours
+		if !strings.HasPrefix(in.Name, snapshotPrefix) || err != nil {
+			continue // not ours, or one being written (state-part-...)
 		}
-		out = append(out, Snapshot{Name: in.Name, Seq: seq, Size: in.Size, At: in.ModTime})
+		out = append(out, Snapshot{Name: in.Name, Seq: seq, Size: in.Size, At: in.Modified})
 	}
 	slices.SortFunc(out, func(a, b Snapshot) int { return cmpUint(a.Seq, b.Seq) })
 	return out, nil
@@ -133,9 +97,9 @@ func (s *Snapshots) Take(ctx context.Context) (Snapshot, error) {
 		ctx, cancel = context.WithTimeout(ctx, snapshotUploadTimeout)
 		defer cancel()
 	}
-	obs, err := openSnapshots(ctx, s.js, s.replicas)
-	if err != nil {
-		return Snapshot{}, err
+	obs := s.objs
+	if obs == nil {
+		return Snapshot{}, errors.New("logstream: this node keeps no snapshots (Config.Snapshots is nil)")
 	}
 	pr, pw := io.Pipe()
 	metas := make(chan checkpoint.SnapshotMeta, 1)
@@ -147,7 +111,7 @@ func (s *Snapshots) Take(ctx context.Context) (Snapshot, error) {
 	// The object is named by its sequence, known once the snapshot is written: it is
 	// written under a name of its own, then renamed; a reader never sees half of one.
 	tmp := snapshotPrefix + "part-" + s.nonce + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	info, err := obs.Put(ctx, jetstream.ObjectMeta{Name: tmp, Description: "a flow state snapshot being written"}, s.uploadReader(ctx, pr))
+	info, err := obs.Put(ctx, tmp, nil, s.uploadReader(ctx, pr))
 	pr.CloseWithError(err) // a failed put unblocks the writer
 	meta := <-metas
 	if err != nil {
@@ -155,10 +119,9 @@ func (s *Snapshots) Take(ctx context.Context) (Snapshot, error) {
 		return Snapshot{}, fmt.Errorf("logstream: write snapshot: %w", err)
 	}
 	name := snapshotPrefix + fmt.Sprintf("%020d", meta.Seq)
-	if err := obs.UpdateMeta(ctx, tmp, jetstream.ObjectMeta{Name: name, Description: "flow state at log sequence " + strconv.FormatUint(meta.Seq, 10),
-		Headers: nats.Header{"Flow-Seq": []string{strconv.FormatUint(meta.Seq, 10)}, "Flow-Log": []string{meta.LogIdentity}}}); err != nil {
+	if err := obs.Rename(ctx, tmp, name, map[string]string{"Flow-Seq": strconv.FormatUint(meta.Seq, 10), "Flow-Log": meta.LogIdentity}); err != nil {
 		_ = obs.Delete(context.WithoutCancel(ctx), tmp)
-		if errors.Is(err, jetstream.ErrObjectAlreadyExists) { // one at this sequence is there already
+		if errors.Is(err, port.ErrKeyExists) { // one at this sequence is there already
 			return Snapshot{Name: name, Seq: meta.Seq, Size: info.Size, At: time.Now()}, nil
 		}
 		return Snapshot{}, fmt.Errorf("logstream: name snapshot %s: %w", name, err)
@@ -216,19 +179,15 @@ func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 // Prune deletes all but the newest KeepSnapshots, and parts left by writers that died
 // (older than a minute). Take prunes after each snapshot it writes.
 func (s *Snapshots) Prune(ctx context.Context) error {
-	obs, err := s.js.ObjectStore(ctx, SnapshotBucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+	if s.objs == nil {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("logstream: snapshot bucket: %w", err)
-	}
-	return prune(ctx, obs)
+	return prune(ctx, s.objs)
 }
 
-// prune is Prune on an open bucket; it goes on past a failed delete and returns the
-// first error.
-func prune(ctx context.Context, obs jetstream.ObjectStore) error {
+// prune deletes all but the newest KeepSnapshots snapshots, and snapshots being written
+// that were left behind (a minute old: a writer that died).
+func prune(ctx context.Context, obs port.Objects) error {
 	snaps, err := listSnapshots(ctx, obs)
 	if err != nil {
 		return err
@@ -243,12 +202,9 @@ func prune(ctx context.Context, obs jetstream.ObjectStore) error {
 		keep(obs.Delete(ctx, snaps[i].Name))
 	}
 	infos, err := obs.List(ctx)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		err = nil
-	}
 	keep(err)
 	for _, in := range infos {
-		if strings.HasPrefix(in.Name, snapshotPrefix+"part-") && time.Since(in.ModTime) > time.Minute {
+		if strings.HasPrefix(in.Name, snapshotPrefix+"part-") && time.Since(in.Modified) > time.Minute {
 			keep(obs.Delete(ctx, in.Name))
 		}
 	}
@@ -261,19 +217,15 @@ func prune(ctx context.Context, obs jetstream.ObjectStore) error {
 // (stateDir.replaced-<unix time>), never deleted. It does nothing when the state can
 // continue from the log, when the log is missing, or when no snapshot bridges the gap
 // (the log's checks then refuse the node and say why).
-func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir string, log *slog.Logger) error {
-	if stream == "" {
-		stream = DefaultStream
-	}
-	s, err := js.Stream(ctx, stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
+func PrepareState(ctx context.Context, src port.Stream, objs port.Objects, stateDir string, log *slog.Logger) error {
+	info, err := src.Info(ctx)
+	if errors.Is(err, port.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("logstream: stream %s: %w", stream, err)
+		return fmt.Errorf("logstream: stream %s: %w", src.Name(), err)
 	}
-	info := s.CachedInfo()
-	first := info.State.FirstSeq
+	first := info.FirstSeq
 	var applied uint64
 	_, statErr := os.Stat(stateDir)
 	if statErr == nil {
@@ -289,7 +241,7 @@ func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir 
 	if first <= applied+1 {
 		return nil // the log holds every message after the applied one
 	}
-	snaps, err := listBucket(ctx, js)
+	snaps, err := listSnapshots(ctx, objs)
 	if err != nil {
 		return err
 	}
@@ -300,6 +252,14 @@ func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir 
 	if newest.Seq+1 < first || newest.Seq <= applied {
 		return nil // it does not bridge the gap, or is no newer than the state
 	}
+	r, oi, err := objs.Get(ctx, newest.Name)
+	if err != nil {
+		return fmt.Errorf("logstream: read snapshot %s: %w", newest.Name, err)
+	}
+	defer r.Close()
+	if have, want := oi.Headers["Flow-Log"], identity(src.Name(), info.Created); have != "" && have != want {
+		return nil // a snapshot of another log (the stream was recreated): the log's checks say so
+	}
 	if statErr == nil {
 		aside := fmt.Sprintf("%s.replaced-%d", stateDir, time.Now().Unix())
 		if err := os.Rename(stateDir, aside); err != nil {
@@ -307,22 +267,6 @@ func PrepareState(ctx context.Context, js jetstream.JetStream, stream, stateDir 
 		}
 		log.Warn("this node's state is behind the log's first sequence: moved aside, restoring the newest snapshot", "applied", applied, "first_seq", first, "moved_to", aside)
 	}
-	obs, err := js.ObjectStore(ctx, SnapshotBucket)
-	if err != nil {
-		return fmt.Errorf("logstream: snapshot bucket: %w", err)
-	}
-	oi, err := obs.GetInfo(ctx, newest.Name)
-	if err != nil {
-		return fmt.Errorf("logstream: snapshot %s: %w", newest.Name, err)
-	}
-	if have, want := oi.Headers.Get("Flow-Log"), identity(stream, info.Created); have != "" && have != want {
-		return nil // a snapshot of another log (the stream was recreated): the log's checks say so
-	}
-	r, err := obs.Get(ctx, newest.Name)
-	if err != nil {
-		return fmt.Errorf("logstream: read snapshot %s: %w", newest.Name, err)
-	}
-	defer r.Close()
 	began := time.Now()
 	meta, err := checkpoint.RestoreSnapshot(stateDir, r, nil)
 	if err != nil {

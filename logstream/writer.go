@@ -11,11 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
@@ -27,10 +25,8 @@ import (
 // (Applier.applyOwn). Start it, Stop it.
 type Writer struct {
 	a              *Applier
-	js             jetstream.JetStream
+	dst            port.Stream // the log
 	node           string
-	stream         string
-	subject        string
 	maxOutput      int // the step output limit in force (Config.MaxOutputBytes, fitted to the server)
 	maxBytes       int // the most one message's entries may take (the server's max_payload less the envelope)
 	maxEntries     int
@@ -70,10 +66,10 @@ type Writer struct {
 }
 
 func newWriter(cfg Config, a *Applier, maxOutput, maxBytes int, hooks *testhooks.Hooks, log *slog.Logger) *Writer {
-	w := &Writer{a: a, js: cfg.JS, node: cfg.Node, stream: cfg.Stream, subject: cfg.Subject,
+	w := &Writer{a: a, dst: cfg.Stream, node: cfg.Node,
 		maxOutput: maxOutput, maxBytes: maxBytes, maxEntries: cfg.MaxBatchEntries, noteDelay: cfg.NoteDelay,
 		publishTimeout: cfg.PublishTimeout, noOwnApply: cfg.NoOwnApply, hooks: hooks, log: log,
-		nonce: strconv.FormatUint(rand.Uint64(), 36), wake: make(chan struct{}, 1), decodes: make(chan *decodeJob),
+		nonce: nonceOr(cfg.Nonce), wake: make(chan struct{}, 1), decodes: make(chan *decodeJob),
 		stopped: make(chan struct{})}
 	w.wq.space = make(chan struct{})
 	return w
@@ -511,19 +507,19 @@ func (w *Writer) publish(ctx context.Context, batch []*request) {
 	}
 	w.a.expect(id, futures)
 
-	msg := &nats.Msg{Subject: w.subject, Data: checkpoint.EncodeEnvelopeIn(batch[0].format, w.node, revision, datas), Header: nats.Header{}}
-	job := w.predecode(msg.Data)
+	data := checkpoint.EncodeEnvelopeIn(batch[0].format, w.node, revision, datas)
+	job := w.predecode(data)
 	pctx, cancel := context.WithTimeout(ctx, w.publishTimeout)
 	defer cancel()
 	retry := backoff.Policy{Base: 20 * time.Millisecond, Cap: time.Second}
 	for attempt := 0; ; attempt++ {
 		// The message ID makes a retried publish a duplicate, not a second entry.
-		ack, err := w.js.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(w.stream))
+		seq, err := w.dst.Publish(pctx, id, data)
 		if err == nil {
-			w.applyOwn(id, ack.Sequence, msg.Data, job)
+			w.applyOwn(id, seq, data, job)
 			return // else the applier resolves the futures
 		}
-		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrMaxPayload) {
+		if errors.Is(err, port.ErrNotFound) || errors.Is(err, port.ErrTooLarge) {
 			w.a.abandon(id, fmt.Errorf("%w: %v", ErrAppendUncertain, err))
 			return
 		}
@@ -587,4 +583,13 @@ func (w *Writer) runDecoder(ctx context.Context) {
 			close(job.done)
 		}
 	}
+}
+
+// nonceOr is nonce, or a random one: it tells this writer's message IDs from those of
+// the node's earlier lives (a restarted node's counter starts again).
+func nonceOr(nonce string) string {
+	if nonce != "" {
+		return nonce
+	}
+	return strconv.FormatUint(rand.Uint64(), 36)
 }

@@ -22,14 +22,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
 // Bucket holds the roster.
-const Bucket = "FLOW_CLUSTER"
+const Bucket = port.ClusterBucket
 
 const rosterKey = "roster"
 
@@ -162,29 +160,17 @@ var ErrUnknown = errors.New("no such node in the cluster")
 
 // Gate reads and changes the roster.
 type Gate struct {
-	kv jetstream.KeyValue
+	kv port.KV
 	// Tests only: afterRead runs between an update's read and its write; blind makes
 	// the write unconditional (the compare-and-set's negative control).
 	afterRead func()
 	blind     bool
 }
 
-// Open creates the bucket if needed (file storage, no expiry: a member stays until it
-// is forgotten).
-func Open(ctx context.Context, js jetstream.JetStream, replicas int) (*Gate, error) {
-	kv, err := streams.EnsureKV(ctx, js, Config(replicas))
-	if err != nil {
-		return nil, fmt.Errorf("gate: open %s: %w", Bucket, err)
-	}
-	return &Gate{kv: kv}, nil
-}
-
-// Config is the bucket as Open creates it.
-func Config(replicas int) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{Bucket: Bucket, History: 1,
-		Description: "flow's cluster roster: each node's log formats, and the promised cluster version",
-		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)}
-}
+// New reads and changes the roster in kv (port.ClusterBucket: on JetStream,
+// jsport.ClusterConfig, in file storage with no expiry: a member stays until it is
+// forgotten).
+func New(kv port.KV) *Gate { return &Gate{kv: kv} }
 
 // Roster reads the roster (empty if none was written).
 func (g *Gate) Roster(ctx context.Context) (Roster, error) {
@@ -195,19 +181,19 @@ func (g *Gate) Roster(ctx context.Context) (Roster, error) {
 func (g *Gate) read(ctx context.Context) (Roster, uint64, error) {
 	r := Roster{Members: map[string]Member{}}
 	e, err := g.kv.Get(ctx, rosterKey)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	if errors.Is(err, port.ErrKeyNotFound) {
 		return r, 0, nil
 	}
 	if err != nil {
 		return r, 0, fmt.Errorf("gate: read the roster: %w", err)
 	}
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
+	if err := json.Unmarshal(e.Value, &r); err != nil {
 		return r, 0, fmt.Errorf("gate: the roster in %s does not decode (%v): delete the key to rebuild it (nodes register again at start)", Bucket, err)
 	}
 	if r.Members == nil {
 		r.Members = map[string]Member{}
 	}
-	return r, e.Revision(), nil
+	return r, e.Revision, nil
 }
 
 // errNoChange: change made no change; nothing is written.
@@ -240,7 +226,7 @@ func (g *Gate) update(ctx context.Context, change func(*Roster) error) (Roster, 
 		if err == nil {
 			return r, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) || attempt >= 20 {
+		if !errors.Is(err, port.ErrKeyExists) && !errors.Is(err, port.ErrWrongRevision) || attempt >= 20 {
 			return r, fmt.Errorf("gate: write the roster: %w", err)
 		}
 		select { // someone wrote between: read again

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/testkit/testnats"
 )
 
@@ -114,9 +115,11 @@ func open(t *testing.T) (*Gate, *Gate) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if gates[i], err = Open(ctx, js, 1); err != nil {
+		kv, err := jsport.OpenKV(ctx, js, jsport.ClusterConfig(1), nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		gates[i] = New(kv)
 	}
 	return gates[0], gates[1]
 }

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
@@ -45,7 +45,7 @@ type Leases interface {
 // Tasks queues the tasks of assigned epochs (a *tasks.Queue).
 type Tasks interface {
 	Publish(ctx context.Context, t tasks.Task) error
-	PublishAsync(t tasks.Task) (jetstream.PubAckFuture, error)
+	PublishAsync(t tasks.Task) (port.Ack, error)
 }
 
 // Snapshots takes and lists the state's snapshots (a *logstream.Snapshots).

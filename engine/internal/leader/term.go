@@ -5,13 +5,12 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/dlq"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -145,7 +144,7 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	if written == nil {
 		return
 	}
-	var acks []jetstream.PubAckFuture
+	var acks []port.Ack
 	for i, err := range written.Results(ctx) {
 		if err != nil {
 			t.assignFailed(runs[i].ID, err)
@@ -159,12 +158,10 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 		}
 	}
 	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			s.log.Warn("task not queued; reconcile will retry", "err", err)
-		case <-ctx.Done():
+		if err := f.Wait(ctx); ctx.Err() != nil {
 			return
+		} else if err != nil {
+			s.log.Warn("task not queued; reconcile will retry", "err", err)
 		}
 	}
 }

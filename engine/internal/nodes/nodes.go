@@ -13,19 +13,20 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/jsport"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
-// Bucket holds each live node's report.
-const Bucket = "FLOW_NODES"
+// Bucket holds each live node's report (port.NodesBucket: on JetStream,
+// jsport.NodesConfig, whose keys lapse after ReportTTL).
+const Bucket = port.NodesBucket
 
 const (
 	// ReportEvery is how often a node reports.
 	ReportEvery = 5 * time.Second
 	// ReportTTL is how long a report lives: a node silent that long is not live.
-	ReportTTL = time.Minute
+	ReportTTL = jsport.NodesReportTTL
 )
 
 // Report is what a node says of itself. Binary and Formats (the log formats it reads)
@@ -38,20 +39,9 @@ type Report struct {
 	Formats []int     `json:"formats,omitempty"`
 }
 
-// Open creates the bucket if needed.
-func Open(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	return streams.EnsureKV(ctx, js, Config(replicas))
-}
-
-// Config is the bucket as Open creates it.
-func Config(replicas int) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{Bucket: Bucket, TTL: ReportTTL,
-		Description: "flow nodes' applied log sequences (compaction keeps what they need)", Storage: jetstream.MemoryStorage, Replicas: replicas}
-}
-
 // Reporter puts this node's report in the bucket now and every ReportEvery.
 type Reporter struct {
-	kv      jetstream.KeyValue
+	kv      port.KV
 	node    string
 	about   Report // Binary and Formats
 	applied func() uint64
@@ -65,7 +55,7 @@ type Reporter struct {
 
 // NewReporter reports node's applied sequence (applied) into kv, with about's Binary and
 // Formats.
-func NewReporter(kv jetstream.KeyValue, node string, about Report, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
+func NewReporter(kv port.KV, node string, about Report, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
 	return &Reporter{kv: kv, node: node, about: about, applied: applied, clock: clock, log: log}
 }
 
@@ -117,7 +107,7 @@ func (r *Reporter) Stop() {
 
 // LiveApplied is the lowest applied sequence a live node other than self reported,
 // and whether any did.
-func LiveApplied(ctx context.Context, kv jetstream.KeyValue, self string) (uint64, bool, error) {
+func LiveApplied(ctx context.Context, kv port.KV, self string) (uint64, bool, error) {
 	live, err := Live(ctx, kv)
 	if err != nil {
 		return 0, false, err
@@ -135,19 +125,19 @@ func LiveApplied(ctx context.Context, kv jetstream.KeyValue, self string) (uint6
 }
 
 // Live are the live nodes' reports, by node ID.
-func Live(ctx context.Context, kv jetstream.KeyValue) (map[string]Report, error) {
-	keys, err := kv.ListKeys(ctx)
+func Live(ctx context.Context, kv port.KV) (map[string]Report, error) {
+	keys, err := kv.Keys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]Report{}
-	for k := range keys.Keys() {
+	for _, k := range keys {
 		entry, err := kv.Get(ctx, k)
 		if err != nil {
 			continue // expired meanwhile
 		}
 		var r Report
-		if json.Unmarshal(entry.Value(), &r) != nil {
+		if json.Unmarshal(entry.Value, &r) != nil {
 			continue
 		}
 		out[k] = r

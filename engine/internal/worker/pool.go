@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
@@ -50,7 +50,7 @@ type Leases interface {
 
 // Tasks is where tasks come from: the workers' consumer, looked up again after a restart.
 type Tasks interface {
-	Consumer(ctx context.Context) (jetstream.Consumer, error)
+	Consumer(ctx context.Context) (port.Consumer, error)
 }
 
 // Config of a Pool. Every field without a default is required.
@@ -189,22 +189,17 @@ func (p *Pool) fetch(ctx context.Context, alive func()) error {
 			t.Stop()
 		}
 		p.holdingBack.Store(false)
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
+		batch, err := cons.Fetch(ctx, 1, fetchWait)
 		got := false
-		if err == nil {
-			for msg := range batch.Messages() {
-				got = true
-				p.wg.Add(1)
-				go func() {
-					defer p.wg.Done()
-					defer func() { <-p.slots }()
-					p.handleTask(p.runCtx, msg)
-				}()
-			}
-			err = batch.Error()
+		for _, msg := range batch {
+			got = true
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				defer func() { <-p.slots }()
+				p.handleTask(p.runCtx, msg)
+			}()
 		}
-		cancel()
 		if !got {
 			<-p.slots
 		}
@@ -216,7 +211,7 @@ func (p *Pool) fetch(ctx context.Context, alive func()) error {
 			failures = 0
 			continue
 		}
-		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		if errors.Is(err, port.ErrNotFound) {
 			return err // a new life looks the consumer (and the stream) up again
 		}
 		// No responders (the stream is gone) fails at once: do not spin on it.
@@ -251,9 +246,13 @@ func (p *Pool) Degraded() bool {
 	return false
 }
 
+// fetchWait is how long a fetch waits for a task: the server answers an empty fetch
+// then ("nothing for you"), which keeps the fetch loop alive for its supervisor.
+const fetchWait = 2 * time.Second
+
 // handleTask takes a task: checks it is current, takes the lease, claims the epoch,
 // acks the task and runs the epoch.
-func (p *Pool) handleTask(ctx context.Context, msg jetstream.Msg) {
+func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 	t, err := tasks.Decode(msg.Data())
 	if err != nil {
 		p.log.Error("dropping a malformed task", "err", err)
@@ -270,7 +269,7 @@ func (p *Pool) handleTask(ctx context.Context, msg jetstream.Msg) {
 	if err != nil {
 		// Not applied here yet (or a task of no run): look again a little later, not at
 		// once, so that such a task cannot keep a worker busy in a loop.
-		_ = msg.NakWithDelay(p.retryDelay())
+		_ = msg.Nak(p.retryDelay())
 		return
 	}
 	if JudgeTask(p.read(t.Run), t) == TaskStale {
@@ -288,13 +287,13 @@ func (p *Pool) handleTask(ctx context.Context, msg jetstream.Msg) {
 			// run to the reconcile's re-queue, which the stream's duplicate window
 			// swallows for a minute (TestTaskWithItsLeaseHeldIsRetried).
 			p.stats.TasksDeferred.Add(1)
-			_ = msg.NakWithDelay(p.retryDelay())
+			_ = msg.Nak(p.retryDelay())
 		case errors.Is(err, epoch.ErrInvalidRun):
 			log.Error("dropping a task whose run cannot hold a lease", "err", err)
 			_ = msg.Term() // permanent: a redelivery would fail the same way, forever
 			return
 		default:
-			_ = msg.NakWithDelay(p.retryDelay()) // NATS in trouble: not a hot loop meanwhile
+			_ = msg.Nak(p.retryDelay()) // NATS in trouble: not a hot loop meanwhile
 		}
 		log.Info("task not taken", "err", err)
 		return
@@ -318,7 +317,7 @@ func (p *Pool) handleTask(ctx context.Context, msg jetstream.Msg) {
 			// an owner) and is acked then; if not, it is claimed again. Acked now, the
 			// run would wait for the reconcile's re-queue, which the task stream's
 			// duplicate window swallows for a minute (TestClaimOfUnknownOutcomeIsRetried).
-			_ = msg.NakWithDelay(p.retryDelay())
+			_ = msg.Nak(p.retryDelay())
 		}
 		return
 	}

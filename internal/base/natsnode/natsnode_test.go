@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/flowrun/flow/internal/base/streams"
+	"github.com/flowrun/flow/internal/base/jsport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -84,8 +84,8 @@ func TestRestartKeepsStreamsAndListens(t *testing.T) {
 	if err != nil || string(m.Data) != "kept" {
 		t.Fatalf("after restart: %v %v", m, err)
 	}
-	if streams.Replicas(nc) != 1 {
-		t.Fatalf("a single server wants 1 replica, got %d", streams.Replicas(nc))
+	if jsport.Replicas(nc) != 1 {
+		t.Fatalf("a single server wants 1 replica, got %d", jsport.Replicas(nc))
 	}
 	if _, err := Connect("nats://127.0.0.1:1", "test", nats.MaxReconnects(0), nats.RetryOnFailedConnect(false)); err == nil || !strings.Contains(err.Error(), "is NATS running") {
 		t.Fatalf("connect to nothing: %v", err)
@@ -110,16 +110,16 @@ func TestServerSyncPolicy(t *testing.T) {
 		if !srv.ReadyForConnections(10 * time.Second) {
 			t.Fatal("server not ready")
 		}
-		want := streams.SyncPeriodic
+		want := jsport.SyncPeriodic
 		if synced {
-			want = streams.SyncEveryWrite
+			want = jsport.SyncEveryWrite
 		}
-		for user, expect := range map[string]streams.SyncPolicy{"sys": want, "app": streams.SyncUnknown} {
+		for user, expect := range map[string]jsport.SyncPolicy{"sys": want, "app": jsport.SyncUnknown} {
 			nc, err := nats.Connect(srv.ClientURL(), nats.UserInfo(user, user+"-pass"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := streams.ServerSyncPolicy(nc, 2*time.Second); got != expect {
+			if got := jsport.ServerSyncPolicy(nc, 2*time.Second); got != expect {
 				t.Errorf("SyncAlways=%v, user %s: policy %d, want %d", synced, user, got, expect)
 			}
 			nc.Close()

@@ -1,4 +1,4 @@
-package streams
+package jsport
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package streams_test
+package jsport_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/natsnode"
-	"github.com/flowrun/flow/internal/base/streams"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,17 +35,17 @@ func serverJS(t *testing.T) jetstream.JetStream {
 }
 
 // wants are one stream, one bucket and one object store, as flow's are made.
-func wants() []streams.Want {
-	log := streams.WantStream(jetstream.StreamConfig{Name: "FLOW_LOG", Subjects: []string{"flow.log"}})
+func wants() []jsport.Want {
+	log := jsport.WantStream(jetstream.StreamConfig{Name: "FLOW_LOG", Subjects: []string{"flow.log"}})
 	log.Refuse = "it is the log"
-	tasks := streams.WantStream(jetstream.StreamConfig{Name: "FLOW_TASKS", Subjects: []string{"flow.tasks"},
+	tasks := jsport.WantStream(jetstream.StreamConfig{Name: "FLOW_TASKS", Subjects: []string{"flow.tasks"},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage, MaxBytes: 1 << 20, Discard: jetstream.DiscardNew})
 	tasks.Recreate = true
-	leader := streams.WantKV(jetstream.KeyValueConfig{Bucket: "FLOW_LEADER", History: 1, TTL: 3 * time.Second, LimitMarkerTTL: 3 * time.Second})
+	leader := jsport.WantKV(jetstream.KeyValueConfig{Bucket: "FLOW_LEADER", History: 1, TTL: 3 * time.Second, LimitMarkerTTL: 3 * time.Second})
 	leader.Recreate, leader.KeepSequence = true, true
-	snaps := streams.WantObjectStore(jetstream.ObjectStoreConfig{Bucket: "FLOW_SNAPSHOTS"})
+	snaps := jsport.WantObjectStore(jetstream.ObjectStoreConfig{Bucket: "FLOW_SNAPSHOTS"})
 	snaps.Refuse = "they are the snapshots"
-	return []streams.Want{log, tasks, leader, snaps}
+	return []jsport.Want{log, tasks, leader, snaps}
 }
 
 // What each Want says matches what nats.go makes (no finding on fresh streams); a
@@ -62,7 +62,7 @@ func TestCheckAndRepair(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if found, err := streams.Check(ctx, js, ws); err != nil || len(found) != 0 {
+	if found, err := jsport.Check(ctx, js, ws); err != nil || len(found) != 0 {
 		t.Fatalf("fresh streams: %+v %v", found, err)
 	}
 	kv, _ := js.KeyValue(ctx, "FLOW_LEADER")
@@ -87,7 +87,7 @@ func TestCheckAndRepair(t *testing.T) {
 	change("FLOW_LOG", func(c *jetstream.StreamConfig) { c.DenyPurge = true })
 	change("OBJ_FLOW_SNAPSHOTS", func(c *jetstream.StreamConfig) { c.MaxAge = time.Hour })
 	want := map[string]string{"KV_FLOW_LEADER": "recreate", "FLOW_TASKS": "update", "FLOW_LOG": "refuse", "OBJ_FLOW_SNAPSHOTS": "update"}
-	dry, err := streams.Repair(ctx, js, ws, true, 0)
+	dry, err := jsport.Repair(ctx, js, ws, true, 0)
 	if err != nil || len(dry) != len(want) {
 		t.Fatalf("dry run: %+v %v", dry, err)
 	}
@@ -96,10 +96,10 @@ func TestCheckAndRepair(t *testing.T) {
 			t.Fatalf("dry run: %+v; want action %s, not done", f, want[f.Stream])
 		}
 	}
-	if found, _ := streams.Check(ctx, js, ws); len(found) != len(want) {
+	if found, _ := jsport.Check(ctx, js, ws); len(found) != len(want) {
 		t.Fatalf("after the dry run: %+v", found)
 	}
-	done, err := streams.Repair(ctx, js, ws, false, 2)
+	done, err := jsport.Repair(ctx, js, ws, false, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestCheckAndRepair(t *testing.T) {
 			t.Fatalf("a refusal says %q", f.String())
 		}
 	}
-	found, _ := streams.Check(ctx, js, ws)
+	found, _ := jsport.Check(ctx, js, ws)
 	if len(found) != 1 || found[0].Stream != "FLOW_LOG" {
 		t.Fatalf("after the repair: %+v", found)
 	}

@@ -1,0 +1,54 @@
+package port
+
+import (
+	"context"
+	"time"
+)
+
+// Flow's streams and buckets, by name.
+const (
+	LogStream      = "FLOW_LOG"       // the checkpoint log
+	LogSubject     = "flow.log"       // its one subject
+	LeaderBucket   = "FLOW_LEADER"    // the leader key; its revisions are terms
+	LeaseBucket    = "FLOW_LEASES"    // run leases, lapsing by the bucket's TTL
+	TasksStream    = "FLOW_TASKS"     // the task queue
+	TasksSubject   = "flow.tasks"     // its one subject
+	TasksConsumer  = "workers"        // every node's workers pull through it
+	NodesBucket    = "FLOW_NODES"     // each live node's applied sequence
+	ClusterBucket  = "FLOW_CLUSTER"   // the cluster's roster and version
+	DLQStream      = "FLOW_DLQ"       // dead-letter notices
+	DLQSubject     = "flow.dlq."      // a notice's subject is this and the run's ID
+	SnapshotBucket = "FLOW_SNAPSHOTS" // state snapshots (an object store)
+)
+
+// Windows the shell relies on.
+const (
+	// LogDuplicates is how long the log deduplicates a message ID: a publish retried
+	// within it is not appended twice (logstream's writer retries for far less).
+	LogDuplicates = 2 * time.Minute
+	// TaskDuplicates is the task queue's: a task queued again within it is dropped.
+	TaskDuplicates = time.Minute
+	// MinMarkerTTL is the least a lapse marker stays in a bucket: watchers must see it.
+	MinMarkerTTL = time.Second
+)
+
+// Ports is everything a flow node asks of NATS.
+type Ports struct {
+	Log       Stream
+	Leader    KV // its revisions are the terms
+	Leases    KV
+	Tasks     Queue
+	Nodes     KV
+	Cluster   KV
+	DLQ       Publisher
+	Snapshots Objects
+	// Terms raises the leader bucket's revisions (the admin path; nil: none).
+	Terms TermRaiser
+}
+
+// TermRaiser makes the leader bucket's next revision, the next term, greater than
+// above: a leader whose won term is below a term the log applied raises it so (the
+// bucket was made anew, or a forged entry's term was accepted).
+type TermRaiser interface {
+	RaiseTerms(ctx context.Context, above int64) error
+}
