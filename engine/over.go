@@ -6,6 +6,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/flowrun/flow/internal/base/port"
+	"github.com/flowrun/flow/internal/base/testhooks"
 )
 
 // Over is what NewOver builds an engine on instead of NATS and a data dir: the
@@ -20,6 +21,9 @@ type Over struct {
 	// Nonce tells this life's log message IDs from the node's earlier lives' (the
 	// simulation draws it from its seed, so that a seed replays exactly).
 	Nonce string
+	// Hooks are the switches the simulation's controls turn guards off with (nil:
+	// production's).
+	Hooks *testhooks.Hooks
 }
 
 // NewOver is New for an engine that runs over ports instead of NATS: everything of a
@@ -43,5 +47,8 @@ func NewOver(cfg Config, over Over) (*Engine, error) {
 		return nil, err
 	}
 	e.over = &over
+	if over.Hooks != nil {
+		e.hooks = over.Hooks
+	}
 	return e, nil
 }

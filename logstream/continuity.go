@@ -13,10 +13,10 @@ import (
 // same stream (its identity), and no message missing between the applied sequence and
 // the next one delivered.
 
-// identity names a stream by its name and creation time: a stream deleted and created
+// Identity names a stream by its name and creation time: a stream deleted and created
 // again under the same name has another (JetStream keeps one creation time for all of a
 // stream's replicas).
-func identity(name string, created time.Time) string {
+func Identity(name string, created time.Time) string {
 	return name + "@" + created.UTC().Format(time.RFC3339Nano)
 }
 
@@ -44,7 +44,7 @@ func (a *Applier) checkInfo(info port.StreamInfo, appliedBefore uint64) error {
 	if a.hooks.NoLogCheck { // the controls of docs/testing.md's "log's identity and continuity"
 		return nil
 	}
-	id := identity(a.stream, info.Created)
+	id := Identity(a.stream, info.Created)
 	have, err := a.store.LogIdentity()
 	if err != nil {
 		return err

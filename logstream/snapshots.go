@@ -257,7 +257,7 @@ func PrepareState(ctx context.Context, src port.Stream, objs port.Objects, state
 		return fmt.Errorf("logstream: read snapshot %s: %w", newest.Name, err)
 	}
 	defer r.Close()
-	if have, want := oi.Headers["Flow-Log"], identity(src.Name(), info.Created); have != "" && have != want {
+	if have, want := oi.Headers["Flow-Log"], Identity(src.Name(), info.Created); have != "" && have != want {
 		return nil // a snapshot of another log (the stream was recreated): the log's checks say so
 	}
 	if statErr == nil {

@@ -1,38 +1,46 @@
 package sim
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/checkpoint/invariants"
-	"github.com/flowrun/flow/engine/internal/tasks"
+	"github.com/flowrun/flow/internal/base/port"
 )
 
-// The server is NATS JetStream as flow uses it, modelled: the log (a stream), the KV
-// buckets of terms and leases (revisions from one counter per bucket, a TTL per key on
-// the server's clock, lapse markers), and the task queue (a work queue with acks, naks
-// and redelivery). It answers requests when they arrive; the network (net.go) carries
-// them. It never fails itself: a NATS outage is a partition of every node.
-
-// Errors of the server's answers.
-var (
-	errKeyExists   = errors.New("nats: key exists")
-	errRevMismatch = errors.New("nats: wrong last sequence")
-	errKeyNotFound = errors.New("nats: key not found")
-	errTimeout     = errors.New("nats: timeout")
-)
+// The server is NATS JetStream as flow uses it, modelled on the simulation's loop: the
+// log (a stream), the KV buckets (revisions from one counter per bucket, a TTL per key on
+// the server's clock, lapse markers that take a revision), the task queue (a work queue
+// with acks, naks and redelivery after the ack wait), the dead-letter notices and the
+// snapshots' object store. It answers requests when they arrive (ports.go carries them
+// over the simulated network). It never fails itself: a NATS outage is a partition of
+// every node. What it promises is what port/porttest states, and TestServerConforms runs
+// that suite on it.
 
 type server struct {
-	s      *Sim
-	log    [][]byte          // message i has sequence i+1
-	from   []string          // the node that appended each message ("" for a duplicate)
-	msgIDs map[string]uint64 // publish dedup: message ID -> sequence
-	polls  []*poll           // consumers waiting for the log to grow
-	kv     map[string]*bucket
-	tasks  *taskQueue
+	s       *Sim
+	created time.Time         // the log stream's creation: its identity
+	first   uint64            // the log's first sequence (a purge moves it)
+	log     [][]byte          // message i has sequence i+1 (nil: purged)
+	ids     []string          // each message's ID
+	from    []string          // the node that appended each message ("" for a duplicate)
+	msgIDs  map[string]dedup  // publish dedup: message ID -> sequence, within the window
+	polls   []*poll           // consumers waiting for the log to grow
+	kv      map[string]*bucket
+	tasks   *taskQueue
+	dlq     map[string]bool
+	objects map[string]*object
+}
+
+type dedup struct {
+	seq uint64
+	at  time.Time
 }
 
 // poll is a long poll parked on the server: answered when what it waits for comes, or
@@ -44,10 +52,16 @@ type poll struct {
 }
 
 func newServer(s *Sim) *server {
-	srv := &server{s: s, msgIDs: map[string]uint64{}, kv: map[string]*bucket{}}
-	srv.kv[leaderBucket] = &bucket{srv: srv, name: leaderBucket, ttl: s.cfg.TTL, keys: map[string]*kvEntry{}}
-	srv.kv[leaseBucket] = &bucket{srv: srv, name: leaseBucket, ttl: s.cfg.TTL, keys: map[string]*kvEntry{}}
-	srv.tasks = &taskQueue{srv: srv, ackWait: max(s.cfg.TTL, time.Second), dedup: map[string]time.Time{}}
+	srv := &server{s: s, created: s.now, first: 1, msgIDs: map[string]dedup{}, kv: map[string]*bucket{},
+		dlq: map[string]bool{}, objects: map[string]*object{}}
+	ttl := s.cfg.TTL
+	for _, b := range []struct {
+		name string
+		ttl  time.Duration
+	}{{port.LeaderBucket, ttl}, {port.LeaseBucket, ttl}, {port.NodesBucket, time.Minute}, {port.ClusterBucket, 0}} {
+		srv.kv[b.name] = &bucket{srv: srv, name: b.name, ttl: b.ttl, keys: map[string]*kvEntry{}}
+	}
+	srv.tasks = &taskQueue{srv: srv, ackWait: max(ttl, time.Second), dedup: map[string]time.Time{}}
 	return srv
 }
 
@@ -88,14 +102,17 @@ func wake(polls *[]*poll) {
 	}
 }
 
-// publish appends a log message unless its message ID was seen (a retried publish):
-// the sequence, and whether it was a duplicate.
-func (srv *server) publish(node, msgID string, data []byte) (uint64, bool) {
-	if seq, ok := srv.msgIDs[msgID]; ok {
-		return seq, true
+// The log.
+
+// publish appends a log message unless its message ID was seen within the duplicate
+// window (a retried publish): its sequence either way.
+func (srv *server) publish(node, msgID string, data []byte) uint64 {
+	now := srv.s.now
+	if d, ok := srv.msgIDs[msgID]; ok && now.Sub(d.at) < port.LogDuplicates {
+		return d.seq
 	}
-	seq := srv.append(node, data)
-	srv.msgIDs[msgID] = seq
+	seq := srv.append(node, msgID, data)
+	srv.msgIDs[msgID] = dedup{seq: seq, at: now}
 	s := srv.s
 	if s.faultOn && s.cfg.DupP > 0 && s.rng.Float64() < s.cfg.DupP {
 		// The message lands again later, as a message of its own: the dedup state was
@@ -105,19 +122,23 @@ func (srv *server) publish(node, msgID string, data []byte) (uint64, bool) {
 		s.after(d, func() {
 			s.stats.Dups++
 			s.tracef("srv", "log: %s's message %d lands again", node, seq)
-			srv.append("", data)
+			srv.append("", msgID+".again", data)
 		})
 	}
-	return seq, false
+	return seq
 }
 
-// append adds a message to the log, applies it to the reference store and checks the
+// lastSeq is the log's last sequence.
+func (srv *server) lastSeq() uint64 { return uint64(len(srv.log)) }
+
+// append adds a message to the log, applies it to the reference store, checks the
 // invariants on it, and wakes the consumers.
-func (srv *server) append(node string, data []byte) uint64 {
+func (srv *server) append(node, msgID string, data []byte) uint64 {
 	s := srv.s
 	srv.log = append(srv.log, data)
+	srv.ids = append(srv.ids, msgID)
 	srv.from = append(srv.from, node)
-	seq := uint64(len(srv.log))
+	seq := srv.lastSeq()
 	s.stats.Messages++
 	entries, derr := checkpoint.DecodeEnvelope(seq, data)
 	before := invariants.ReadBefore(s.ref, entries)
@@ -126,11 +147,6 @@ func (srv *server) append(node string, data []byte) uint64 {
 		s.fail("9", "the reference store cannot apply message %d: %v", seq, err)
 		return seq
 	}
-	texts := make([]string, len(verdicts))
-	for i, v := range verdicts {
-		texts[i] = verdictText(v)
-	}
-	s.refVerd[seq] = texts
 	if s.trace != nil {
 		var b strings.Builder
 		for i := range entries {
@@ -146,7 +162,7 @@ func (srv *server) append(node string, data []byte) uint64 {
 		s.tracef("log", "%d from %s: %s", seq, who, b.String())
 	}
 	if derr == nil {
-		s.countVerdicts(entries, verdicts)
+		s.observe(entries, verdicts)
 		if err := s.check.Message(s.ref, seq, before, entries, verdicts); err != nil {
 			s.failErr(err)
 		}
@@ -155,146 +171,69 @@ func (srv *server) append(node string, data []byte) uint64 {
 	return seq
 }
 
-func (s *Sim) countVerdicts(entries []checkpoint.Entry, verdicts []error) {
-	for i, e := range entries {
-		v := verdicts[i]
-		switch {
-		case errors.Is(v, checkpoint.ErrFenced):
-			s.stats.Fenced++
-		case errors.Is(v, checkpoint.ErrStaleTerm):
-			s.stats.Stale++
-		case errors.Is(v, checkpoint.ErrDeadLettered):
-			s.stats.DeadLettered++
-		case v != nil:
-		case e.Kind == checkpoint.KindCommit:
-			s.stats.Commits++
-		case e.Kind == checkpoint.KindAssign:
-			s.stats.Assigns++
-			if e.Reason != "" {
-				s.stats.Reclaims++
-			}
-		case e.Kind == checkpoint.KindCronTick:
-			s.stats.Ticks++
-		}
-	}
-}
-
-// verdictText is a verdict as nodes compare them (invariant 9).
-func verdictText(err error) string {
-	if err == nil {
-		return "ok"
-	}
-	return err.Error()
-}
-
-// entryText is an entry for the trace.
-func entryText(e checkpoint.Entry) string {
-	var b strings.Builder
-	b.WriteString(string(e.Kind))
-	if e.Run != "" {
-		b.WriteString(" " + e.Run)
-	}
-	if e.Step != "" {
-		fmt.Fprintf(&b, "/%s", e.Step)
-		if e.Item != checkpoint.ItemWhole {
-			fmt.Fprintf(&b, "[%d]", e.Item)
-		}
-	}
-	if e.Epoch != 0 {
-		fmt.Fprintf(&b, " epoch=%d", e.Epoch)
-	}
-	if e.Term != 0 {
-		fmt.Fprintf(&b, " term=%d", e.Term)
-	}
-	if e.Owner != "" {
-		fmt.Fprintf(&b, " by=%s", e.Owner)
-	}
-	if e.Reason != "" {
-		fmt.Fprintf(&b, " reason=%s", e.Reason)
-	}
-	if e.Status != "" {
-		fmt.Fprintf(&b, " status=%s", e.Status)
-	}
-	if e.Tick != nil {
-		fmt.Fprintf(&b, " %s@%s:%s", e.Tick.Workflow, e.Tick.At.Sub(T0), e.Tick.Outcome)
-	}
-	return b.String()
-}
-
 // fetchLog answers a consumer's poll for the messages from sequence from on (at most
-// max), at once or when the log grows, or with none after wait.
-func (srv *server) fetchLog(from uint64, limit int, wait time.Duration, reply func(any)) {
-	srv.park(&srv.polls, wait, func() bool { return uint64(len(srv.log)) >= from }, func() {
-		var out []logMsg
-		for seq := from; seq <= uint64(len(srv.log)) && len(out) < limit; seq++ {
-			out = append(out, logMsg{seq: seq, data: srv.log[seq-1]})
+// limit), at once or when the log grows, or with none after wait.
+func (srv *server) fetchLog(from uint64, limit int, wait time.Duration, reply func([]port.Message)) {
+	srv.park(&srv.polls, wait, func() bool { return srv.lastSeq() >= max(from, srv.first) }, func() {
+		var out []port.Message
+		for seq := max(from, srv.first); seq <= srv.lastSeq() && len(out) < limit; seq++ {
+			out = append(out, port.Message{Seq: seq, ID: srv.ids[seq-1], Data: srv.log[seq-1]})
 		}
 		reply(out)
 	})
 }
 
-type logMsg struct {
-	seq  uint64
-	data []byte
+func (srv *server) logInfo() port.StreamInfo {
+	return port.StreamInfo{Created: srv.created, FirstSeq: srv.first, LastSeq: srv.lastSeq()}
+}
+
+func (srv *server) hasMsg(seq uint64) bool { return seq >= srv.first && seq <= srv.lastSeq() }
+
+// purgeLog deletes the messages below keep.
+func (srv *server) purgeLog(keep uint64) {
+	for seq := srv.first; seq < keep && seq <= srv.lastSeq(); seq++ {
+		srv.log[seq-1] = nil
+	}
+	srv.first = max(srv.first, min(keep, srv.lastSeq()+1))
 }
 
 // The KV buckets.
-const (
-	leaderBucket = "FLOW_LEADER"
-	leaseBucket  = "FLOW_LEASES"
-	leaderKey    = "leader"
-)
-
-type kvOp int
-
-const (
-	opPut kvOp = iota
-	opDelete
-	opPurge // the server's TTL marker: the key lapsed
-)
-
-func (o kvOp) String() string { return [...]string{"put", "delete", "lapse"}[o] }
 
 type kvEntry struct {
-	value []byte
-	rev   uint64
-	live  bool
+	value   []byte
+	rev     uint64
+	live    bool
+	created time.Time
 }
 
-type kvEvent struct {
-	rev   uint64
-	key   string
-	op    kvOp
-	value []byte
-}
-
-// bucket is a KV bucket whose keys lapse TTL after their last write (a purge marker,
-// which takes a revision, as JetStream's per-message TTL does).
+// bucket is a KV bucket whose keys lapse ttl after their last write (0: never) with a
+// purge marker, which takes a revision, as JetStream's per-message TTL does.
 type bucket struct {
 	srv    *server
 	name   string
 	ttl    time.Duration
 	rev    uint64
 	keys   map[string]*kvEntry
-	events []kvEvent
+	events []port.Entry
 	polls  []*poll
 }
 
-func (b *bucket) write(key string, value []byte, op kvOp) uint64 {
+func (b *bucket) write(key string, value []byte, op port.Op) uint64 {
 	b.rev++
 	rev := b.rev
+	now := b.srv.s.now
 	e := b.keys[key]
 	if e == nil {
 		e = &kvEntry{}
 		b.keys[key] = e
 	}
-	e.value, e.rev, e.live = value, rev, op == opPut
-	b.events = append(b.events, kvEvent{rev: rev, key: key, op: op, value: value})
-	if op == opPut {
+	e.value, e.rev, e.live, e.created = value, rev, op == port.OpPut, now
+	b.events = append(b.events, port.Entry{Key: key, Value: value, Revision: rev, Op: op, Created: now})
+	if op == port.OpPut && b.ttl > 0 {
 		b.srv.s.after(b.ttl, func() {
 			if e.rev == rev && e.live {
-				b.srv.s.tracef("srv", "%s: %s lapsed (revision %d)", b.name, key, rev)
-				b.write(key, nil, opPurge)
+				b.srv.s.tracef("srv", "%s: %s lapsed (revision %d)", strings.TrimPrefix(b.name, "FLOW_"), key, rev)
+				b.write(key, nil, port.OpPurge)
 			}
 		})
 	}
@@ -302,79 +241,127 @@ func (b *bucket) write(key string, value []byte, op kvOp) uint64 {
 	return rev
 }
 
+var errInvalidKey = port.Wrap(port.ErrInvalidKey, errors.New("sim: invalid key"))
+
+func validKey(key string) bool {
+	return key != "" && !strings.ContainsAny(key, " \t\r\n*>") && !strings.HasPrefix(key, ".") && !strings.HasSuffix(key, ".") && !strings.Contains(key, "..")
+}
+
 func (b *bucket) create(key string, value []byte) (uint64, error) {
-	if e := b.keys[key]; e != nil && e.live {
-		return 0, errKeyExists
+	if !validKey(key) {
+		return 0, errInvalidKey
 	}
-	return b.write(key, value, opPut), nil
+	if e := b.keys[key]; e != nil && e.live {
+		return 0, port.Wrap(port.ErrKeyExists, fmt.Errorf("sim: %s/%s exists", b.name, key))
+	}
+	return b.write(key, value, port.OpPut), nil
 }
 
 func (b *bucket) update(key string, value []byte, last uint64) (uint64, error) {
-	e := b.keys[key]
-	if e == nil || !e.live {
-		return 0, errKeyNotFound
+	if !validKey(key) {
+		return 0, errInvalidKey
 	}
-	if e.rev != last {
-		return 0, errRevMismatch
-	}
-	return b.write(key, value, opPut), nil
-}
-
-func (b *bucket) deleteAt(key string, last uint64) error {
 	e := b.keys[key]
 	if e == nil || !e.live || e.rev != last {
-		return errRevMismatch
+		return 0, port.Wrap(port.ErrWrongRevision, fmt.Errorf("sim: %s/%s: wrong last revision %d", b.name, key, last))
 	}
-	b.write(key, nil, opDelete)
+	return b.write(key, value, port.OpPut), nil
+}
+
+func (b *bucket) put(key string, value []byte) (uint64, error) {
+	if !validKey(key) {
+		return 0, errInvalidKey
+	}
+	return b.write(key, value, port.OpPut), nil
+}
+
+func (b *bucket) del(key string, last uint64) error {
+	e := b.keys[key]
+	if last > 0 && (e == nil || e.rev != last) {
+		return port.Wrap(port.ErrWrongRevision, fmt.Errorf("sim: %s/%s: wrong last revision %d", b.name, key, last))
+	}
+	b.write(key, nil, port.OpDelete)
 	return nil
 }
 
-// latest is a key's value as the stream leader has it.
-type latest struct {
-	value []byte
-	rev   uint64
-	live  bool
-}
-
-func (b *bucket) latest(key string) latest {
-	if e := b.keys[key]; e != nil {
-		return latest{value: e.value, rev: e.rev, live: e.live}
+// get is a key's value (ErrKeyNotFound unless it holds one).
+func (b *bucket) get(key string) (port.Entry, error) {
+	if e := b.keys[key]; e != nil && e.live {
+		return port.Entry{Key: key, Value: e.value, Revision: e.rev, Op: port.OpPut, Created: e.created}, nil
 	}
-	return latest{}
+	return port.Entry{}, port.Wrap(port.ErrKeyNotFound, fmt.Errorf("sim: %s/%s not found", b.name, key))
 }
 
-// watchReply is a watch's answer: the events after a revision, and the bucket's last
-// revision (a status probe's answer too).
-type watchReply struct {
-	events []kvEvent
-	last   uint64
-}
-
-// watch answers a watcher's poll for the events after revision from.
-func (b *bucket) watch(from uint64, wait time.Duration, reply func(any)) {
-	b.srv.park(&b.polls, wait, func() bool { return b.rev > from }, func() {
-		var out []kvEvent
-		for _, ev := range b.events {
-			if ev.rev > from {
-				out = append(out, ev)
+// latest is a key's newest revision, markers included.
+func (b *bucket) latest(key string) (port.Entry, error) {
+	e := b.keys[key]
+	if e == nil {
+		return port.Entry{}, port.Wrap(port.ErrKeyNotFound, fmt.Errorf("sim: %s/%s never written", b.name, key))
+	}
+	op := port.OpPut
+	if !e.live {
+		op = port.OpDelete
+		for i := len(b.events) - 1; i >= 0; i-- {
+			if b.events[i].Key == key {
+				op = b.events[i].Op
+				break
 			}
 		}
-		reply(watchReply{events: out, last: b.rev})
-	})
+	}
+	return port.Entry{Key: key, Value: e.value, Revision: e.rev, Op: op, Created: e.created}, nil
 }
 
-// snapshot is the initial values of a watch: every live key, and the last revision.
-func (b *bucket) snapshot() watchReply {
-	var out []kvEvent
+func (b *bucket) keyList() []string {
+	var out []string
+	for k, e := range b.keys {
+		if e.live {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// initial is a watch's initial values: every live key (of key, or all with ""), and the
+// last revision.
+func (b *bucket) initial(key string) ([]port.Entry, uint64) {
+	var out []port.Entry
 	for _, ev := range b.events {
-		if e := b.keys[ev.key]; e.live && e.rev == ev.rev {
+		if key != "" && ev.Key != key {
+			continue
+		}
+		if e := b.keys[ev.Key]; e.live && e.rev == ev.Revision {
 			out = append(out, ev)
 		}
 	}
-	return watchReply{events: out, last: b.rev}
+	return out, b.rev
 }
 
-// taskQueue is FLOW_TASKS with its one durable consumer: a work queue whose messages
+// watch answers a watcher's poll for the events after revision from (of key, or all).
+func (b *bucket) watch(key string, from uint64, wait time.Duration, reply func([]port.Entry, uint64)) {
+	b.srv.park(&b.polls, wait, func() bool { return b.rev > from }, func() {
+		var out []port.Entry
+		for _, ev := range b.events {
+			if ev.Revision > from && (key == "" || ev.Key == key) {
+				out = append(out, ev)
+			}
+		}
+		reply(out, b.rev)
+	})
+}
+
+// raise purges the bucket's history below above+1: its next revision is above it (the
+// leader bucket's term raise); keys last written at or below it are gone.
+func (b *bucket) raise(above uint64) {
+	for k, e := range b.keys {
+		if e.rev <= above {
+			delete(b.keys, k)
+		}
+	}
+	b.rev = max(b.rev, above)
+}
+
+// The task queue: FLOW_TASKS with its one durable consumer, a work queue whose messages
 // are delivered to one fetcher at a time, acked, naked with a delay, or delivered again
 // after the ack wait.
 type taskQueue struct {
@@ -388,24 +375,20 @@ type taskQueue struct {
 
 type taskMsg struct {
 	id       uint64
-	task     tasks.Task
+	data     []byte
 	availAt  time.Time // not before (a nak's delay)
 	inFlight time.Time // delivered and unacked until then
 }
 
-const taskDupWindow = time.Minute
-
-func (q *taskQueue) publish(t tasks.Task) bool {
+func (q *taskQueue) publish(msgID string, data []byte) {
 	now := q.srv.s.now
-	id := fmt.Sprintf("%s@%d", t.Run, t.Epoch)
-	if at, ok := q.dedup[id]; ok && now.Sub(at) < taskDupWindow {
-		return false
+	if at, ok := q.dedup[msgID]; ok && now.Sub(at) < port.TaskDuplicates {
+		return
 	}
-	q.dedup[id] = now
+	q.dedup[msgID] = now
 	q.next++
-	q.msgs = append(q.msgs, &taskMsg{id: q.next, task: t, availAt: now})
+	q.msgs = append(q.msgs, &taskMsg{id: q.next, data: data, availAt: now})
 	q.poke()
-	return true
 }
 
 func (q *taskQueue) deliverable(m *taskMsg) bool {
@@ -448,10 +431,10 @@ func (q *taskQueue) poke() {
 // taskDelivery is a fetched task and its message's ID, for the ack.
 type taskDelivery struct {
 	id   uint64
-	task tasks.Task
+	data []byte
 }
 
-func (q *taskQueue) fetch(wait time.Duration, reply func(any)) {
+func (q *taskQueue) fetch(wait time.Duration, reply func(*taskDelivery)) {
 	q.srv.park(&q.polls, wait, func() bool { return q.first() != nil }, func() {
 		m := q.first()
 		if m == nil {
@@ -459,7 +442,7 @@ func (q *taskQueue) fetch(wait time.Duration, reply func(any)) {
 			return
 		}
 		m.inFlight = q.srv.s.now.Add(q.ackWait)
-		reply(taskDelivery{id: m.id, task: m.task})
+		reply(&taskDelivery{id: m.id, data: m.data})
 	})
 	q.poke()
 }
@@ -481,4 +464,64 @@ func (q *taskQueue) nak(id uint64, delay time.Duration) {
 		}
 	}
 	q.poke()
+}
+
+// The snapshots' object store.
+
+type object struct {
+	data     []byte
+	headers  map[string]string
+	modified time.Time
+}
+
+func (srv *server) putObject(name string, headers map[string]string, data []byte) (port.Object, error) {
+	if srv.objects[name] != nil {
+		return port.Object{}, port.Wrap(port.ErrKeyExists, fmt.Errorf("sim: object %s exists", name))
+	}
+	o := &object{data: data, headers: headers, modified: srv.s.now}
+	srv.objects[name] = o
+	return o.info(name), nil
+}
+
+func (o *object) info(name string) port.Object {
+	h := map[string]string{}
+	for k, v := range o.headers {
+		h[k] = v
+	}
+	return port.Object{Name: name, Size: uint64(len(o.data)), Modified: o.modified, Headers: h}
+}
+
+func (srv *server) renameObject(name, to string, headers map[string]string) error {
+	o := srv.objects[name]
+	switch {
+	case o == nil:
+		return port.Wrap(port.ErrNotFound, fmt.Errorf("sim: object %s not found", name))
+	case srv.objects[to] != nil:
+		return port.Wrap(port.ErrKeyExists, fmt.Errorf("sim: object %s exists", to))
+	}
+	delete(srv.objects, name)
+	o.headers = headers
+	srv.objects[to] = o
+	return nil
+}
+
+func (srv *server) getObject(name string) (io.ReadCloser, port.Object, error) {
+	o := srv.objects[name]
+	if o == nil {
+		return nil, port.Object{}, port.Wrap(port.ErrNotFound, fmt.Errorf("sim: object %s not found", name))
+	}
+	return io.NopCloser(bytes.NewReader(o.data)), o.info(name), nil
+}
+
+func (srv *server) listObjects() []port.Object {
+	var names []string
+	for n := range srv.objects {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := make([]port.Object, 0, len(names))
+	for _, n := range names {
+		out = append(out, srv.objects[n].info(n))
+	}
+	return out
 }

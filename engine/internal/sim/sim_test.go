@@ -21,6 +21,8 @@ var (
 	firstFlag   = flag.Uint64("sim.first", 1, "the first seed TestSimulation runs")
 	rescanFlag  = flag.Bool("sim.rescan", false, "TestSimulationControls scans every control from seed 1 (to renew the table of docs/testing.md)")
 	controlFlag = flag.String("sim.control", "", "TestSimulationControls runs only this control")
+	callsFlag   = flag.Bool("sim.calls", false, "with -sim.seed, trace every call the simulation handles")
+	debugFlag   = flag.Bool("sim.debug", false, "with -sim.seed, print the engines' own logs too (not a replay: their goroutines' order)")
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -40,7 +42,13 @@ func TestSimulation(t *testing.T) {
 		var b strings.Builder
 		s := New(*seedFlag, Switches{})
 		s.Trace(func(line string) { b.WriteString(line); b.WriteByte('\n') })
-		err := s.Run()
+		if *callsFlag {
+			s.TraceCalls()
+		}
+		if *debugFlag {
+			s.Debug(func(line string) { b.WriteString("        debug " + line + "\n") })
+		}
+		err := s.Run(t)
 		t.Logf("seed %d: %+v\n%s", *seedFlag, s.Config(), b.String())
 		t.Logf("stats: %+v", s.Stats())
 		if err != nil {
@@ -53,7 +61,7 @@ func TestSimulation(t *testing.T) {
 		n = defaultSeeds()
 	}
 	start := time.Now()
-	seed, total, err := runSeeds(*firstFlag, n, Switches{})
+	seed, total, err := runSeeds(t, *firstFlag, n, Switches{})
 	el := time.Since(start)
 	if err != nil {
 		t.Fatalf("seed %d: %v\nreplay: go test ./engine/internal/sim -run 'TestSimulation$' -sim.seed=%d -v", seed, err, seed)
@@ -66,7 +74,7 @@ func TestSimulation(t *testing.T) {
 // (0, nil if none did), and the stats of the seeds run. Seeds are handed out in order
 // and none above a failure is started, so the lowest failing seed is the same whatever
 // the goroutines' timing.
-func runSeeds(first uint64, n int, sw Switches) (uint64, Stats, error) {
+func runSeeds(t *testing.T, first uint64, n int, sw Switches) (uint64, Stats, error) {
 	var (
 		mu      sync.Mutex
 		next    = first
@@ -90,7 +98,7 @@ func runSeeds(first uint64, n int, sw Switches) (uint64, Stats, error) {
 				next++
 				mu.Unlock()
 				s := New(seed, sw)
-				err := s.Run()
+				err := s.Run(t)
 				mu.Lock()
 				add(&total, s.Stats())
 				if err != nil && (failErr == nil || seed < failed) {
@@ -112,6 +120,8 @@ func add(t *Stats, s Stats) {
 	t.Kills += s.Kills
 	t.Drains += s.Drains
 	t.Lost += s.Lost
+	t.Slows += s.Slows
+	t.Watchdogs += s.Watchdogs
 	t.Dups += s.Dups
 	t.Terms += s.Terms
 	t.Assigns += s.Assigns
@@ -135,7 +145,7 @@ func TestSimulationIsDeterministic(t *testing.T) {
 		var b strings.Builder
 		s := New(seed, Switches{})
 		s.Trace(func(line string) { b.WriteString(line); b.WriteByte('\n') })
-		err := s.Run()
+		err := s.Run(t)
 		return b.String(), err
 	}
 	for _, seed := range []uint64{7, 192, 300} {
@@ -175,10 +185,6 @@ var controls = []control{
 	{"no claim-once check", Switches{Hooks: &testhooks.Hooks{NoClaimOnceCheck: true}}, []string{"8"}, 420},
 	{"no kill switch", Switches{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, []string{"8"}, 3},
 	{"no containment watchdog", Switches{NoWatchdog: true}, []string{"8"}, 270},
-	{"no reconcile", Switches{NoReconcile: true}, []string{"liveness"}, 1},
-	{"a reclaim without reading the lease", Switches{NoLeaseRead: true}, []string{"8"}, 1454},
-	{"a lapse reclaims whoever owns the run", Switches{NoLeaseRead: true, LapseIgnoresOwner: true}, []string{"8"}, 184},
-	{"reconcile on a lagging lease watch", Switches{NoLeaseRead: true, ReconcileOnStaleWatch: true}, []string{"8"}, 1310},
 }
 
 // controlSeeds bounds the seeds a control may try before it must have failed.
@@ -203,7 +209,7 @@ func TestSimulationControls(t *testing.T) {
 			if *rescanFlag || from == 0 {
 				from = 1
 			}
-			seed, _, err := runSeeds(from, controlSeeds, c.sw)
+			seed, _, err := runSeeds(t, from, controlSeeds, c.sw)
 			if err == nil {
 				t.Fatalf("with %s no seed of %d from %d broke %v: the guard is not shown to matter", c.name, controlSeeds, from, c.want)
 			}

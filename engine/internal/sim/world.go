@@ -2,43 +2,45 @@ package sim
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"sort"
 	"strings"
+	"testing/synctest"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/workflow"
+	"github.com/flowrun/flow/internal/base/port"
+	"github.com/flowrun/flow/logstream"
 )
 
-// The world around the cluster: the network's links, the faults, the client that
-// applies workflows and starts runs, and the checks that need the whole picture
-// (side effects, liveness, the final states).
+// The world around the cluster: its start, the faults, the end of the run and the
+// checks that need the whole picture (liveness, the final states).
 
-// delay is how long a message takes on a link: a fraction of a millisecond, and while
-// faults last, sometimes a slow path of up to a TTL.
-func (s *Sim) delay() time.Duration {
-	d := 100*time.Microsecond + time.Duration(s.rng.Int64N(int64(2*time.Millisecond)))
-	if s.faultOn && s.cfg.SlowP > 0 && s.rng.Float64() < s.cfg.SlowP {
-		d += time.Duration(s.rng.Int64N(int64(s.cfg.TTL)))
+// start opens the reference store, the server and the nodes, and schedules the
+// workload and the faults.
+func (s *Sim) start() error {
+	ref, err := checkpoint.OpenStore("ref", checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: s.cfg.Switches.Hooks})
+	if err != nil {
+		return err
 	}
-	return d
-}
-
-// link says whether a message leaving n's link (either way) gets on the wire: not if n
-// is partitioned, nor if it is lost.
-func (s *Sim) link(n *node) bool {
-	if n.partitioned || (s.faultOn && s.cfg.Loss > 0 && s.rng.Float64() < s.cfg.Loss) {
-		s.stats.Lost++
-		return false
+	s.ref = ref
+	s.srv = newServer(s)
+	// The nodes' appliers record the log's identity; the reference applies the same log.
+	if err := ref.SetLogIdentity(logstream.Identity(port.LogStream, s.srv.created)); err != nil {
+		return err
 	}
-	return true
+	for i := 0; i < s.cfg.Nodes; i++ {
+		n := newNode(s, i)
+		s.nodes = append(s.nodes, n)
+		n.boot()
+	}
+	s.cl = newClient(s)
+	s.cl.start()
+	s.scheduleFaults()
+	return nil
 }
-
-// linkUp says whether a message arriving over n's link is delivered: not if a partition
-// began while it travelled.
-func (s *Sim) linkUp(n *node) bool { return !n.partitioned }
 
 // scheduleFaults draws the faults' times and targets, all before FaultsFor, when every
 // fault heals.
@@ -82,17 +84,20 @@ func (s *Sim) scheduleFaults() {
 		n, at := pick(), time.Duration(s.rng.Int64N(window))
 		d := 100*time.Millisecond + time.Duration(s.rng.Int64N(int64(2*c.TTL)))
 		s.after(at, func() {
-			if s.faultOn && n.alive && !n.paused {
-				n.drain()
-				var back func()
-				back = func() {
-					if n.alive { // still draining
-						s.after(100*time.Millisecond, back)
-						return
-					}
-					n.restart()
-				}
-				s.after(d, back)
+			if s.faultOn {
+				n.drain(d)
+			}
+		})
+	}
+	for i := 0; i < c.Slows; i++ {
+		n, at := pick(), time.Duration(s.rng.Int64N(window))
+		d := time.Second + time.Duration(s.rng.Int64N(int64(4*c.TTL)))
+		by := c.TTL/4 + time.Duration(s.rng.Int64N(int64(2*c.TTL)))
+		s.after(at, func() {
+			if s.faultOn {
+				s.stats.Slows++
+				n.slowUntil, n.slowBy = s.now.Add(d), by
+				s.tracef(n.name, "SLOW for %s: its events run up to %s late", d, by)
 			}
 		})
 	}
@@ -102,6 +107,7 @@ func (s *Sim) scheduleFaults() {
 		for _, n := range s.nodes {
 			s.heal(n)
 			n.resume()
+			n.slowUntil = time.Time{}
 			n.restart()
 		}
 		s.watchEnd()
@@ -112,16 +118,6 @@ func (s *Sim) heal(n *node) {
 	if n.partitioned {
 		n.partitioned = false
 		s.tracef(n.name, "partition healed")
-	}
-}
-
-// sideEffect is a step process's side effect, done at that moment by run's epoch:
-// invariants 8 and 3 are checked against the whole log appended so far.
-func (s *Sim) sideEffect(n *node, run, step string, item int, ep int64) {
-	s.stats.SideEffects++
-	s.tracef(n.name, "side effect %s/%s[%d] by epoch %d", run, step, item, ep)
-	if err := s.check.SideEffect(run, step, item, ep); err != nil {
-		s.failErr(err)
 	}
 }
 
@@ -144,17 +140,14 @@ func (s *Sim) watchEnd() {
 	look()
 }
 
-func (s *Sim) done() bool { return s.finished }
-
-// finishedAll: the client's work is written, every run ended, and every node applied
-// the whole log.
+// finishedAll: the client's work is done, every run ended, and every node is up and
+// applied the whole log.
 func (s *Sim) finishedAll() bool {
-	if !s.cl.allWritten() || s.unfinished() != "" {
+	if !s.cl.done() || s.unfinished() != "" {
 		return false
 	}
-	last := uint64(len(s.srv.log))
 	for _, n := range s.nodes {
-		if !n.alive || n.store.Applied() != last {
+		if !n.up || n.eng.Applied() != s.srv.lastSeq() {
 			return false
 		}
 	}
@@ -173,16 +166,72 @@ func (s *Sim) unfinished() string {
 	return strings.Join(out, ", ")
 }
 
-// final checks invariant 9 at the end: every node's state is the reference's, byte for
-// byte, and counts how the runs ended.
+// shutdown ends every incarnation (as a kill: nothing more reaches the world) and waits
+// for their engines' goroutines to end: the bubble must be empty when Run returns. The
+// loop's events are dropped; the calls the engines make while they stop are answered
+// with errDead.
+func (s *Sim) shutdown() {
+	for _, n := range s.nodes {
+		if n.alive {
+			n.die(true)
+		}
+	}
+	s.faultOn = false
+	stopped := func() bool {
+		for _, n := range s.nodes {
+			if l := n.life; l != nil {
+				select {
+				case <-l.stopped:
+				default:
+					return false
+				}
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(10 * time.Minute); !stopped(); {
+		synctest.Wait()
+		s.now = time.Now()
+		if s.collect() {
+			continue
+		}
+		if time.Now().After(deadline) {
+			s.fail("sim", "the nodes' engines did not stop within 10 minutes of the end")
+			break
+		}
+		t := time.NewTimer(100 * time.Millisecond) // their timers move on meanwhile
+		select {
+		case <-t.C:
+		case <-s.in.kick:
+		}
+		t.Stop()
+	}
+	synctest.Wait()
+	s.collect()
+}
+
+// final checks invariant 9 at the end: every node's state, with the rest of the log
+// applied to it, is the reference's, byte for byte; and counts how the runs ended.
 func (s *Sim) final() error {
 	var want bytes.Buffer
 	if err := s.ref.Dump(&want); err != nil {
 		return err
 	}
 	for _, n := range s.nodes {
+		st, err := checkpoint.OpenStore("state", checkpoint.StoreOptions{FS: n.fs, Hooks: s.cfg.Switches.Hooks})
+		if err != nil {
+			return fmt.Errorf("%s: open its state: %w", n.name, err)
+		}
+		for seq := st.Applied() + 1; seq <= s.srv.lastSeq(); seq++ {
+			if _, err := st.Apply(seq, s.srv.log[seq-1]); err != nil {
+				st.Close()
+				return fmt.Errorf("%s: apply %d: %w", n.name, seq, err)
+			}
+		}
 		var got bytes.Buffer
-		if err := n.store.Dump(&got); err != nil {
+		err = st.Dump(&got)
+		st.Close()
+		if err != nil {
 			return err
 		}
 		if !bytes.Equal(got.Bytes(), want.Bytes()) {
@@ -214,178 +263,61 @@ func firstDiff(a, b string) string {
 	return fmt.Sprintf("%d lines vs %d", len(la), len(lb))
 }
 
-// The workflows the client applies. Their steps are no-ops to the engine's registry;
-// the simulation runs each attempt as a process of its own (worker.go).
-var workflows = []string{
-	`name: chain
-max_epochs: 1
-steps:
-  - {name: a, uses: noop}
-  - {name: b, uses: noop, needs: [a], retry: {max_attempts: 2, initial_interval: 100ms}}
-  - {name: c, uses: noop, needs: [b]}
-`,
-	`name: fan
-max_epochs: 4
-inputs:
-  items: {type: list, default: [1, 2, 3, 4]}
-steps:
-  - {name: split, uses: noop}
-  - {name: each, uses: noop, needs: [split], foreach: "{{ inputs.items }}", parallelism: 2, retry: {max_attempts: 2, initial_interval: 50ms}}
-  - {name: side, uses: noop, needs: [split]}
-  - {name: join, uses: noop, needs: [each, side]}
-`,
-	// Waits (issue 26): a signal that may come before the wait, after it, twice with the
-	// same id, or never (the timeout: the run goes on).
-	`name: wait
-max_epochs: 3
-steps:
-  - {name: a, uses: noop}
-  - {name: w, uses: wait, needs: [a], with: {signal: go, timeout: 3s, on_timeout: continue}}
-  - {name: b, uses: noop, needs: [w]}
-`,
-}
-
-const cronWorkflow = `name: tick
-max_epochs: 3
-schedule: {cron: "@every 4s", overlap: allow, catchup: all}
-steps:
-  - {name: a, uses: noop}
-  - {name: b, uses: noop, needs: [a]}
-`
-
-// client applies the workflows and starts the runs, through a node's API (its log
-// writer): an outcome it does not learn is retried on another node, with the same run
-// ID (a repeat is refused as "run exists").
-type client struct {
-	s       *Sim
-	wfs     map[string]*workflow.Workflow
-	pending int // writes not yet known to be in the log
-	runs    int
-}
-
-func newClient(s *Sim) *client { return &client{s: s, wfs: map[string]*workflow.Workflow{}} }
-
-func (c *client) allWritten() bool { return c.pending == 0 && c.runs == c.s.cfg.Runs }
-
-func (c *client) start() {
-	s := c.s
-	srcs := append([]string(nil), workflows...)
-	if s.cfg.Cron {
-		srcs = append(srcs, cronWorkflow)
-	}
-	var names []string
-	for _, src := range srcs {
-		w, err := workflow.Load("sim.yaml", []byte(src), nil)
-		if err != nil {
-			s.fail("sim", "workflow: %v", err)
-			return
+// observe counts what the log's verdicts show.
+func (s *Sim) observe(entries []checkpoint.Entry, verdicts []error) {
+	for i, e := range entries {
+		v := verdicts[i]
+		switch {
+		case errors.Is(v, checkpoint.ErrFenced):
+			s.stats.Fenced++
+		case errors.Is(v, checkpoint.ErrStaleTerm):
+			s.stats.Stale++
+		case errors.Is(v, checkpoint.ErrDeadLettered):
+			s.stats.DeadLettered++
+		case v != nil:
+		case e.Kind == checkpoint.KindCommit:
+			s.stats.Commits++
+		case e.Kind == checkpoint.KindAssign:
+			s.stats.Assigns++
+			if e.Reason != "" {
+				s.stats.Reclaims++
+			}
+		case e.Kind == checkpoint.KindCronTick:
+			s.stats.Ticks++
 		}
-		c.wfs[w.Name] = w
-		names = append(names, w.Name)
-	}
-	sort.Strings(names)
-	applied := 0
-	for _, name := range names {
-		c.send(c.workflowEntry(c.wfs[name]), func() {
-			applied++
-			if applied == len(names) {
-				c.submitAll()
-			}
-		})
-	}
-	if s.cfg.Cron {
-		s.after(s.cfg.CronUntil, func() {
-			// The schedule ends: a version without it (the ticks recorded stay).
-			w, err := workflow.Load("sim.yaml", []byte(strings.Replace(cronWorkflow, "schedule: {cron: \"@every 4s\", overlap: allow, catchup: all}\n", "", 1)), nil)
-			if err != nil {
-				s.fail("sim", "workflow: %v", err)
-				return
-			}
-			c.send(c.workflowEntry(w), func() {})
-		})
 	}
 }
 
-func (c *client) workflowEntry(w *workflow.Workflow) checkpoint.Entry {
-	spec, _ := json.Marshal(w)
-	return checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: "client", Workflow: &checkpoint.WorkflowDef{Name: w.Name, Digest: w.Digest, Spec: spec}}
-}
-
-// submitAll starts the runs at random times, each of a random workflow.
-func (c *client) submitAll() {
-	s := c.s
-	for i := 1; i <= s.cfg.Runs; i++ {
-		at := time.Duration(s.rng.Int64N(int64(s.cfg.SubmitIn)))
-		w := c.wfs[[]string{"chain", "fan", "wait"}[s.rng.IntN(3)]]
-		id := fmt.Sprintf("r%d", i)
-		if w.Name == "wait" {
-			c.signalLater(id, at)
+// entryText is an entry for the trace.
+func entryText(e checkpoint.Entry) string {
+	var b strings.Builder
+	b.WriteString(string(e.Kind))
+	if e.Run != "" {
+		b.WriteString(" " + e.Run)
+	}
+	if e.Step != "" {
+		fmt.Fprintf(&b, "/%s", e.Step)
+		if e.Item != checkpoint.ItemWhole {
+			fmt.Fprintf(&b, "[%d]", e.Item)
 		}
-		s.after(at, func() {
-			sub := &checkpoint.Submit{Workflow: w.Name, Version: 1, Trigger: checkpoint.TriggerManual, MaxEpochs: w.MaxEpochs}
-			if w.Name == "fan" {
-				sub.Inputs = json.RawMessage(`{"items":[1,2,3,4]}`)
-			}
-			for _, st := range w.Steps {
-				sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
-			}
-			c.send(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "client", Submit: sub}, func() { c.runs++ })
-		})
 	}
-}
-
-// signalLater sends run id its signal at random times after at: none at all (its wait
-// times out), once, or twice with the same id (a client retrying: applied once).
-func (c *client) signalLater(id string, at time.Duration) {
-	s := c.s
-	times := s.rng.IntN(3)
-	for range times {
-		when := at + time.Duration(s.rng.Int64N(int64(4*time.Second)))
-		c.pending++ // known once written: the run may end first (then it is refused)
-		s.after(when, func() {
-			c.pending--
-			c.send(checkpoint.Entry{Kind: checkpoint.KindSignal, Run: id, Owner: "client", Actor: "ops",
-				Signal: &checkpoint.Signal{Name: "go", ID: "sig-" + id}}, func() {})
-		})
+	if e.Epoch != 0 {
+		fmt.Fprintf(&b, " epoch=%d", e.Epoch)
 	}
-}
-
-// send writes e through a random live node until its outcome is known.
-func (c *client) send(e checkpoint.Entry, done func()) {
-	s := c.s
-	c.pending++
-	var try func()
-	try = func() {
-		var live []*node
-		for _, n := range s.nodes {
-			if n.alive && !n.paused {
-				live = append(live, n)
-			}
-		}
-		if len(live) == 0 {
-			s.after(500*time.Millisecond, try)
-			return
-		}
-		n := live[s.rng.IntN(len(live))]
-		answered := false // the node may die before it answers: then the client asks again
-		s.after(10*time.Second, func() {
-			if !answered {
-				answered = true
-				try()
-			}
-		})
-		n.write([]checkpoint.Entry{e}, func(_ uint64, errs []error) {
-			if answered {
-				return
-			}
-			answered = true
-			if isUnknown(errs[0]) {
-				s.after(500*time.Millisecond, try)
-				return
-			}
-			c.pending--
-			done()
-		})
+	if e.Term != 0 {
+		fmt.Fprintf(&b, " term=%d", e.Term)
 	}
-	try()
+	if e.Owner != "" {
+		fmt.Fprintf(&b, " by=%s", e.Owner)
+	}
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " reason=%s", e.Reason)
+	}
+	if e.Status != "" {
+		fmt.Fprintf(&b, " status=%s", e.Status)
+	}
+	if e.Tick != nil {
+		fmt.Fprintf(&b, " %s@%s:%s", e.Tick.Workflow, e.Tick.At.Sub(T0), e.Tick.Outcome)
+	}
+	return b.String()
 }

@@ -5,7 +5,6 @@ package backoff
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 )
 
@@ -38,13 +37,29 @@ func (p Policy) Ceiling(attempt int) time.Duration {
 	return time.Duration(min(d, float64(capd)))
 }
 
-// Delay is the wait before retry number attempt (0-based).
+// Delay is the wait before attempt: drawn from [0, Ceiling(attempt)] by a hash of the
+// moment it is drawn (the clock's nanoseconds) and the ceiling. That spreads retries like
+// a random draw (two nodes, or two retries, do not read the same nanosecond), and gives
+// the same wait whenever the same moment comes again: the simulation
+// (engine/internal/sim) runs the engines on a clock it moves itself, and replays a seed
+// exactly only if nothing they do draws from a process-wide random source
+// (docs/decisions.md, "Jitter from the clock").
 func (p Policy) Delay(attempt int) time.Duration {
 	c := p.Ceiling(attempt)
 	if p.NoJitter || c <= 0 {
 		return c
 	}
-	return time.Duration(rand.Int64N(int64(c) + 1))
+	return time.Duration(mix(uint64(time.Now().UnixNano())^uint64(c)*0x9e3779b97f4a7c15) % (uint64(c) + 1))
+}
+
+// mix is splitmix64's finalizer: every bit of x moves every bit of the result.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }
 
 // Sleep waits Delay(attempt) or until ctx ends, and returns ctx's error if it ended.

@@ -1,7 +1,9 @@
 package backoff
 
 import (
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -34,5 +36,34 @@ func TestDelayIsFullJitterWithinCeiling(t *testing.T) {
 	}
 	if d := (Policy{Base: time.Second, NoJitter: true}).Delay(0); d != time.Second {
 		t.Fatalf("NoJitter Delay(0) = %v, want 1s", d)
+	}
+}
+
+// The jitter is spread evenly over [0, ceiling] across moments, and the same moment
+// draws the same wait: two bubbles (synctest) on the same clock draw the same waits.
+func TestDelayIsEvenAndReplays(t *testing.T) {
+	p := Policy{Base: time.Millisecond, Cap: 8 * time.Millisecond}
+	draw := func() []time.Duration {
+		var out []time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			for i := range 8000 {
+				time.Sleep(time.Duration(i%97+1) * time.Microsecond)
+				out = append(out, p.Delay(3))
+			}
+		})
+		return out
+	}
+	a, b := draw(), draw()
+	if !slices.Equal(a, b) {
+		t.Fatal("the same moments drew different waits")
+	}
+	var buckets [8]int
+	for _, d := range a {
+		buckets[min(int(d/time.Millisecond), 7)]++
+	}
+	for i, n := range buckets {
+		if n < 800 || n > 1200 { // 1000 expected
+			t.Fatalf("bucket %d ms holds %d of 8000 draws (want about 1000): %v", i, n, buckets)
+		}
 	}
 }

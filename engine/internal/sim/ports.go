@@ -1,0 +1,567 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/flowrun/flow/internal/base/port"
+)
+
+// A node's ports: package port's interfaces, each call a request to the simulated server
+// over the node's link. The calling goroutine submits it to the loop and blocks until
+// the answer is delivered, its context ends, or (with no deadline of its own) the
+// default timeout passes, as a JetStream request does: a request or an answer lost on
+// the way is a timeout, and the outcome of a write that timed out is unknown.
+//
+// On the loop a call goes: sent (held while its node is paused; lost while it is
+// partitioned, or by chance while faults last), arrives at the server after the link's
+// delay, is handled there (a long poll waits there for what it asks or its wait), and
+// its answer comes back the same way. A killed node's calls are never answered: its
+// goroutines, which a real SIGKILL would have ended, only wait out their contexts while
+// its engine is stopped (node.die), and nothing they send arrives anywhere.
+
+// defaultTimeout is a call's wait when its context has none (JetStream's default).
+const defaultTimeout = 5 * time.Second
+
+// errDead ends a killed incarnation's step processes.
+var errDead = errors.New("sim: this node was killed")
+
+type result struct {
+	v   any
+	err error
+}
+
+// pcall is one port call.
+type pcall struct {
+	n     *node
+	inc   int
+	label string
+	op    func(answer func(any, error)) // the server's handling, on the loop
+	reply chan result                   // cap 1
+}
+
+// nodePorts are one incarnation's ports.
+type nodePorts struct {
+	n   *node
+	inc int
+}
+
+// start submits a call and returns it without waiting.
+func (p nodePorts) start(label string, data []byte, op func(answer func(any, error))) *pcall {
+	c := &pcall{n: p.n, inc: p.inc, label: label, op: op, reply: make(chan result, 1)}
+	key := label
+	if len(data) > 0 {
+		h := fnv.New64a()
+		h.Write(data)
+		key += "#" + strconv.FormatUint(h.Sum64(), 36)
+	}
+	p.n.s.submit(p.n.name, key, func() { p.n.s.send(c) })
+	return c
+}
+
+// wait waits for c's answer until ctx ends, or timeout passes when ctx has no deadline.
+func (c *pcall) wait(ctx context.Context, timeout time.Duration) (any, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	select {
+	case r := <-c.reply:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("sim: %s: %w", c.label, ctx.Err())
+	}
+}
+
+// call makes a call and waits for its answer.
+func (p nodePorts) call(ctx context.Context, label string, data []byte, op func(answer func(any, error))) (any, error) {
+	return p.start(label, data, op).wait(ctx, defaultTimeout)
+}
+
+// do is call for a handling that answers at once.
+func (p nodePorts) do(ctx context.Context, label string, data []byte, op func() (any, error)) (any, error) {
+	return p.call(ctx, label, data, func(answer func(any, error)) { answer(op()) })
+}
+
+// send puts c on the wire (the loop).
+func (s *Sim) send(c *pcall) {
+	n := c.n
+	if c.inc != n.inc || !n.alive {
+		return // a dead incarnation: nothing it sends arrives; it waits out its timeouts
+	}
+	if n.paused {
+		n.heldOut = append(n.heldOut, c)
+		return
+	}
+	if !s.link(n) {
+		return // lost on the way: the caller times out
+	}
+	s.after(s.delay(n), func() {
+		if c.inc != n.inc {
+			return // its node was killed meanwhile (it was answered then)
+		}
+		c.op(func(v any, err error) { s.respond(c, result{v, err}) })
+	})
+}
+
+// respond sends the server's answer back over c's node's link.
+func (s *Sim) respond(c *pcall, r result) {
+	n := c.n
+	if c.inc != n.inc || !s.link(n) {
+		return // lost on the way back, or its node was killed
+	}
+	s.after(s.delay(n)+n.lateness(), func() { s.deliver(c, r) })
+}
+
+// deliver hands the answer to the caller, unless its node is paused (then at the resume).
+func (s *Sim) deliver(c *pcall, r result) {
+	n := c.n
+	if c.inc != n.inc {
+		return
+	}
+	if n.paused {
+		n.heldIn = append(n.heldIn, func() { s.deliver(c, r) })
+		return
+	}
+	s.deliverNow(c, r)
+}
+
+func (s *Sim) deliverNow(c *pcall, r result) {
+	select {
+	case c.reply <- r:
+	default:
+	}
+}
+
+// delay is how long a message takes on n's link: a fraction of a millisecond, and while
+// faults last, sometimes a slow path of up to a TTL.
+func (s *Sim) delay(n *node) time.Duration {
+	d := 100*time.Microsecond + time.Duration(s.rng.Int64N(int64(2*time.Millisecond)))
+	if s.faultOn && s.cfg.SlowP > 0 && s.rng.Float64() < s.cfg.SlowP {
+		d += time.Duration(s.rng.Int64N(int64(s.cfg.TTL)))
+	}
+	return d
+}
+
+// link says whether a message on n's link (either way) gets through: not while n is
+// partitioned, nor when it is lost.
+func (s *Sim) link(n *node) bool {
+	if n.partitioned || (s.faultOn && s.cfg.Loss > 0 && s.rng.Float64() < s.cfg.Loss) {
+		s.stats.Lost++
+		return false
+	}
+	return true
+}
+
+// The ports.
+
+func (p nodePorts) ports() port.Ports {
+	srv := p.n.s.srv
+	return port.Ports{
+		Log:       logPort{p},
+		Leader:    kvPort{p, srv.kv[port.LeaderBucket]},
+		Leases:    kvPort{p, srv.kv[port.LeaseBucket]},
+		Tasks:     queuePort{p},
+		Nodes:     kvPort{p, srv.kv[port.NodesBucket]},
+		Cluster:   kvPort{p, srv.kv[port.ClusterBucket]},
+		DLQ:       dlqPort{p},
+		Snapshots: objectsPort{p},
+		Terms:     termsPort{p},
+	}
+}
+
+// kvPort is a bucket.
+type kvPort struct {
+	p nodePorts
+	b *bucket
+}
+
+func (k kvPort) Bucket() string { return k.b.name }
+
+func uint64Of(v any, err error) (uint64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return v.(uint64), nil
+}
+
+func (k kvPort) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	return uint64Of(k.p.do(ctx, "kv.create "+k.b.name+" "+key, value, func() (any, error) { return k.b.create(key, value) }))
+}
+
+func (k kvPort) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	return uint64Of(k.p.do(ctx, "kv.update "+k.b.name+" "+key+" "+strconv.FormatUint(rev, 10), value, func() (any, error) { return k.b.update(key, value, rev) }))
+}
+
+func (k kvPort) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	return uint64Of(k.p.do(ctx, "kv.put "+k.b.name+" "+key, value, func() (any, error) { return k.b.put(key, value) }))
+}
+
+func (k kvPort) Delete(ctx context.Context, key string, rev uint64) error {
+	_, err := k.p.do(ctx, "kv.delete "+k.b.name+" "+key+" "+strconv.FormatUint(rev, 10), nil, func() (any, error) { return nil, k.b.del(key, rev) })
+	return err
+}
+
+func entryOf(v any, err error) (port.Entry, error) {
+	if err != nil {
+		return port.Entry{}, err
+	}
+	return v.(port.Entry), nil
+}
+
+func (k kvPort) Get(ctx context.Context, key string) (port.Entry, error) {
+	return entryOf(k.p.do(ctx, "kv.get "+k.b.name+" "+key, nil, func() (any, error) { return k.b.get(key) }))
+}
+
+func (k kvPort) Latest(ctx context.Context, key string) (port.Entry, error) {
+	return entryOf(k.p.do(ctx, "kv.latest "+k.b.name+" "+key, nil, func() (any, error) { return k.b.latest(key) }))
+}
+
+func (k kvPort) Keys(ctx context.Context) ([]string, error) {
+	v, err := k.p.do(ctx, "kv.keys "+k.b.name, nil, func() (any, error) { return k.b.keyList(), nil })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]string), nil
+}
+
+func (k kvPort) LastRevision(ctx context.Context) (uint64, error) {
+	return uint64Of(k.p.do(ctx, "kv.last "+k.b.name, nil, func() (any, error) { return k.b.rev, nil }))
+}
+
+// watchWait is how long a watch's poll waits on the server for a change.
+const watchWait = 2 * time.Second
+
+// Watch is a goroutine of the port's, as nats.go's watcher is: it reads the initial
+// values, then polls for the changes after the last revision it delivered (a poll whose
+// answer was lost is made again from there: nothing is skipped).
+func (k kvPort) Watch(ctx context.Context, key string) (port.Watcher, error) {
+	type init struct {
+		entries []port.Entry
+		last    uint64
+	}
+	v, err := k.p.do(ctx, "kv.watch "+k.b.name+" "+key, nil, func() (any, error) {
+		es, last := k.b.initial(key)
+		return init{es, last}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	first := v.(init)
+	w := &watcher{updates: make(chan *port.Entry), ended: make(chan struct{})}
+	wctx, cancel := context.WithCancel(ctx)
+	w.cancel = cancel
+	go func() {
+		defer close(w.ended)
+		defer close(w.updates)
+		push := func(e *port.Entry) bool {
+			select {
+			case w.updates <- e:
+				return true
+			case <-wctx.Done():
+				return false
+			}
+		}
+		for i := range first.entries {
+			if !push(&first.entries[i]) {
+				return
+			}
+		}
+		if !push(nil) {
+			return
+		}
+		from := first.last
+		for wctx.Err() == nil {
+			c := k.p.start("kv.watchpoll "+k.b.name+" "+key+" "+strconv.FormatUint(from, 10), nil, func(answer func(any, error)) {
+				k.b.watch(key, from, watchWait, func(es []port.Entry, last uint64) { answer(init{es, last}, nil) })
+			})
+			v, err := c.wait(wctx, watchWait+2*time.Second)
+			if err != nil {
+				if errors.Is(err, errDead) {
+					return
+				}
+				continue // no answer: ask again from where it was
+			}
+			got := v.(init)
+			for i := range got.entries {
+				if got.entries[i].Revision <= from {
+					continue
+				}
+				if !push(&got.entries[i]) {
+					return
+				}
+				from = got.entries[i].Revision
+			}
+		}
+	}()
+	return w, nil
+}
+
+type watcher struct {
+	updates chan *port.Entry
+	ended   chan struct{}
+	cancel  context.CancelFunc
+	once    sync.Once
+}
+
+func (w *watcher) Updates() <-chan *port.Entry { return w.updates }
+
+func (w *watcher) Stop() error {
+	w.once.Do(w.cancel)
+	<-w.ended
+	return nil
+}
+
+// logPort is the log stream.
+type logPort struct{ p nodePorts }
+
+func (l logPort) Name() string    { return port.LogStream }
+func (l logPort) MaxPayload() int { return 8 << 20 }
+
+func (l logPort) Publish(ctx context.Context, msgID string, data []byte) (uint64, error) {
+	n := l.p.n
+	return uint64Of(l.p.do(ctx, "log.publish "+msgID, data, func() (any, error) { return n.s.srv.publish(n.name, msgID, data), nil }))
+}
+
+func (l logPort) Info(ctx context.Context) (port.StreamInfo, error) {
+	v, err := l.p.do(ctx, "log.info", nil, func() (any, error) { return l.p.n.s.srv.logInfo(), nil })
+	if err != nil {
+		return port.StreamInfo{}, err
+	}
+	return v.(port.StreamInfo), nil
+}
+
+func (l logPort) Has(ctx context.Context, seq uint64) (bool, error) {
+	v, err := l.p.do(ctx, "log.has "+strconv.FormatUint(seq, 10), nil, func() (any, error) { return l.p.n.s.srv.hasMsg(seq), nil })
+	if err != nil {
+		return false, err
+	}
+	return v.(bool), nil
+}
+
+func (l logPort) Purge(ctx context.Context, keep uint64) error {
+	_, err := l.p.do(ctx, "log.purge "+strconv.FormatUint(keep, 10), nil, func() (any, error) {
+		l.p.n.s.srv.purgeLog(keep)
+		return nil, nil
+	})
+	return err
+}
+
+// Consume reads the log by long polls of up to 64 messages, as the ordered consumer's
+// pulls do; Next waits for a message as long as its context lets it.
+func (l logPort) Consume(ctx context.Context, from uint64) (port.Messages, error) {
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	return &messages{p: l.p, next: max(from, 1), ctx: mctx, cancel: cancel}, nil
+}
+
+// pullWait is how long a pull waits on the server for messages (PullExpiry).
+const pullWait = 5 * time.Second
+
+type messages struct {
+	p      nodePorts
+	next   uint64
+	buf    []port.Message
+	ctx    context.Context // ended by Stop
+	cancel context.CancelFunc
+}
+
+func (m *messages) Next(ctx context.Context) (port.Message, error) {
+	for {
+		if len(m.buf) > 0 {
+			msg := m.buf[0]
+			m.buf = m.buf[1:]
+			m.next = msg.Seq + 1
+			return msg, nil
+		}
+		if m.ctx.Err() != nil {
+			return port.Message{}, port.Wrap(port.ErrClosed, errors.New("sim: the read was stopped"))
+		}
+		if err := ctx.Err(); err != nil {
+			return port.Message{}, err
+		}
+		srv := m.p.n.s.srv
+		from := m.next
+		c := m.p.start("log.pull "+strconv.FormatUint(from, 10), nil, func(answer func(any, error)) {
+			srv.fetchLog(from, 64, pullWait, func(msgs []port.Message) { answer(msgs, nil) })
+		})
+		wctx, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(m.ctx, cancel)
+		v, err := c.wait(wctx, pullWait+2*time.Second)
+		stop()
+		cancel()
+		switch {
+		case m.ctx.Err() != nil:
+			return port.Message{}, port.Wrap(port.ErrClosed, errors.New("sim: the read was stopped"))
+		case ctx.Err() != nil:
+			return port.Message{}, ctx.Err()
+		case err != nil:
+			return port.Message{}, err // transient: the caller asks again
+		}
+		for _, msg := range v.([]port.Message) {
+			if msg.Seq >= m.next {
+				m.buf = append(m.buf, msg)
+			}
+		}
+	}
+}
+
+func (m *messages) Stop() { m.cancel() }
+
+// queuePort is the task queue.
+type queuePort struct{ p nodePorts }
+
+func (q queuePort) Publish(ctx context.Context, msgID string, data []byte) error {
+	_, err := q.p.do(ctx, "tasks.publish "+msgID, data, func() (any, error) {
+		q.p.n.s.srv.tasks.publish(msgID, data)
+		return nil, nil
+	})
+	return err
+}
+
+func (q queuePort) PublishAsync(msgID string, data []byte) (port.Ack, error) {
+	c := q.p.start("tasks.publish "+msgID, data, func(answer func(any, error)) {
+		q.p.n.s.srv.tasks.publish(msgID, data)
+		answer(nil, nil)
+	})
+	return ack{c}, nil
+}
+
+type ack struct{ c *pcall }
+
+func (a ack) Wait(ctx context.Context) error {
+	_, err := a.c.wait(ctx, defaultTimeout)
+	return err
+}
+
+func (q queuePort) Consumer(ctx context.Context) (port.Consumer, error) {
+	if _, err := q.p.do(ctx, "tasks.consumer", nil, func() (any, error) { return nil, nil }); err != nil {
+		return nil, err
+	}
+	return consumer(q), nil
+}
+
+type consumer struct{ p nodePorts }
+
+// Fetch asks the server for a task, which waits up to three quarters of wait for one
+// and then answers "nothing": a fetch that gets no answer at all within wait (a link
+// down) is an error, silence.
+func (c consumer) Fetch(ctx context.Context, n int, wait time.Duration) ([]port.Delivery, error) {
+	q := c.p.n.s.srv.tasks
+	call := c.p.start("tasks.fetch", nil, func(answer func(any, error)) {
+		q.fetch(wait*3/4, func(d *taskDelivery) { answer(d, nil) })
+	})
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	v, err := call.wait(fctx, wait)
+	if err != nil {
+		return nil, err
+	}
+	d := v.(*taskDelivery)
+	if d == nil {
+		return nil, nil
+	}
+	return []port.Delivery{delivery{c.p, d}}, nil
+}
+
+type delivery struct {
+	p nodePorts
+	d *taskDelivery
+}
+
+func (d delivery) Data() []byte { return d.d.data }
+
+// Ack, Nak and Term go out without waiting, as nats.go's do.
+func (d delivery) Ack() error {
+	q := d.p.n.s.srv.tasks
+	d.p.start("tasks.ack "+strconv.FormatUint(d.d.id, 10), nil, func(answer func(any, error)) { q.ack(d.d.id); answer(nil, nil) })
+	return nil
+}
+
+func (d delivery) Nak(delay time.Duration) error {
+	q := d.p.n.s.srv.tasks
+	d.p.start("tasks.nak "+strconv.FormatUint(d.d.id, 10), nil, func(answer func(any, error)) { q.nak(d.d.id, delay); answer(nil, nil) })
+	return nil
+}
+
+func (d delivery) Term() error { return d.Ack() }
+
+// dlqPort publishes dead-letter notices.
+type dlqPort struct{ p nodePorts }
+
+func (d dlqPort) Publish(ctx context.Context, subject, msgID string, data []byte) error {
+	_, err := d.p.do(ctx, "dlq.publish "+msgID, data, func() (any, error) {
+		d.p.n.s.srv.dlq[msgID] = true
+		return nil, nil
+	})
+	return err
+}
+
+// objectsPort is the snapshots' store.
+type objectsPort struct{ p nodePorts }
+
+func (o objectsPort) Put(ctx context.Context, name string, headers map[string]string, r io.Reader) (port.Object, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return port.Object{}, err
+	}
+	v, err := o.p.do(ctx, "obj.put "+name, data, func() (any, error) { return o.p.n.s.srv.putObject(name, headers, data) })
+	if err != nil {
+		return port.Object{}, err
+	}
+	return v.(port.Object), nil
+}
+
+func (o objectsPort) Rename(ctx context.Context, name, to string, headers map[string]string) error {
+	_, err := o.p.do(ctx, "obj.rename "+name+" "+to, nil, func() (any, error) { return nil, o.p.n.s.srv.renameObject(name, to, headers) })
+	return err
+}
+
+func (o objectsPort) Get(ctx context.Context, name string) (io.ReadCloser, port.Object, error) {
+	type got struct {
+		r io.ReadCloser
+		o port.Object
+	}
+	v, err := o.p.do(ctx, "obj.get "+name, nil, func() (any, error) {
+		r, obj, err := o.p.n.s.srv.getObject(name)
+		return got{r, obj}, err
+	})
+	if err != nil {
+		return nil, port.Object{}, err
+	}
+	g := v.(got)
+	return g.r, g.o, nil
+}
+
+func (o objectsPort) List(ctx context.Context) ([]port.Object, error) {
+	v, err := o.p.do(ctx, "obj.list", nil, func() (any, error) { return o.p.n.s.srv.listObjects(), nil })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]port.Object), nil
+}
+
+func (o objectsPort) Delete(ctx context.Context, name string) error {
+	_, err := o.p.do(ctx, "obj.delete "+name, nil, func() (any, error) {
+		delete(o.p.n.s.srv.objects, name)
+		return nil, nil
+	})
+	return err
+}
+
+// termsPort raises the leader bucket's terms (every simulated node has the admin path).
+type termsPort struct{ p nodePorts }
+
+func (t termsPort) RaiseTerms(ctx context.Context, above int64) error {
+	_, err := t.p.do(ctx, "kv.raise "+strconv.FormatInt(above, 10), nil, func() (any, error) {
+		t.p.n.s.srv.kv[port.LeaderBucket].raise(uint64(above))
+		return nil, nil
+	})
+	return err
+}
