@@ -34,9 +34,9 @@ type node struct {
 	slowUntil   time.Time
 	slowBy      time.Duration
 
-	heldOut     []*pcall // calls made while paused: sent at the resume
-	heldIn      []func() // answers and timer fires that came while paused
-	procs       map[*proc]struct{}
+	heldOut []*pcall // calls made while paused: sent at the resume
+	heldIn  []func() // answers and timer fires that came while paused
+	procs   map[*proc]struct{}
 
 	eng  *engine.Engine
 	life *life // the current incarnation's engine's life

@@ -25,13 +25,13 @@ import (
 
 type server struct {
 	s       *Sim
-	created time.Time         // the log stream's creation: its identity
-	first   uint64            // the log's first sequence (a purge moves it)
-	log     [][]byte          // message i has sequence i+1 (nil: purged)
-	ids     []string          // each message's ID
-	from    []string          // the node that appended each message ("" for a duplicate)
-	msgIDs  map[string]dedup  // publish dedup: message ID -> sequence, within the window
-	polls   []*poll           // consumers waiting for the log to grow
+	created time.Time        // the log stream's creation: its identity
+	first   uint64           // the log's first sequence (a purge moves it)
+	log     [][]byte         // message i has sequence i+1 (nil: purged)
+	ids     []string         // each message's ID
+	from    []string         // the node that appended each message ("" for a duplicate)
+	msgIDs  map[string]dedup // publish dedup: message ID -> sequence, within the window
+	polls   []*poll          // consumers waiting for the log to grow
 	kv      map[string]*bucket
 	tasks   *taskQueue
 	dlq     map[string]bool

@@ -2,8 +2,8 @@ package sim
 
 import (
 	"fmt"
-	"sync"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -116,7 +116,7 @@ type Sim struct {
 	rng  *rand.Rand
 	now  time.Time
 
-	in    inbox
+	in     inbox
 	q      eventQueue
 	qseq   uint64
 	steps  int       // events handled
@@ -127,17 +127,17 @@ type Sim struct {
 	nodes []*node
 	cl    *simClient
 
-	ref      *checkpoint.Store   // the whole log, applied as it is appended
-	check    *invariants.Checker // follows the reference
-	failure  *Failure            // the first broken invariant
-	trace    func(line string)   // nil: no trace
-	debug    func(line string)   // nil: the engines' own logs go nowhere
-	debugMu  sync.Mutex          // debug is called from the engines' goroutines
+	ref     *checkpoint.Store   // the whole log, applied as it is appended
+	check   *invariants.Checker // follows the reference
+	failure *Failure            // the first broken invariant
+	trace   func(line string)   // nil: no trace
+	debug   func(line string)   // nil: the engines' own logs go nowhere
+	debugMu sync.Mutex          // debug is called from the engines' goroutines
 	// traceCalls puts every submission the loop handles in the trace (TraceCalls).
 	traceCalls bool
-	stats    Stats               // what the seed exercised
-	faultOn  bool                // faults may still happen
-	finished bool                // every run ended and every node caught up
+	stats      Stats // what the seed exercised
+	faultOn    bool  // faults may still happen
+	finished   bool  // every run ended and every node caught up
 }
 
 // Stats count what one seed exercised.
