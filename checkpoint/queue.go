@@ -287,7 +287,7 @@ func (s *Store) HeldByWorkflow() map[string]int {
 }
 
 // AssignedRuns are the IDs of the runs assigned an epoch and not yet claimed (pending
-// with a usable epoch), in no particular order.
+// with a usable epoch), sorted.
 func (s *Store) AssignedRuns() []string {
 	s.queue.mu.Lock()
 	defer s.queue.mu.Unlock()
@@ -297,5 +297,6 @@ func (s *Store) AssignedRuns() []string {
 			ids = append(ids, id)
 		}
 	}
+	slices.Sort(ids) // callers act on them in turn: the same order on every node and replay
 	return ids
 }

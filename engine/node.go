@@ -139,7 +139,7 @@ func (e *Engine) wire() (err error) {
 	logCfg.Stream, logCfg.Snapshots, logCfg.Store, logCfg.Node = e.ports.Log, e.ports.Snapshots, e.store, e.cfg.NodeID
 	logCfg.MaxOutputBytes, logCfg.Logger, logCfg.Supervisor, logCfg.Hooks = e.cfg.MaxOutputBytes, e.log, e.sup, e.hooks
 	if e.over != nil {
-		logCfg.Nonce = e.over.Nonce
+		logCfg.Nonce, logCfg.Order = e.over.Nonce, e.over.Order
 	}
 	if e.clog, err = logstream.Open(logCfg); err != nil {
 		return err

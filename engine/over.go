@@ -5,6 +5,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
@@ -21,6 +22,8 @@ type Over struct {
 	// Nonce tells this life's log message IDs from the node's earlier lives' (the
 	// simulation draws it from its seed, so that a seed replays exactly).
 	Nonce string
+	// Order orders this node's concurrent log writers (logstream.Config.Order).
+	Order func([]checkpoint.Entry)
 	// Hooks are the switches the simulation's controls turn guards off with (nil:
 	// production's).
 	Hooks *testhooks.Hooks

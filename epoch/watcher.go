@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -195,6 +196,7 @@ func (lw *LeaseWatcher) sweep(ctx context.Context, now time.Time, grace time.Dur
 		}
 	}
 	lw.mu.Unlock()
+	slices.Sort(lapsed) // reported in the runs' order, not the map's
 	for _, run := range lapsed {
 		lw.end(ctx, run, LeaseLapsed)
 	}

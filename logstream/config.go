@@ -41,6 +41,12 @@ type Config struct {
 	// Nonce distinguishes this node's message IDs from those of its earlier lives
 	// (default: random). The simulation sets it from its seed.
 	Nonce string
+	// Order, if set, is called by Write with the entries before it takes them, and
+	// returns when they may go: the simulation (engine/internal/sim) lets concurrent
+	// writers of one moment in one at a time, in an order of its own, so that what they
+	// write together lands in the same order in every replay of a seed. Nil in
+	// production.
+	Order func(entries []checkpoint.Entry)
 
 	// MaxOutputBytes bounds one step output (default 1 MiB). Above it, Write refuses
 	// the entry with ErrOutputTooLarge. Open lowers it (and warns) when the server's

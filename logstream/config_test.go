@@ -2,6 +2,7 @@ package logstream
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +43,7 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Config."+c.field+" ") || !strings.Contains(err.Error(), ": set it") && !strings.Contains(err.Error(), ": use") {
 			t.Errorf("%s: %v; want ErrInvalidConfig naming Config.%s and the fix", c.field, err, c.field)
 		}
-		if cfg != before {
+		if !reflect.DeepEqual(cfg, before) {
 			t.Errorf("%s: Validate changed its argument", c.field)
 		}
 	}

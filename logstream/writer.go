@@ -34,6 +34,7 @@ type Writer struct {
 	publishTimeout time.Duration
 	noOwnApply     bool
 	hooks          *testhooks.Hooks // PassQueue (production's zero value unless a test's)
+	order          func([]checkpoint.Entry)
 	log            *slog.Logger
 	nonce          string
 	counter        atomic.Uint64
@@ -68,7 +69,7 @@ type Writer struct {
 func newWriter(cfg Config, a *Applier, maxOutput, maxBytes int, hooks *testhooks.Hooks, log *slog.Logger) *Writer {
 	w := &Writer{a: a, dst: cfg.Stream, node: cfg.Node,
 		maxOutput: maxOutput, maxBytes: maxBytes, maxEntries: cfg.MaxBatchEntries, noteDelay: cfg.NoteDelay,
-		publishTimeout: cfg.PublishTimeout, noOwnApply: cfg.NoOwnApply, hooks: hooks, log: log,
+		publishTimeout: cfg.PublishTimeout, noOwnApply: cfg.NoOwnApply, hooks: hooks, order: cfg.Order, log: log,
 		nonce: nonceOr(cfg.Nonce), wake: make(chan struct{}, 1), decodes: make(chan *decodeJob),
 		stopped: make(chan struct{})}
 	w.wq.space = make(chan struct{})
@@ -151,6 +152,9 @@ type request struct {
 //
 // A writer's entries never pass each other, whichever way each went out.
 func (w *Writer) Write(ctx context.Context, entries ...checkpoint.Entry) *Future {
+	if w.order != nil {
+		w.order(entries)
+	}
 	r, err := w.encode(entries)
 	if err != nil {
 		return failedFuture(w.a, len(entries), err)

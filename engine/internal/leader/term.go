@@ -24,6 +24,7 @@ type termServices struct {
 	watcher    *epoch.LeaseWatcher
 	reconciler Reconciler
 	delays     LockDelay
+	event      epoch.LeaseEvent // the lease event next took
 }
 
 func newTermServices(s *Service, term *epoch.Term) *termServices {
@@ -81,19 +82,60 @@ func (t *termServices) run(parent context.Context) {
 		seen := s.cfg.State.Applied()
 		t.assignPending(ctx)
 		s.hooks.ScheduledUpTo.Store(seen)
-		select {
-		case <-ctx.Done():
+		switch t.next(ctx, w.Events(), reconcile.Chan(), changed) {
+		case wakeStop:
 			return
-		case <-s.failedApplier():
-			return // the state no longer follows the log: step down (run sits out)
-		case ev := <-w.Events():
-			if ev.Kind == epoch.LeaseLapsed {
+		case wakeLease:
+			if ev := t.event; ev.Kind == epoch.LeaseLapsed {
 				t.reclaim(ctx, Reclaim{Run: ev.Lease.Run, Epoch: ev.Lease.Epoch, Owner: ev.Lease.Owner, Reason: checkpoint.ReasonLeaseExpired})
 			}
-		case <-reconcile.Chan():
+		case wakeReconcile:
 			t.reconcile(ctx)
-		case <-changed:
 		}
+	}
+}
+
+// What woke the assigner's loop.
+const (
+	wakeStop = iota
+	wakeLease
+	wakeReconcile
+	wakeChanged
+)
+
+// next waits for the assigner's next work: the term's end, a lease event (kept in
+// t.event), a reconcile tick, or the log applying more. When several are ready it takes
+// them in that order, where a bare select would take one at random: the same state then
+// meets the same work first on every node and in every replay of a simulation's seed.
+func (t *termServices) next(ctx context.Context, events <-chan epoch.LeaseEvent, tick <-chan time.Time, changed <-chan struct{}) int {
+	select {
+	case <-ctx.Done():
+		return wakeStop
+	case <-t.s.failedApplier():
+		return wakeStop // the state no longer follows the log: step down (run sits out)
+	default:
+	}
+	select {
+	case t.event = <-events:
+		return wakeLease
+	default:
+	}
+	select {
+	case <-tick:
+		return wakeReconcile
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return wakeStop
+	case <-t.s.failedApplier():
+		return wakeStop
+	case t.event = <-events:
+		return wakeLease
+	case <-tick:
+		return wakeReconcile
+	case <-changed:
+		return wakeChanged
 	}
 }
 

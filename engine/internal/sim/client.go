@@ -26,7 +26,6 @@ type simClient struct {
 	ops     int // operations started
 	pending int // operations whose outcome is not known yet (or not yet due)
 	wfs     map[string]string
-	runs    int
 }
 
 func newClient(s *Sim) *simClient { return &simClient{s: s, wfs: map[string]string{}} }
@@ -139,19 +138,27 @@ func (c *simClient) start() {
 			}
 			if applied++; applied == len(srcs) {
 				c.submitAll()
+				if s.cfg.Cron {
+					c.unscheduleAt(s.cfg.CronUntil)
+				}
 			}
 		})
 	}
-	if s.cfg.Cron {
-		c.later(s.cfg.CronUntil, func() {
-			// The schedule ends: a version without it (the ticks recorded stay).
-			src := strings.Replace(cronWorkflow, "schedule: {cron: \"@every 4s\", overlap: allow, catchup: all}\n", "", 1)
-			c.call("unschedule tick", "ops", func(ctx context.Context, api *engine.API) error {
-				_, err := api.ApplyWorkflow(ctx, "sim.yaml", []byte(src))
-				return err
-			}, func(error) {})
-		})
-	}
+}
+
+// unscheduleAt applies the cron workflow without its schedule at offset at from the
+// start, or now if that has passed: only once every apply's outcome is known, so that a
+// retried first apply does not bring the schedule back after it.
+func (c *simClient) unscheduleAt(at time.Duration) {
+	s := c.s
+	c.later(max(0, T0.Add(at).Sub(s.now)), func() {
+		// The schedule ends: a version without it (the ticks recorded stay).
+		src := strings.Replace(cronWorkflow, "schedule: {cron: \"@every 4s\", overlap: allow, catchup: all}\n", "", 1)
+		c.call("unschedule tick", "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.ApplyWorkflow(ctx, "sim.yaml", []byte(src))
+			return err
+		}, func(error) {})
+	})
 }
 
 // submitAll starts the runs at random times, each of a random workflow.

@@ -77,7 +77,9 @@ func (t *simTimer) Reset(d time.Duration) bool {
 	t.active = true
 	n := t.n
 	t.inner = time.AfterFunc(max(d, 0), func() {
-		n.s.submit(n.name, "clock", func() { n.s.fireTimer(n, t, gen) })
+		// Alone: two fires delivered in one breath could find one select with both ready,
+		// and Go picks one at random.
+		n.s.submitAlone(n.name, "clock", func() { n.s.fireTimer(n, t, gen) })
 	})
 	return was
 }

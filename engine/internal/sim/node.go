@@ -2,13 +2,18 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"strconv"
 	"strings"
+	"testing/synctest"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/steps"
@@ -91,13 +96,14 @@ func (n *node) boot() {
 		ReconcileInterval: s.cfg.ReconcileInterval, LockDelay: s.cfg.LockDelay,
 		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL}
 	e, err := engine.NewOver(cfg, engine.Over{Ports: nodePorts{n, inc}.ports(), FS: n.fs, StateDir: "state",
-		Nonce: fmt.Sprintf("%s-%d", n.name, inc), Hooks: s.cfg.Switches.Hooks})
+		Nonce: fmt.Sprintf("%s-%d", n.name, inc), Order: n.order, Hooks: s.cfg.Switches.Hooks})
 	if err != nil {
 		s.fail("sim", "%s: %v", n.name, err)
 		return
 	}
 	l := &life{inc: inc, eng: e, started: make(chan struct{}), stopped: make(chan struct{})}
 	n.life, n.eng = l, e
+	s.lives = append(s.lives, l)
 	s.tracef(n.name, "starts (incarnation %d)", inc)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -166,9 +172,15 @@ func (n *node) kill() {
 func (n *node) die(stop bool) {
 	s := n.s
 	l := n.life
+	dead := n.inc
 	n.inc++ // the dead incarnation's number is no one's
 	n.alive, n.up, n.paused = false, false, false
+	held := n.heldOut
 	n.heldOut, n.heldIn = nil, nil
+	for _, c := range held {
+		s.deliverNow(c, result{err: fmt.Errorf("%s: %w", c.label, errDead)})
+	}
+	s.endCalls(n, dead)
 	for p := range n.procs {
 		s.endProc(p, errDead)
 	}
@@ -241,6 +253,7 @@ func (n *node) resume() {
 	}
 	for _, f := range in {
 		f()
+		synctest.Wait() // one delivery at a time: a select never sees two of them ready
 	}
 }
 
@@ -262,4 +275,16 @@ func (w debugWriter) Write(p []byte) (int, error) {
 	defer w.s.debugMu.Unlock()
 	w.s.debug(fmt.Sprintf("%s %s", w.name, strings.TrimSpace(string(p))))
 	return len(p), nil
+}
+
+// order lets the node's log writers into its writer one at a time, in the order of what
+// they write (logstream.Config.Order): writers that woke together would otherwise reach
+// the group commit in the order the Go scheduler ran them.
+func (n *node) order(entries []checkpoint.Entry) {
+	raw, _ := json.Marshal(entries)
+	h := fnv.New64a()
+	h.Write(raw)
+	in := make(chan struct{})
+	n.s.submitAlone(n.name, "write #"+strconv.FormatUint(h.Sum64(), 36), func() { close(in) })
+	<-in
 }

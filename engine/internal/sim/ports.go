@@ -1,12 +1,16 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,8 +33,9 @@ import (
 // defaultTimeout is a call's wait when its context has none (JetStream's default).
 const defaultTimeout = 5 * time.Second
 
-// errDead ends a killed incarnation's step processes.
-var errDead = errors.New("sim: this node was killed")
+// errDead answers a killed incarnation's calls and ends its step processes: to the
+// engine it is a closed connection (port.ErrClosed), as a dead process's would be.
+var errDead = fmt.Errorf("sim: this node was killed: %w", port.ErrClosed)
 
 type result struct {
 	v   any
@@ -39,12 +44,33 @@ type result struct {
 
 // pcall is one port call.
 type pcall struct {
-	n     *node
-	inc   int
-	label string
-	op    func(answer func(any, error)) // the server's handling, on the loop
-	reply chan result                   // cap 1
+	n       *node
+	inc     int
+	label   string
+	op      func(answer func(any, error)) // the server's handling, on the loop
+	reply   chan result                   // cap 1
+	timeout time.Duration                 // the loop answers with errTimeout then (0: never)
+	done    bool                          // answered (the loop's)
+	id      int                           // the order it was sent in (the loop's)
 }
+
+// endCalls answers every open call of n's incarnation inc with errDead, in the order
+// they were sent: a killed incarnation's goroutines wind down at once.
+func (s *Sim) endCalls(n *node, inc int) {
+	var ended []*pcall
+	for c := range s.open {
+		if c.n == n && c.inc == inc {
+			ended = append(ended, c)
+		}
+	}
+	slices.SortFunc(ended, func(a, b *pcall) int { return cmp.Compare(a.id, b.id) })
+	for _, c := range ended {
+		s.deliverNow(c, result{err: fmt.Errorf("%s: %w", c.label, errDead)})
+	}
+}
+
+// errTimeout is a call that got no answer in time: its outcome is unknown.
+var errTimeout = errors.New("sim: no answer in time")
 
 // nodePorts are one incarnation's ports.
 type nodePorts struct {
@@ -52,26 +78,27 @@ type nodePorts struct {
 	inc int
 }
 
-// start submits a call and returns it without waiting.
-func (p nodePorts) start(label string, data []byte, op func(answer func(any, error))) *pcall {
-	c := &pcall{n: p.n, inc: p.inc, label: label, op: op, reply: make(chan result, 1)}
+// start submits a call and returns it without waiting. The loop answers it with
+// errTimeout after timeout (0: never) if nothing else answered it: the loop's own timer,
+// so that a timeout is an event in its order, not a goroutine woken by the runtime.
+func (p nodePorts) start(label string, data []byte, timeout time.Duration, op func(answer func(any, error))) *pcall {
+	c := &pcall{n: p.n, inc: p.inc, label: label, op: op, reply: make(chan result, 1), timeout: timeout}
 	key := label
 	if len(data) > 0 {
 		h := fnv.New64a()
 		h.Write(data)
 		key += "#" + strconv.FormatUint(h.Sum64(), 36)
 	}
+	// Who asks, by its code path: two goroutines of one node asking the same at the same
+	// moment (a catch-up and the applier's probe) are told apart by where they ask from,
+	// not by which the Go scheduler ran first.
+	key += " @" + caller()
 	p.n.s.submit(p.n.name, key, func() { p.n.s.send(c) })
 	return c
 }
 
-// wait waits for c's answer until ctx ends, or timeout passes when ctx has no deadline.
-func (c *pcall) wait(ctx context.Context, timeout time.Duration) (any, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
+// wait waits for c's answer, or until ctx ends.
+func (c *pcall) wait(ctx context.Context) (any, error) {
 	select {
 	case r := <-c.reply:
 		return r.v, r.err
@@ -80,9 +107,9 @@ func (c *pcall) wait(ctx context.Context, timeout time.Duration) (any, error) {
 	}
 }
 
-// call makes a call and waits for its answer.
+// call makes a call and waits for its answer, at most defaultTimeout.
 func (p nodePorts) call(ctx context.Context, label string, data []byte, op func(answer func(any, error))) (any, error) {
-	return p.start(label, data, op).wait(ctx, defaultTimeout)
+	return p.start(label, data, defaultTimeout, op).wait(ctx)
 }
 
 // do is call for a handling that answers at once.
@@ -93,12 +120,23 @@ func (p nodePorts) do(ctx context.Context, label string, data []byte, op func() 
 // send puts c on the wire (the loop).
 func (s *Sim) send(c *pcall) {
 	n := c.n
-	if c.inc != n.inc || !n.alive {
-		return // a dead incarnation: nothing it sends arrives; it waits out its timeouts
-	}
-	if n.paused {
-		n.heldOut = append(n.heldOut, c)
+	if s.closing {
+		s.deliverNow(c, result{err: fmt.Errorf("%s: %w", c.label, errDead)})
 		return
+	}
+	s.calls++
+	c.id = s.calls
+	s.open[c] = struct{}{}
+	dead := c.inc != n.inc || !n.alive
+	if n.paused && !dead {
+		n.heldOut = append(n.heldOut, c) // sent at the resume: its timeout runs from then
+		return
+	}
+	if c.timeout > 0 {
+		s.after(c.timeout, func() { s.timeOut(c) })
+	}
+	if dead {
+		return // nothing a dead incarnation sends arrives: it only waits out its timeouts
 	}
 	if !s.link(n) {
 		return // lost on the way: the caller times out
@@ -133,7 +171,23 @@ func (s *Sim) deliver(c *pcall, r result) {
 	s.deliverNow(c, r)
 }
 
+// timeOut answers c with errTimeout if nothing else did: also a dead incarnation's, whose
+// goroutines wind down on their timeouts.
+func (s *Sim) timeOut(c *pcall) {
+	r := result{err: fmt.Errorf("%s: %w", c.label, errTimeout)}
+	if c.inc != c.n.inc {
+		s.deliverNow(c, r)
+		return
+	}
+	s.deliver(c, r)
+}
+
 func (s *Sim) deliverNow(c *pcall, r result) {
+	if c.done {
+		return
+	}
+	c.done = true
+	delete(s.open, c)
 	select {
 	case c.reply <- r:
 	default:
@@ -279,10 +333,10 @@ func (k kvPort) Watch(ctx context.Context, key string) (port.Watcher, error) {
 		}
 		from := first.last
 		for wctx.Err() == nil {
-			c := k.p.start("kv.watchpoll "+k.b.name+" "+key+" "+strconv.FormatUint(from, 10), nil, func(answer func(any, error)) {
+			c := k.p.start("kv.watchpoll "+k.b.name+" "+key+" "+strconv.FormatUint(from, 10), nil, watchWait+2*time.Second, func(answer func(any, error)) {
 				k.b.watch(key, from, watchWait, func(es []port.Entry, last uint64) { answer(init{es, last}, nil) })
 			})
-			v, err := c.wait(wctx, watchWait+2*time.Second)
+			v, err := c.wait(wctx)
 			if err != nil {
 				if errors.Is(err, errDead) {
 					return
@@ -354,8 +408,10 @@ func (l logPort) Purge(ctx context.Context, keep uint64) error {
 	return err
 }
 
-// Consume reads the log by long polls of up to 64 messages, as the ordered consumer's
-// pulls do; Next waits for a message as long as its context lets it.
+// Consume reads the log by long polls, as the ordered consumer's pulls do, one message a
+// pull: a node's applier then applies one message per delivery, so that what it woke
+// (its Changed waiters) never runs beside its next apply; Next waits for a message as
+// long as its context lets it.
 func (l logPort) Consume(ctx context.Context, from uint64) (port.Messages, error) {
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	return &messages{p: l.p, next: max(from, 1), ctx: mctx, cancel: cancel}, nil
@@ -388,12 +444,12 @@ func (m *messages) Next(ctx context.Context) (port.Message, error) {
 		}
 		srv := m.p.n.s.srv
 		from := m.next
-		c := m.p.start("log.pull "+strconv.FormatUint(from, 10), nil, func(answer func(any, error)) {
-			srv.fetchLog(from, 64, pullWait, func(msgs []port.Message) { answer(msgs, nil) })
+		c := m.p.start("log.pull "+strconv.FormatUint(from, 10), nil, pullWait+2*time.Second, func(answer func(any, error)) {
+			srv.fetchLog(from, 1, pullWait, func(msgs []port.Message) { answer(msgs, nil) })
 		})
 		wctx, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(m.ctx, cancel)
-		v, err := c.wait(wctx, pullWait+2*time.Second)
+		v, err := c.wait(wctx)
 		stop()
 		cancel()
 		switch {
@@ -426,7 +482,7 @@ func (q queuePort) Publish(ctx context.Context, msgID string, data []byte) error
 }
 
 func (q queuePort) PublishAsync(msgID string, data []byte) (port.Ack, error) {
-	c := q.p.start("tasks.publish "+msgID, data, func(answer func(any, error)) {
+	c := q.p.start("tasks.publish "+msgID, data, defaultTimeout, func(answer func(any, error)) {
 		q.p.n.s.srv.tasks.publish(msgID, data)
 		answer(nil, nil)
 	})
@@ -436,7 +492,7 @@ func (q queuePort) PublishAsync(msgID string, data []byte) (port.Ack, error) {
 type ack struct{ c *pcall }
 
 func (a ack) Wait(ctx context.Context) error {
-	_, err := a.c.wait(ctx, defaultTimeout)
+	_, err := a.c.wait(ctx)
 	return err
 }
 
@@ -454,12 +510,10 @@ type consumer struct{ p nodePorts }
 // down) is an error, silence.
 func (c consumer) Fetch(ctx context.Context, n int, wait time.Duration) ([]port.Delivery, error) {
 	q := c.p.n.s.srv.tasks
-	call := c.p.start("tasks.fetch", nil, func(answer func(any, error)) {
+	call := c.p.start("tasks.fetch", nil, wait, func(answer func(any, error)) {
 		q.fetch(wait*3/4, func(d *taskDelivery) { answer(d, nil) })
 	})
-	fctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	v, err := call.wait(fctx, wait)
+	v, err := call.wait(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -480,13 +534,13 @@ func (d delivery) Data() []byte { return d.d.data }
 // Ack, Nak and Term go out without waiting, as nats.go's do.
 func (d delivery) Ack() error {
 	q := d.p.n.s.srv.tasks
-	d.p.start("tasks.ack "+strconv.FormatUint(d.d.id, 10), nil, func(answer func(any, error)) { q.ack(d.d.id); answer(nil, nil) })
+	d.p.start("tasks.ack "+strconv.FormatUint(d.d.id, 10), nil, 0, func(answer func(any, error)) { q.ack(d.d.id); answer(nil, nil) })
 	return nil
 }
 
 func (d delivery) Nak(delay time.Duration) error {
 	q := d.p.n.s.srv.tasks
-	d.p.start("tasks.nak "+strconv.FormatUint(d.d.id, 10), nil, func(answer func(any, error)) { q.nak(d.d.id, delay); answer(nil, nil) })
+	d.p.start("tasks.nak "+strconv.FormatUint(d.d.id, 10), nil, 0, func(answer func(any, error)) { q.nak(d.d.id, delay); answer(nil, nil) })
 	return nil
 }
 
@@ -564,4 +618,23 @@ func (t termsPort) RaiseTerms(ctx context.Context, above int64) error {
 		return nil, nil
 	})
 	return err
+}
+
+// caller names the code path of the goroutine that makes a call: a hash of its stack
+// above this package.
+func caller() string {
+	var pcs [32]uintptr
+	n := runtime.Callers(3, pcs[:])
+	h := fnv.New64a()
+	frames := runtime.CallersFrames(pcs[:n])
+	for {
+		f, more := frames.Next()
+		if !strings.Contains(f.Function, "engine/internal/sim.") {
+			fmt.Fprintf(h, "%s:%d;", f.Function, f.Line)
+		}
+		if !more {
+			break
+		}
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
 }

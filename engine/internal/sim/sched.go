@@ -61,6 +61,9 @@ type submission struct {
 	node string    // whose ("" for the world's)
 	key  string    // what it is: the order within a quiet moment
 	fn   func()    // what the loop does with it
+	// alone: what fn wakes runs until it is quiet again before the next submission is
+	// handled (writers let into the log's writer one at a time).
+	alone bool
 }
 
 // inbox is where goroutines leave submissions; the loop takes them.
@@ -73,8 +76,19 @@ type inbox struct {
 // submit hands fn to the loop, keyed by what it is (node, key). Safe from any goroutine
 // of the bubble.
 func (s *Sim) submit(node, key string, fn func()) {
+	s.submitSub(submission{node: node, key: key, fn: fn})
+}
+
+// submitAlone is submit for a submission whose handling wakes a goroutine that must run
+// alone until it blocks again (submission.alone).
+func (s *Sim) submitAlone(node, key string, fn func()) {
+	s.submitSub(submission{node: node, key: key, fn: fn, alone: true})
+}
+
+func (s *Sim) submitSub(sub submission) {
+	sub.at = time.Now()
 	s.in.mu.Lock()
-	s.in.subs = append(s.in.subs, submission{at: time.Now(), node: node, key: key, fn: fn})
+	s.in.subs = append(s.in.subs, sub)
 	s.in.mu.Unlock()
 	select {
 	case s.in.kick <- struct{}{}:
@@ -124,6 +138,9 @@ func (s *Sim) collect() bool {
 			s.tracef("sub", "%s %s", sub.node, sub.key)
 		}
 		sub.fn()
+		if sub.alone {
+			synctest.Wait()
+		}
 	}
 	return true
 }

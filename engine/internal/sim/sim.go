@@ -125,6 +125,7 @@ type Sim struct {
 
 	srv   *server
 	nodes []*node
+	lives []*life // every incarnation's engine: the bubble ends when all have stopped
 	cl    *simClient
 
 	ref     *checkpoint.Store   // the whole log, applied as it is appended
@@ -138,6 +139,11 @@ type Sim struct {
 	stats      Stats // what the seed exercised
 	faultOn    bool  // faults may still happen
 	finished   bool  // every run ended and every node caught up
+	// closing: the seed has ended and shutdown stops the engines; every call still
+	// open, and every call made from now on, is answered errDead at once.
+	closing bool
+	open    map[*pcall]struct{} // calls sent and not answered yet
+	calls   int                 // calls sent so far
 }
 
 // Stats count what one seed exercised.
@@ -166,7 +172,8 @@ func (f *Failure) Error() string {
 // New builds the simulation of seed with the switches sw.
 func New(seed uint64, sw Switches) *Sim {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	s := &Sim{seed: seed, rng: rng, now: T0, check: invariants.New(), faultOn: true}
+	s := &Sim{seed: seed, rng: rng, now: T0, check: invariants.New(), faultOn: true,
+		open: map[*pcall]struct{}{}}
 	s.cfg = newConfig(rng, sw)
 	return s
 }

@@ -177,14 +177,22 @@ func (s *Sim) shutdown() {
 		}
 	}
 	s.faultOn = false
+	s.closing = true
+	for _, n := range s.nodes {
+		for _, c := range n.heldOut {
+			s.send(c)
+		}
+		n.heldOut = nil
+	}
+	for c := range s.open {
+		s.deliverNow(c, result{err: fmt.Errorf("%s: %w", c.label, errDead)})
+	}
 	stopped := func() bool {
-		for _, n := range s.nodes {
-			if l := n.life; l != nil {
-				select {
-				case <-l.stopped:
-				default:
-					return false
-				}
+		for _, l := range s.lives {
+			select {
+			case <-l.stopped:
+			default:
+				return false
 			}
 		}
 		return true

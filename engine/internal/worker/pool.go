@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -438,6 +440,8 @@ func (p *Pool) Drain() {
 		running = append(running, x)
 	}
 	p.mu.Unlock()
+	// In the runs' order, not the map's: the same hand-backs in the same order every time.
+	slices.SortFunc(running, func(a, b *runExec) int { return strings.Compare(a.run.ID, b.run.ID) })
 	for _, x := range running {
 		x.drain()
 	}
