@@ -26,19 +26,19 @@ func (c nodeClock) After(d time.Duration) <-chan time.Time {
 }
 
 func (c nodeClock) NewTimer(d time.Duration) clockwork.Timer {
-	t := &simTimer{n: c.n, ch: make(chan time.Time, 1)}
+	t := &simTimer{n: c.n, ch: make(chan time.Time, 1), who: caller()}
 	t.Reset(d)
 	return t
 }
 
 func (c nodeClock) AfterFunc(d time.Duration, f func()) clockwork.Timer {
-	t := &simTimer{n: c.n, fn: f}
+	t := &simTimer{n: c.n, fn: f, who: caller()}
 	t.Reset(d)
 	return t
 }
 
 func (c nodeClock) NewTicker(d time.Duration) clockwork.Ticker {
-	t := &simTicker{simTimer: simTimer{n: c.n, ch: make(chan time.Time, 1)}, period: d}
+	t := &simTicker{simTimer: simTimer{n: c.n, ch: make(chan time.Time, 1), who: caller()}, period: d}
 	t.simTimer.tick = func() {
 		t.mu.Lock()
 		p := t.period
@@ -56,6 +56,8 @@ type simTimer struct {
 	ch   chan time.Time // nil for an AfterFunc
 	fn   func()
 	tick func() // a ticker's re-arm, after each fire
+	who  string // where it was made (caller): its fires' key, so that two fires at one
+	// moment are handled in the same order in every replay
 
 	mu     sync.Mutex
 	gen    uint64 // a fire of an older generation (stopped or reset since) is dropped
@@ -79,7 +81,7 @@ func (t *simTimer) Reset(d time.Duration) bool {
 	t.inner = time.AfterFunc(max(d, 0), func() {
 		// Alone: two fires delivered in one breath could find one select with both ready,
 		// and Go picks one at random.
-		n.s.submitAlone(n.name, "clock", func() { n.s.fireTimer(n, t, gen) })
+		n.s.submitAlone(n.name, "clock @"+t.who, func() { n.s.fireTimer(n, t, gen) })
 	})
 	return was
 }
