@@ -12,6 +12,7 @@ import (
 	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
+	"github.com/robfig/cron/v3"
 )
 
 // Nightly operations (issue 27; checkpoint/nightly.go).
@@ -228,6 +229,11 @@ type BackfillOptions struct {
 	OnlyMissed bool
 	Newest     bool // newest first (default: oldest first)
 	DryRun     bool
+	// Ticks, if set, are the fire times to backfill, instead of those of [From, To]: a
+	// plan's ticks, one at a time (--max-parallel). A schedule's fire times are not
+	// always found again from a range around one of them: an @every schedule's are
+	// counted from the range's start.
+	Ticks []time.Time
 }
 
 // BackfillTick is one tick of a backfill's range and what became of it: backfilled (a
@@ -276,7 +282,21 @@ func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions
 		return nil, err
 	}
 	var ticks []time.Time
-	for t := sched.Next(opts.From.In(loc).Add(-time.Nanosecond)); !t.IsZero() && !t.After(opts.To); t = sched.Next(t) {
+	for _, t := range opts.Ticks {
+		if t.After(opts.To) {
+			return nil, fmt.Errorf("%w: the fire time %s is in the future", ErrBadInput, t.Format(time.RFC3339))
+		}
+		ticks = append(ticks, t.In(loc))
+	}
+	first := sched.Next(opts.From.In(loc).Add(-time.Nanosecond))
+	if every, ok := sched.(cron.ConstantDelaySchedule); ok && opts.Ticks == nil {
+		anchor, err := e.scheduleBegan(name, sched)
+		if err != nil {
+			return nil, err
+		}
+		first = onGrid(anchor, every.Delay, opts.From).In(loc)
+	}
+	for t := first; opts.Ticks == nil && !t.IsZero() && !t.After(opts.To); t = sched.Next(t) {
 		if len(ticks) == MaxBackfillTicks {
 			return nil, fmt.Errorf("%w: the range holds more than %d fire times: backfill it in parts", ErrBadInput, MaxBackfillTicks)
 		}
@@ -329,6 +349,37 @@ func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions
 		out = append(out, bt)
 	}
 	return out, nil
+}
+
+// scheduleBegan is the first fire time of the workflow's schedule as the leader's cron
+// counts them: the first after its latest version was applied.
+func (e *Engine) scheduleBegan(name string, sched cron.Schedule) (time.Time, error) {
+	vs, err := e.store.Workflows()
+	if err != nil {
+		return time.Time{}, err
+	}
+	var at time.Time
+	for _, v := range vs {
+		if v.Name == name && v.At.After(at) {
+			at = v.At
+		}
+	}
+	return sched.Next(at), nil
+}
+
+// onGrid is the first of anchor + k·every (k of any sign) at or after from: an @every
+// schedule's fire times are counted from when it began, not from a backfill's --from,
+// so that a backfill's ticks are those the schedule fired or would have fired (and
+// share their run IDs), not a grid of their own a second off theirs.
+func onGrid(anchor time.Time, every time.Duration, from time.Time) time.Time {
+	if every <= 0 {
+		return from
+	}
+	t := anchor.Add(from.Sub(anchor) / every * every)
+	if t.Before(from) {
+		t = t.Add(every)
+	}
+	return t
 }
 
 // leaderTimerPass is the leader's timer and deadline pass (for tests).

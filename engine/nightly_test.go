@@ -437,3 +437,17 @@ func TestPausedScheduleFiresNothing(t *testing.T) {
 		})
 	}
 }
+
+// An @every schedule's backfill ticks are on the schedule's own grid, counted from its
+// first fire time, whichever --from is given (before the anchor or after it).
+func TestOnGridCountsFromTheSchedulesStart(t *testing.T) {
+	anchor := time.Date(2026, 11, 29, 2, 0, 4, 0, time.UTC)
+	for _, c := range []struct{ from, want time.Duration }{
+		{0, 0}, {time.Second, 4 * time.Second}, {4 * time.Second, 4 * time.Second}, {5 * time.Second, 8 * time.Second},
+		{-time.Second, 0}, {-4 * time.Second, -4 * time.Second}, {-5 * time.Second, -4 * time.Second}, {-9 * time.Second, -8 * time.Second},
+	} {
+		if got := onGrid(anchor, 4*time.Second, anchor.Add(c.from)); !got.Equal(anchor.Add(c.want)) {
+			t.Errorf("from anchor%+v: %s; want anchor%+v", c.from, got.Sub(anchor), c.want)
+		}
+	}
+}

@@ -388,7 +388,7 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 			out = append(out, t)
 			continue
 		}
-		one, err := a.e.Backfill(ctx, workflow, BackfillOptions{From: t.At, To: t.At, OnlyMissed: opts.OnlyMissed})
+		one, err := a.e.Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed})
 		out = append(out, one...)
 		if err != nil {
 			return wireBackfill(out, loc), wireError(err)

@@ -24,6 +24,11 @@
 //     consumed by one accepted commit, once, and that commit's step holds it at the
 //     epoch that consumed it; a signal id is in a run's inbox once; a waiting run has no
 //     owner;
+//   - the third round's rules: a signal accepted for a run is kept in its inbox (or was
+//     there: an id applied once); an approval accepted while the run waits on its step
+//     counts (not an excluded person's, not a repeat: distinct people); a cancelled
+//     run's children have ended with the cancel; a missed deadline is never recorded on
+//     a run that had succeeded;
 //   - nothing the state calls running lacks an owner; no step is running in a run that
 //     is not; a foreach step's item checkpoints and its count agree.
 //
@@ -34,6 +39,7 @@ package invariants
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,6 +87,7 @@ type runModel struct {
 	ownedAt   map[int64]uint64  // the sequence at which each epoch got its owner
 	consumed  map[uint64]string // inbox signal (its sequence) -> the step/item whose commit took it
 	children  map[string]string // parent step/item -> the child run started for it
+	signals   map[string]bool   // the ids of the signals accepted for it
 }
 
 // New returns a checker of a log from its first message.
@@ -144,6 +151,7 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 	touched := []string{}
 	deadLettered := map[string]bool{} // runs an assign of this message dead-lettered
 	retried := map[string]bool{}      // runs an accepted retry of this message revived
+	cancelled := map[string]bool{}    // runs an accepted cancel of this message ended
 	for i, e := range entries {
 		err := verdicts[i]
 		first := e.Run != "" && !firstOf[e.Run]
@@ -260,10 +268,77 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if err == nil {
 				delete(c.runs, e.Run)
 			}
+		case checkpoint.KindSignal:
+			if err == nil && e.Signal != nil && e.Signal.ID != "" {
+				m := c.model(e.Run)
+				if m.signals == nil {
+					m.signals = map[string]bool{}
+				}
+				m.signals[e.Signal.ID] = true
+			}
+		case checkpoint.KindDecide:
+			if err == nil && first {
+				if v := approvalCounts(seq, before[e.Run], e); v != nil {
+					return v
+				}
+			}
+		case checkpoint.KindCancel:
+			if err == nil {
+				cancelled[e.Run] = true
+			}
+		case checkpoint.KindDeadlineMissed:
+			if b := before[e.Run]; err == nil && e.Run != "" && first && b != nil && b.Status == checkpoint.StatusSucceeded {
+				return violation("deadline", seq, "deadline: a missed deadline recorded on %s, which had succeeded (seq %d)", e.Run, seq)
+			}
 		}
 	}
 	for _, id := range touched {
 		if err := c.checkRun(s, seq, id, deadLettered[id] && !retried[id]); err != nil {
+			return err
+		}
+		if cancelled[id] {
+			if err := cascaded(s, seq, id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// approvalCounts checks an accepted decision on run (as it was before the message): an
+// approval given while the run waits on its step must count, that is come from a person
+// the step's rule does not exclude and who has not approved it before.
+func approvalCounts(seq uint64, run *checkpoint.Run, e checkpoint.Entry) error {
+	if run == nil || e.Decision == nil || !e.Decision.Approve || run.Status != checkpoint.StatusWaiting ||
+		run.Waiting == nil || run.Waiting.Kind != checkpoint.WaitApproval || run.Waiting.Step != e.Step {
+		return nil
+	}
+	rule := run.Waiting.Rule()
+	if why := run.Excludes(rule, e.Actor); why != "" {
+		return violation("approval", seq, "approval: %s's approval of %s/%s accepted though it cannot count: %s (seq %d)", e.Actor, e.Run, e.Step, why, seq)
+	}
+	if approvers, _, _ := run.Approvals(e.Step, rule); slices.Contains(approvers, e.Actor) {
+		return violation("approval", seq, "approval: %s approved %s/%s again and it was accepted: approvers are distinct people (seq %d)", e.Actor, e.Run, e.Step, seq)
+	}
+	return nil
+}
+
+// cascaded checks that a run cancelled by message seq has no child that has not ended,
+// nor has any of its children.
+func cascaded(s State, seq uint64, id string) error {
+	r, err := s.Run(id)
+	if err != nil {
+		return nil
+	}
+	for _, child := range r.Children {
+		cr, err := s.Run(child)
+		if err != nil {
+			continue // retired
+		}
+		if !cr.Status.Terminal() {
+			return violation("cascade", seq, "cascade: %s was cancelled but its child %s is %s (seq %d)", id, child, cr.Status, seq)
+		}
+		if err := cascaded(s, seq, child); err != nil {
 			return err
 		}
 	}
@@ -300,6 +375,17 @@ func (c *Checker) checkRun(s State, seq uint64, id string, deadLettered bool) er
 			return violation("11", seq, "invariant 11: signal id %q applied twice to %s (seq %d)", sg.ID, id, seq)
 		}
 		ids[sg.ID] = true
+	}
+	if m != nil {
+		for sid := range m.signals {
+			kept := false
+			for _, sg := range r.Inbox {
+				kept = kept || sg.ID == sid
+			}
+			if !kept {
+				return violation("11", seq, "invariant 11: the signal %q was accepted for %s but its inbox does not hold it (seq %d)", sid, id, seq)
+			}
+		}
 	}
 	// Nothing claims to be running without an owner.
 	if r.Status == checkpoint.StatusRunning && r.Owner == "" {

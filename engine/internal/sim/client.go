@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/flowrun/flow/client"
@@ -121,9 +120,9 @@ func (c *simClient) later(d time.Duration, fn func()) {
 // start applies the workflows, then starts the runs and what else the workload does.
 func (c *simClient) start() {
 	s := c.s
-	srcs := append([]string(nil), workflows...)
+	srcs := append(append([]string(nil), workflows...), moreWorkflows...)
 	if s.cfg.Cron {
-		srcs = append(srcs, cronWorkflow)
+		srcs = append(srcs, cronWorkflow(s.cfg.Catchup))
 	}
 	applied := 0
 	for i, src := range srcs {
@@ -139,10 +138,54 @@ func (c *simClient) start() {
 			if applied++; applied == len(srcs) {
 				c.submitAll()
 				if s.cfg.Cron {
-					c.unscheduleAt(s.cfg.CronUntil)
+					c.cronOps(func() { c.unscheduleAt(s.cfg.CronUntil) })
 				}
 			}
 		})
+	}
+}
+
+// cronOps pauses and resumes the schedule, and backfills the ticks so far (invariant 4:
+// one run per tick, however many ways it is started).
+func (c *simClient) cronOps(then func()) {
+	s := c.s
+	until := max(0, T0.Add(s.cfg.CronUntil).Sub(s.now))
+	pause, backfill := s.rng.IntN(2) == 0, s.rng.IntN(2) == 0
+	fill := func() {
+		from, to := T0.Format(time.RFC3339), s.now.Format(time.RFC3339)
+		c.call("backfill tick", "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.Backfill(ctx, "tick", client.BackfillOptions{From: from, To: to, MaxParallel: 2})
+			return err
+		}, func(error) { then() })
+	}
+	switch {
+	case pause:
+		// Paused for a while (the leader fires nothing meanwhile), then resumed, and
+		// then perhaps backfilled.
+		at := time.Duration(s.rng.Int64N(int64(until) + 1))
+		back := time.Second + time.Duration(s.rng.Int64N(int64(6*time.Second)))
+		c.later(at, func() {
+			c.call("pause tick", "ops", func(ctx context.Context, api *engine.API) error {
+				return api.PauseSchedule(ctx, "tick", "sim")
+			}, func(error) {
+				c.later(back, func() {
+					c.call("resume tick", "ops", func(ctx context.Context, api *engine.API) error {
+						return api.ResumeSchedule(ctx, "tick")
+					}, func(error) {
+						if backfill {
+							c.later(time.Duration(s.rng.Int64N(int64(3*time.Second))), fill)
+						} else {
+							then()
+						}
+					})
+				})
+			})
+		})
+	case backfill:
+		// Racing the cron's own fires: a tick's run has the tick's ID either way.
+		c.later(until/2+time.Duration(s.rng.Int64N(int64(until/2)+1)), fill)
+	default:
+		then()
 	}
 }
 
@@ -153,7 +196,7 @@ func (c *simClient) unscheduleAt(at time.Duration) {
 	s := c.s
 	c.later(max(0, T0.Add(at).Sub(s.now)), func() {
 		// The schedule ends: a version without it (the ticks recorded stay).
-		src := strings.Replace(cronWorkflow, "schedule: {cron: \"@every 4s\", overlap: allow, catchup: all}\n", "", 1)
+		src := cronWorkflow("")
 		c.call("unschedule tick", "ops", func(ctx context.Context, api *engine.API) error {
 			_, err := api.ApplyWorkflow(ctx, "sim.yaml", []byte(src))
 			return err
@@ -164,18 +207,30 @@ func (c *simClient) unscheduleAt(at time.Duration) {
 // submitAll starts the runs at random times, each of a random workflow.
 func (c *simClient) submitAll() {
 	s := c.s
-	names := []string{"chain", "fan", "wait"}
+	names := []string{"approve", "chain", "fan", "nap", "pair", "parent", "wait"}
 	sort.Strings(names)
 	for i := 1; i <= s.cfg.Runs; i++ {
 		at := time.Duration(s.rng.Int64N(int64(s.cfg.SubmitIn)))
 		wf := names[s.rng.IntN(len(names))]
 		id := fmt.Sprintf("r%d", i)
-		if wf == "wait" {
-			c.signalLater(id, at)
+		var inputs map[string]string
+		switch wf {
+		case "wait", "pair":
+			c.signalLater(id, at, wf == "pair")
+		case "approve":
+			c.decideLater(id, at)
+		case "nap":
+			inputs = map[string]string{"nap": []string{"1s", "4s", "9s"}[s.rng.IntN(3)]}
+		}
+		if s.rng.IntN(5) == 0 {
+			c.cancelLater(id, at+time.Duration(s.rng.Int64N(int64(6*time.Second))))
+		}
+		if s.rng.IntN(5) == 0 {
+			c.retryLater(id, wf, at+10*time.Second+time.Duration(s.rng.Int64N(int64(15*time.Second))))
 		}
 		c.later(at, func() {
 			c.call("start "+id+" "+wf, "ops", func(ctx context.Context, api *engine.API) error {
-				_, err := api.StartRun(ctx, wf, client.StartOptions{ID: id})
+				_, err := api.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: inputs})
 				if isCode(err, client.CodeConflict) {
 					return nil // an earlier try got through: the run exists
 				}
@@ -190,17 +245,72 @@ func (c *simClient) submitAll() {
 }
 
 // signalLater sends run id its signal at random times after at: none at all (its wait
-// times out), once, or twice with the same signal ID (a client retrying: applied once).
-func (c *simClient) signalLater(id string, at time.Duration) {
+// times out), once, or twice with the same signal ID (a client retrying: applied once);
+// with distinct, the two may be two signals (two waits on one name: each consumes one).
+func (c *simClient) signalLater(id string, at time.Duration, distinct bool) {
 	s := c.s
-	for range s.rng.IntN(3) {
+	for k := range s.rng.IntN(3) {
 		when := at + time.Duration(s.rng.Int64N(int64(4*time.Second)))
+		sid := "sig-" + id
+		if distinct && s.rng.IntN(2) == 0 {
+			sid += fmt.Sprint("-", k)
+		}
 		c.later(when, func() {
-			c.call("signal "+id, "ops", func(ctx context.Context, api *engine.API) error {
-				return api.Signal(ctx, id, "go", client.SignalOptions{ID: "sig-" + id})
+			c.call("signal "+id+" "+sid, "ops", func(ctx context.Context, api *engine.API) error {
+				return api.Signal(ctx, id, "go", client.SignalOptions{ID: sid})
 			}, func(error) {}) // a run that ended or is not there yet refuses it: fine
 		})
 	}
+}
+
+// decideLater has people decide run id's approval at random times after at: the
+// starter (ops, who does not count), the same person twice, a rejection now and then.
+func (c *simClient) decideLater(id string, at time.Duration) {
+	s := c.s
+	for range s.rng.IntN(5) {
+		when := at + time.Duration(s.rng.Int64N(int64(8*time.Second)))
+		who := people[s.rng.IntN(len(people))].Name
+		approve := s.rng.IntN(8) != 0
+		c.later(when, func() {
+			c.call(fmt.Sprintf("decide %s %s %t", id, who, approve), who, func(ctx context.Context, api *engine.API) error {
+				_, err := api.Decide(ctx, id, "ok", approve, "")
+				return err
+			}, func(error) {}) // one that cannot count, or comes too soon or too late, is refused: fine
+		})
+	}
+}
+
+// cancelLater cancels run id at (if it has not ended: a cancel of an ended run is
+// refused), its children with it.
+func (c *simClient) cancelLater(id string, at time.Duration) {
+	c.later(at, func() {
+		c.call("cancel "+id, "ops", func(ctx context.Context, api *engine.API) error {
+			return api.Cancel(ctx, id)
+		}, func(error) {})
+	})
+}
+
+// retryLater retries run id at, if it has ended other than well: whole, or from a step
+// (approve's from its approval, with an input changed by fin1, who then does not count).
+func (c *simClient) retryLater(id, wf string, at time.Duration) {
+	s := c.s
+	opts := client.RetryOptions{}
+	actor := "ops"
+	switch {
+	case wf == "approve" && s.rng.IntN(2) == 0:
+		opts, actor = client.RetryOptions{From: "ok", Inputs: map[string]string{"note": "again"}}, "fin1"
+		c.decideLater(id, at)
+	case wf == "chain" && s.rng.IntN(2) == 0:
+		opts.From = "b"
+	}
+	c.later(at, func() {
+		c.call(fmt.Sprintf("retry %s from %q", id, opts.From), actor, func(ctx context.Context, api *engine.API) error {
+			if opts.From == "" && opts.Inputs == nil {
+				return api.Retry(ctx, id)
+			}
+			return api.RetryFrom(ctx, id, opts)
+		}, func(error) {}) // a run that has not ended, or succeeded, is refused: fine
+	})
 }
 
 // The workflows the client applies. Their steps are simulated processes (process.go).
@@ -233,10 +343,58 @@ steps:
 `,
 }
 
-const cronWorkflow = `name: tick
+// The third round's features: two waits on one signal name, an approval by two people
+// other than the starter, a child run, a timer (short: inline; long: parked) with a
+// deadline and handlers.
+var moreWorkflows = []string{
+	`name: pair
 max_epochs: 3
-schedule: {cron: "@every 4s", overlap: allow, catchup: all}
 steps:
+  - {name: a, uses: sim}
+  - {name: w1, uses: wait, needs: [a], with: {signal: go, timeout: 3s, on_timeout: continue}}
+  - {name: w2, uses: wait, needs: [a], with: {signal: go, timeout: 3s, on_timeout: continue}}
+  - {name: b, uses: sim, needs: [w1, w2]}
+`,
+	`name: approve
+max_epochs: 3
+inputs:
+  note: {type: string, default: first}
+steps:
+  - {name: a, uses: sim}
+  - {name: ok, uses: approval, needs: [a], with: {approvers: {role: operator, count: 2, not_the_starter: true}, timeout: 6s}}
+  - {name: b, uses: sim, needs: [ok]}
+`,
+	`name: parent
+max_epochs: 3
+steps:
+  - {name: a, uses: sim}
+  - {name: kid, uses: workflow, needs: [a], with: {workflow: chain}}
+  - {name: b, uses: sim, needs: [kid]}
+`,
+	`name: nap
+max_epochs: 3
+deadline: 6s
+inputs:
+  nap: {type: string, default: 1s}
+on_failure: [{name: tell, uses: sim}]
+on_deadline: [{name: tell, uses: sim}]
+steps:
+  - {name: a, uses: sim}
+  - {name: z, uses: sleep, needs: [a], with: {duration: "{{ inputs.nap }}"}}
+  - {name: b, uses: sim, needs: [z]}
+`,
+}
+
+// cronWorkflow is the scheduled workflow, with its schedule's catch-up policy (all,
+// latest, none: what a leader fires of the times it missed, which a backfill may fill
+// in), or without a schedule (catchup "").
+func cronWorkflow(catchup string) string {
+	schedule := ""
+	if catchup != "" {
+		schedule = "schedule: {cron: \"@every 4s\", overlap: allow, catchup: " + catchup + "}\n"
+	}
+	return "name: tick\nmax_epochs: 3\n" + schedule + `steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a]}
 `
+}

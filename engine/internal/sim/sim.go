@@ -48,6 +48,7 @@ type Config struct {
 	SubmitIn  time.Duration // over this long
 	Cron      bool          // a scheduled workflow fires until CronUntil
 	CronUntil time.Duration // the client applies it without its schedule then
+	Catchup   string        // its schedule's catch-up policy
 	FaultsFor time.Duration // faults happen until then, none after
 	Settle    time.Duration // liveness: every run ends within this after the faults stop
 	StepMax   time.Duration // a step attempt takes up to this long
@@ -79,6 +80,7 @@ func newConfig(rng *rand.Rand, sw Switches) Config {
 		SubmitIn:          time.Duration(5+rng.IntN(15)) * time.Second,
 		Cron:              rng.IntN(3) == 0,
 		CronUntil:         time.Duration(10+rng.IntN(15)) * time.Second,
+		Catchup:           []string{"all", "latest", "none"}[rng.IntN(3)],
 		FaultsFor:         time.Duration(20+rng.IntN(20)) * time.Second,
 		Settle:            120 * time.Second,
 		StepMax:           time.Duration(200+rng.IntN(2000)) * time.Millisecond,
@@ -141,19 +143,25 @@ type Sim struct {
 	finished   bool  // every run ended and every node caught up
 	// closing: the seed has ended and shutdown stops the engines; every call still
 	// open, and every call made from now on, is answered errDead at once.
-	closing bool
-	open    map[*pcall]struct{} // calls sent and not answered yet
-	calls   int                 // calls sent so far
+	closing  bool
+	open     map[*pcall]struct{} // calls sent and not answered yet
+	terms    map[int64]bool      // the terms of accepted entries (Stats.Terms)
+	handlers map[string]bool     // the handler runs seen (Stats.Handlers)
+	calls    int                 // calls sent so far
 }
 
 // Stats count what one seed exercised.
 type Stats struct {
-	Events, Messages                           int
-	Partitions, Pauses, Kills, Drains, Lost    int
-	Slows, Dups                                int
-	Terms, Assigns, Reclaims, Fenced, Stale    int
-	SideEffects, Commits, DeadLettered, Ticks  int
-	Succeeded, Failed, Cancelled, KillSwitches int
+	Events, Messages                          int
+	Partitions, Pauses, Kills, Drains, Lost   int
+	Slows, Dups                               int
+	Terms, Assigns, Reclaims, Fenced, Stale   int
+	SideEffects, Commits, DeadLettered, Ticks int
+	Succeeded, Failed, Cancelled              int
+	// The third round's features, as the log's accepted entries show them.
+	Parks, Wakes, Signals, Decisions, Children int
+	Handlers, Cancels, Retries, RetriesFrom    int
+	DeadlinesMissed, Backfilled, CronPauses    int
 	Watchdogs                                  int
 }
 
@@ -173,7 +181,7 @@ func (f *Failure) Error() string {
 func New(seed uint64, sw Switches) *Sim {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s := &Sim{seed: seed, rng: rng, now: T0, check: invariants.New(), faultOn: true,
-		open: map[*pcall]struct{}{}}
+		open: map[*pcall]struct{}{}, terms: map[int64]bool{}, handlers: map[string]bool{}}
 	s.cfg = newConfig(rng, sw)
 	return s
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"flag"
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -69,6 +70,25 @@ func TestSimulation(t *testing.T) {
 		t.Fatalf("seed %d: %v\n%s\nreplay: go test ./engine/internal/sim -run 'TestSimulation$' -sim.seed=%d -v", seed, err, reproduce(t, seed, err), seed)
 	}
 	t.Logf("%d seeds in %s (%.0f seeds/s): %+v", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), total)
+	if n >= 300 {
+		if idle := unexercised(total); len(idle) > 0 {
+			t.Fatalf("%d seeds never exercised %v: the workload or the faults lost a feature", n, idle)
+		}
+	}
+}
+
+// unexercised names the Stats counters that are zero: each counts a feature, a fault or
+// an outcome the default seeds must exercise (parks, signals, wakes, decisions,
+// children, handlers, cancels, retries, backfills, missed deadlines, fencing, kills...).
+func unexercised(st Stats) []string {
+	var idle []string
+	v := reflect.ValueOf(st)
+	for i := range v.NumField() {
+		if v.Field(i).Int() == 0 {
+			idle = append(idle, v.Type().Field(i).Name)
+		}
+	}
+	return idle
 }
 
 // reproduce runs a failed seed again, up to 5 times, and says how often it failed the
@@ -149,7 +169,18 @@ func add(t *Stats, s Stats) {
 	t.Succeeded += s.Succeeded
 	t.Failed += s.Failed
 	t.Cancelled += s.Cancelled
-	t.KillSwitches += s.KillSwitches
+	t.Parks += s.Parks
+	t.Wakes += s.Wakes
+	t.Signals += s.Signals
+	t.Decisions += s.Decisions
+	t.Children += s.Children
+	t.Handlers += s.Handlers
+	t.Cancels += s.Cancels
+	t.Retries += s.Retries
+	t.RetriesFrom += s.RetriesFrom
+	t.DeadlinesMissed += s.DeadlinesMissed
+	t.Backfilled += s.Backfilled
+	t.CronPauses += s.CronPauses
 }
 
 // TestSimulationIsDeterministic: a seed is (almost always) a replay. The simulation runs

@@ -283,6 +283,48 @@ func (s *Sim) observe(entries []checkpoint.Entry, verdicts []error) {
 		case errors.Is(v, checkpoint.ErrDeadLettered):
 			s.stats.DeadLettered++
 		case v != nil:
+			continue
+		}
+		if e.Term > 0 && !s.terms[e.Term] {
+			s.terms[e.Term] = true
+			s.stats.Terms++
+		}
+		switch e.Kind {
+		case checkpoint.KindPark:
+			s.stats.Parks++
+		case checkpoint.KindWake:
+			s.stats.Wakes++
+		case checkpoint.KindSignal:
+			s.stats.Signals++
+		case checkpoint.KindDecide:
+			s.stats.Decisions++
+		case checkpoint.KindCancel:
+			s.stats.Cancels++
+		case checkpoint.KindDeadlineMissed:
+			s.stats.DeadlinesMissed++
+		case checkpoint.KindCronPause:
+			s.stats.CronPauses++
+		case checkpoint.KindRetry:
+			s.stats.Retries++
+			if len(e.Steps) > 0 {
+				s.stats.RetriesFrom++
+			}
+		case checkpoint.KindSubmit, checkpoint.KindCronTick:
+			switch {
+			case e.Submit == nil:
+			case e.Submit.Parent != nil:
+				s.stats.Children++
+			case e.Submit.Trigger == checkpoint.TriggerBackfill:
+				s.stats.Backfilled++
+			}
+		}
+		// A handler run is made by the store with the event that calls for it; its
+		// first accepted entry counts it.
+		if strings.Contains(e.Run, ".on-") && !s.handlers[e.Run] {
+			s.handlers[e.Run] = true
+			s.stats.Handlers++
+		}
+		switch {
 		case e.Kind == checkpoint.KindCommit:
 			s.stats.Commits++
 		case e.Kind == checkpoint.KindAssign:

@@ -142,3 +142,38 @@ func TestBackfillThroughTheAPI(t *testing.T) {
 		}
 	}
 }
+
+// A backfill with max_parallel of an @every schedule starts the ticks its plan lists.
+// Each tick used to be backfilled alone by a range from it to itself, and an @every
+// schedule's fire times count from the range's start: none was found, and such a
+// backfill started nothing and answered an empty list (found by the simulation, issue 37).
+func TestBackfillOfAnEveryScheduleWithMaxParallel(t *testing.T) {
+	e := startAuthEngine(t)
+	serve(t, e)
+	olga := dialAs(t, e, "olga", "o-secret")
+	ctx := ctxT(t, 60*time.Second)
+	src := "name: hourly\nschedule: {cron: \"@every 1h\"}\nsteps:\n  - {name: a, uses: noop}\n"
+	if _, err := olga.ApplyWorkflow(ctx, "hourly.yaml", []byte(src)); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().Add(-5 * time.Hour).UTC().Truncate(time.Second)
+	to := from.Add(3*time.Hour - time.Second) // three fire times of the schedule's grid, whole seconds
+	opts := client.BackfillOptions{From: from.Format(time.RFC3339), To: to.Format(time.RFC3339), MaxParallel: 2}
+	dry, err := olga.Backfill(ctx, "hourly", client.BackfillOptions{From: opts.From, To: opts.To, DryRun: true})
+	if err != nil || len(dry) != 3 {
+		t.Fatalf("dry run: %+v %v; want three ticks", dry, err)
+	}
+	got, err := olga.Backfill(ctx, "hourly", opts)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("backfill with max_parallel 2: %+v %v; want two ticks backfilled", got, err)
+	}
+	for i, b := range got {
+		if b.Outcome != client.BackfillBackfilled || b.At != dry[i].At || b.RunID != dry[i].RunID {
+			t.Fatalf("backfill with max_parallel 2: %+v; want the dry run's first two ticks %+v backfilled", got, dry[:2])
+		}
+	}
+	rest, err := olga.Backfill(ctx, "hourly", opts)
+	if err != nil || len(rest) != 3 || rest[2].Outcome != client.BackfillBackfilled {
+		t.Fatalf("the rest: %+v %v; want the third tick backfilled after two that ran", rest, err)
+	}
+}
