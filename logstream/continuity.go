@@ -105,8 +105,8 @@ func (a *Applier) skipDeleted(ctx context.Context, end uint64) (bool, error) {
 	if end <= applied {
 		return false, nil
 	}
-	has, err := a.src.Has(ctx, applied+1)
-	if err != nil || has {
+	next, has, err := a.src.NextSeq(ctx, applied+1)
+	if err != nil || has && next <= end {
 		return false, nil // a message is there (the consumer brings it), or we cannot tell
 	}
 	if err := a.store.Skip(end); err != nil {

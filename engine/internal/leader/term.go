@@ -246,6 +246,9 @@ func (t *termServices) announceDeadLetter(run string) {
 func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 	s := t.s
 	r, err := s.cfg.State.Run(rc.Run)
+	if s.hooks.LapseIgnoresOwner.Load() && err == nil {
+		rc.Owner = "" // the control: a lapse takes the epoch whoever owns it now
+	}
 	if err != nil || !Reclaimable(r, rc) {
 		return // finished, handed back, or already moved on
 	}
@@ -290,6 +293,9 @@ func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 func (t *termServices) reconcile(ctx context.Context) {
 	s := t.s
 	live := func(run string) (int64, bool) {
+		if s.hooks.NoLeaseRead.Load() { // the control: as if no run had a live lease
+			return 0, false
+		}
 		l, ok := t.watcher.Live(run)
 		return l.Epoch, ok
 	}

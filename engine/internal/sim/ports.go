@@ -392,12 +392,20 @@ func (l logPort) Info(ctx context.Context) (port.StreamInfo, error) {
 	return v.(port.StreamInfo), nil
 }
 
-func (l logPort) Has(ctx context.Context, seq uint64) (bool, error) {
-	v, err := l.p.do(ctx, "log.has "+strconv.FormatUint(seq, 10), nil, func() (any, error) { return l.p.n.s.srv.hasMsg(seq), nil })
-	if err != nil {
-		return false, err
+func (l logPort) NextSeq(ctx context.Context, seq uint64) (uint64, bool, error) {
+	type next struct {
+		seq uint64
+		ok  bool
 	}
-	return v.(bool), nil
+	v, err := l.p.do(ctx, "log.next "+strconv.FormatUint(seq, 10), nil, func() (any, error) {
+		s, ok := l.p.n.s.srv.nextMsg(seq)
+		return next{s, ok}, nil
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	n := v.(next)
+	return n.seq, n.ok, nil
 }
 
 func (l logPort) Purge(ctx context.Context, keep uint64) error {

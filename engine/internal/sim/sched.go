@@ -189,3 +189,33 @@ func (s *Sim) loop() {
 		next.fn()
 	}
 }
+
+// serve handles what one node's ports ask of the server until done is closed, with no
+// workload and no faults: the conformance suite's loop (TestServerConforms), in the
+// caller's bubble.
+func (s *Sim) serve(done <-chan struct{}) {
+	for {
+		synctest.Wait()
+		s.now = time.Now()
+		if s.collect() {
+			continue
+		}
+		if len(s.q) > 0 && !s.q[0].at.After(s.now) {
+			next := heap.Pop(&s.q).(*event)
+			next.fn()
+			continue
+		}
+		var due <-chan time.Time
+		if len(s.q) > 0 {
+			t := time.NewTimer(s.q[0].at.Sub(s.now))
+			defer t.Stop()
+			due = t.C
+		}
+		select {
+		case <-due:
+		case <-s.in.kick:
+		case <-done:
+			return
+		}
+	}
+}

@@ -242,10 +242,17 @@ var controls = []control{
 	{"no claim-once check", Switches{Hooks: &testhooks.Hooks{NoClaimOnceCheck: true}}, []string{"8"}, 420},
 	{"no kill switch", Switches{Hooks: &testhooks.Hooks{NoKillSwitch: true}}, []string{"8"}, 3},
 	{"no containment watchdog", Switches{NoWatchdog: true}, []string{"8"}, 270},
+	{"no consume-once", Switches{Hooks: &testhooks.Hooks{NoConsumeOnce: true}}, []string{"11"}, 0},
+	{"no early signals", Switches{Hooks: &testhooks.Hooks{NoEarlySignals: true}}, []string{"11"}, 0},
+	{"no signal dedup", Switches{Hooks: &testhooks.Hooks{NoSignalDedup: true}}, []string{"11"}, 0},
+	{"no cancel cascade", Switches{Hooks: &testhooks.Hooks{NoCancelCascade: true}}, []string{"cascade"}, 0},
+	{"no deadline check", Switches{Hooks: &testhooks.Hooks{NoDeadlineCheck: true}}, []string{"deadline"}, 0},
+	{"no decision check", Switches{Hooks: &testhooks.Hooks{NoDecisionCheck: true}}, []string{"approval"}, 0},
+	{"no inputs-by exclude", Switches{Hooks: &testhooks.Hooks{NoInputsByExclude: true}}, []string{"approval"}, 0},
 }
 
 // controlSeeds bounds the seeds a control may try before it must have failed.
-const controlSeeds = 3000
+const controlSeeds = 1000
 
 // TestSimulationControls: with each guard off, some seed breaks the invariant the guard
 // keeps. A control that finds nothing within controlSeeds seeds fails the test: the

@@ -65,20 +65,21 @@ func (s *Stream) Info(ctx context.Context) (port.StreamInfo, error) {
 	return port.StreamInfo{Created: info.Created, FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq}, nil
 }
 
-// Has implements port.Stream.
-func (s *Stream) Has(ctx context.Context, seq uint64) (bool, error) {
+// NextSeq implements port.Stream: a get by subject answers the first message of the
+// subject at or after seq.
+func (s *Stream) NextSeq(ctx context.Context, seq uint64) (uint64, bool, error) {
 	st, err := s.js.Stream(ctx, s.name)
 	if err != nil {
-		return false, mapErr(err)
+		return 0, false, mapErr(err)
 	}
-	_, err = st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(s.subject))
+	m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(s.subject))
 	if err != nil {
 		if err = mapErr(err); isNotFound(err) {
-			return false, nil
+			return 0, false, nil
 		}
-		return false, err
+		return 0, false, err
 	}
-	return true, nil
+	return m.Sequence, true, nil
 }
 
 // Purge implements port.Stream.

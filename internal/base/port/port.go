@@ -93,9 +93,10 @@ type Stream interface {
 	Publish(ctx context.Context, msgID string, data []byte) (uint64, error)
 	// Info is the stream's identity and extent. ErrNotFound: no such stream.
 	Info(ctx context.Context) (StreamInfo, error)
-	// Has says whether the message at seq exists (false if it was deleted or purged, or
-	// is past the end).
-	Has(ctx context.Context, seq uint64) (bool, error)
+	// NextSeq is the sequence of the first message at or after seq, and false when
+	// there is none (every one from seq on was deleted or purged, or seq is past the
+	// end). (JetStream's get by subject answers just that.)
+	NextSeq(ctx context.Context, seq uint64) (uint64, bool, error)
 	// Consume reads the stream in order from sequence from (1: the start; past the first
 	// sequence when the stream was purged below it).
 	Consume(ctx context.Context, from uint64) (Messages, error)
