@@ -292,6 +292,9 @@ func (t *termServices) reclaim(ctx context.Context, rc Reclaim) {
 // for lost tasks only: a worker that meets a held lease puts its task back itself.
 func (t *termServices) reconcile(ctx context.Context) {
 	s := t.s
+	if s.hooks.NoReconcile.Load() { // the control: lost tasks and dead owners are never found
+		return
+	}
 	live := func(run string) (int64, bool) {
 		if s.hooks.NoLeaseRead.Load() { // the control: as if no run had a live lease
 			return 0, false
@@ -303,7 +306,7 @@ func (t *termServices) reconcile(ctx context.Context) {
 	if err != nil {
 		s.log.Warn("reconcile", "err", err)
 	}
-	if len(p.Reclaim) > 0 && !t.watcher.Current() {
+	if len(p.Reclaim) > 0 && !t.watcher.Current() && !s.hooks.ReconcileOnStaleWatch.Load() {
 		// A watch that lags cannot tell a lapsed lease from one it has not heard of yet: a
 		// run claimed since it fell behind, whose run record has not changed for a TTL
 		// (step commits do not change it), would be taken from its live owner. The

@@ -36,6 +36,7 @@ type node struct {
 	up          bool // its engine started: the client may call it
 	paused      bool
 	partitioned bool
+	logCut      bool // only the log's stream is out of reach (its stream leader is elsewhere than the buckets')
 	slowUntil   time.Time
 	slowBy      time.Duration
 

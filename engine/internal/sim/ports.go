@@ -138,7 +138,7 @@ func (s *Sim) send(c *pcall) {
 	if dead {
 		return // nothing a dead incarnation sends arrives: it only waits out its timeouts
 	}
-	if !s.link(n) {
+	if !s.link(n) || n.logCut && strings.HasPrefix(c.label, "log.") {
 		return // lost on the way: the caller times out
 	}
 	s.after(s.delay(n), func() {
@@ -152,7 +152,7 @@ func (s *Sim) send(c *pcall) {
 // respond sends the server's answer back over c's node's link.
 func (s *Sim) respond(c *pcall, r result) {
 	n := c.n
-	if c.inc != n.inc || !s.link(n) {
+	if c.inc != n.inc || !s.link(n) || n.logCut && strings.HasPrefix(c.label, "log.") {
 		return // lost on the way back, or its node was killed
 	}
 	s.after(s.delay(n)+n.lateness(), func() { s.deliver(c, r) })

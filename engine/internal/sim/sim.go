@@ -64,6 +64,7 @@ type Config struct {
 	Kills      int
 	Drains     int
 	Slows      int // a node's events run late (CPU starvation) for a while
+	LogCuts    int // a node reaches the buckets but not the log for a while
 
 	Switches Switches
 }
@@ -93,6 +94,7 @@ func newConfig(rng *rand.Rand, sw Switches) Config {
 		Kills:             rng.IntN(3),
 		Drains:            rng.IntN(3),
 		Slows:             rng.IntN(2),
+		LogCuts:           rng.IntN(3),
 		Switches:          sw,
 	}
 	for i := 0; i < c.Nodes; i++ {
@@ -154,7 +156,7 @@ type Sim struct {
 type Stats struct {
 	Events, Messages                          int
 	Partitions, Pauses, Kills, Drains, Lost   int
-	Slows, Dups                               int
+	Slows, Dups, LogCuts                      int
 	Terms, Assigns, Reclaims, Fenced, Stale   int
 	SideEffects, Commits, DeadLettered, Ticks int
 	Succeeded, Failed, Cancelled              int

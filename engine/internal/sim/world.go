@@ -89,6 +89,21 @@ func (s *Sim) scheduleFaults() {
 			}
 		})
 	}
+	for i := 0; i < c.LogCuts; i++ {
+		// The log's stream and the buckets are separate JetStream assets, each with a
+		// leader of its own: a node may reach the one and not the other. Its leases
+		// renew, while it hears nothing of the log (a new epoch of its run, included).
+		n, at := pick(), time.Duration(s.rng.Int64N(window))
+		d := 200*time.Millisecond + time.Duration(s.rng.Int64N(int64(3*c.TTL)))
+		s.after(at, func() {
+			if !n.logCut && s.faultOn {
+				n.logCut = true
+				s.stats.LogCuts++
+				s.tracef(n.name, "LOG CUT OFF for %s (the buckets still reached)", d)
+				s.after(d, func() { s.heal(n) })
+			}
+		})
+	}
 	for i := 0; i < c.Slows; i++ {
 		n, at := pick(), time.Duration(s.rng.Int64N(window))
 		d := time.Second + time.Duration(s.rng.Int64N(int64(4*c.TTL)))
@@ -115,6 +130,10 @@ func (s *Sim) scheduleFaults() {
 }
 
 func (s *Sim) heal(n *node) {
+	if n.logCut {
+		n.logCut = false
+		s.tracef(n.name, "log reached again")
+	}
 	if n.partitioned {
 		n.partitioned = false
 		s.tracef(n.name, "partition healed")

@@ -126,6 +126,14 @@ type Pool struct {
 		sync.Mutex
 		stopping bool
 		running  map[string]*runExec // by run ID
+		// taking are the runs a task or the leader's own path is taking or running here:
+		// a second delivery of a run's task while the first is being taken, or run,
+		// waits (nak) instead of running the run twice on this node. Its lease would not
+		// stop it: Leases.Acquire adopts a lease this node holds for the same epoch (a
+		// retried acquire), so both would run, and the second could do a step's side
+		// effect after the first parked the run and it moved to a newer epoch (the
+		// simulation's seed 932, issue 37).
+		taking map[string]bool
 	}
 }
 
@@ -278,6 +286,14 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 		_ = msg.Ack() // the run moved on
 		return
 	}
+	if !p.take(t.Run) {
+		// Another delivery of this run's task is taken or runs here: look again later,
+		// when it is stale (claimed) or its take failed.
+		p.stats.TasksDeferred.Add(1)
+		_ = msg.Nak(p.retryDelay())
+		return
+	}
+	defer p.untake(t.Run)
 	actx, cancel := context.WithTimeout(ctx, 2*p.cfg.TTL)
 	lease, err := p.cfg.Leases.Acquire(actx, t.Run, t.Epoch, p.cfg.Node)
 	cancel()
@@ -325,6 +341,26 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 	}
 	_ = msg.Ack()
 	p.runClaimed(t.Run, t.Epoch, lease, log, false)
+}
+
+// take marks run as taken or run here, unless it is already (Pool.mu.taking).
+func (p *Pool) take(run string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.taking[run] {
+		return false
+	}
+	if p.mu.taking == nil {
+		p.mu.taking = map[string]bool{}
+	}
+	p.mu.taking[run] = true
+	return true
+}
+
+func (p *Pool) untake(run string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.mu.taking, run)
 }
 
 // read is the run as this node's state has it (nil if it has none).
@@ -414,6 +450,11 @@ func (p *Pool) ReleaseOwn() {
 func (p *Pool) RunOwn(run string, ep int64) {
 	defer p.ReleaseOwn()
 	log := p.log.With("run", run, "epoch", ep)
+	if !p.take(run) {
+		log.Info("an own run is taken here already (its task came first)")
+		return
+	}
+	defer p.untake(run)
 	actx, cancel := context.WithTimeout(p.runCtx, 2*p.cfg.TTL)
 	lease, err := p.cfg.Leases.Acquire(actx, run, ep, p.cfg.Node)
 	cancel()

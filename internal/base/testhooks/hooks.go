@@ -45,25 +45,27 @@ type Hooks struct {
 	HoldApply  atomic.Bool // the applier applies nothing while set; cleared, it consumes again from its applied sequence (a node lagging behind the log)
 
 	// The engine.
-	ForceDegraded     atomic.Bool  // this node's leases count as degraded
-	IgnoreDegraded    atomic.Bool  // the degraded guard is off (its control)
-	FastPathGivenIDs  atomic.Bool  // submit and assign in one message for given run IDs too (unsafe)
-	NoOwnRuns         atomic.Bool  // the leader never assigns a run to itself
-	LostClaims        atomic.Int32 // this many claim writes are not made and fail as of unknown outcome
-	QueueAheadN       atomic.Int32 // overrides how many runs may wait assigned for a worker
-	NoAdmission       atomic.Bool  // the admission guard is off (its control)
-	AdmitPastWaiting  atomic.Bool  // the short path may pass runs waiting for room (its control)
-	KeepEndedRunning  atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
-	NoTermRaise       atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
-	NoSitOut          atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
-	IgnorePause       atomic.Bool  // the leader's cron fires a paused schedule's ticks (TestPausedScheduleFiresNothing's control)
-	BackfillRandomIDs atomic.Bool  // a backfill's runs get new IDs, not their ticks' (TestBackfillRunsEachTickOnce's control)
-	RetryResetsAll    atomic.Bool  // a retry from a step resets every step, not only it and its dependents (TestRetryFromAStepRunsItAndItsDependentsOnce's control)
-	RandomChildIDs    atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
-	NoChildBinding    atomic.Bool  // people may start runs under children's IDs and a parent adopts whatever runs under its child's ID (TestSquattedChildIsRefused's control)
-	CompactPastLive   atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
-	NoLeaseRead       atomic.Bool  // the leader's reconcile counts no run's lease as live: it reclaims runs quiet for a TTL whose owner still works (the simulation's lease control)
-	LapseIgnoresOwner atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder (the simulation's lapse-owner control)
+	ForceDegraded         atomic.Bool  // this node's leases count as degraded
+	IgnoreDegraded        atomic.Bool  // the degraded guard is off (its control)
+	FastPathGivenIDs      atomic.Bool  // submit and assign in one message for given run IDs too (unsafe)
+	NoOwnRuns             atomic.Bool  // the leader never assigns a run to itself
+	LostClaims            atomic.Int32 // this many claim writes are not made and fail as of unknown outcome
+	QueueAheadN           atomic.Int32 // overrides how many runs may wait assigned for a worker
+	NoAdmission           atomic.Bool  // the admission guard is off (its control)
+	AdmitPastWaiting      atomic.Bool  // the short path may pass runs waiting for room (its control)
+	KeepEndedRunning      atomic.Bool  // a cancelled run's epoch keeps running (TestCancelStopsTheStepProcess's control)
+	NoTermRaise           atomic.Bool  // a leader whose term is below the applied one does not raise the bucket's terms
+	NoSitOut              atomic.Bool  // a node whose applier stopped goes on leading and campaigning (TestStoppedApplierLeavesTheElection's control)
+	IgnorePause           atomic.Bool  // the leader's cron fires a paused schedule's ticks (TestPausedScheduleFiresNothing's control)
+	BackfillRandomIDs     atomic.Bool  // a backfill's runs get new IDs, not their ticks' (TestBackfillRunsEachTickOnce's control)
+	RetryResetsAll        atomic.Bool  // a retry from a step resets every step, not only it and its dependents (TestRetryFromAStepRunsItAndItsDependentsOnce's control)
+	RandomChildIDs        atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
+	NoChildBinding        atomic.Bool  // people may start runs under children's IDs and a parent adopts whatever runs under its child's ID (TestSquattedChildIsRefused's control)
+	CompactPastLive       atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
+	NoLeaseRead           atomic.Bool  // the leader's reconcile counts no run's lease as live: it reclaims runs quiet for a TTL whose owner still works (the simulation's lease control)
+	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder (the simulation's lapse-owner control)
+	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind (the simulation's current-watch control)
+	NoReconcile           atomic.Bool  // the leader never reconciles: a lost task or a dead owner's run is never found (the simulation's reconcile control)
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen
