@@ -206,14 +206,15 @@ func TestRestartsAreCountedPerPartWithTheLastReason(t *testing.T) {
 		return nil
 	}})
 	for n := int32(1); n <= 3; n++ {
+		// Run n stopped, and waits for the clock to be moved: its status holds still.
+		want := fmt.Sprintf("watch closed (%d)", n)
 		var st Status
 		waitUntil(t, fmt.Sprintf("run %d stopped", n), func() bool {
 			st, _ = statusOf(s, "flaky")
-			return runs.Load() == n && !st.RestartAt.IsZero()
+			return st.LastReason == want && !st.RestartAt.IsZero()
 		})
-		want := fmt.Sprintf("watch closed (%d)", n)
-		if st.LastReason != want {
-			t.Fatalf("last reason %q, want %q", st.LastReason, want)
+		if runs.Load() != n || st.InARow != int(n) {
+			t.Fatalf("runs %d, status %+v; want run %d, %d in a row", runs.Load(), st, n, n)
 		}
 		problems := strings.Join(s.Problems(), "; ")
 		if !strings.Contains(problems, "flaky: stopped ("+want+"); restart "+fmt.Sprint(n)+" in a row in 1s") ||
