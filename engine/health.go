@@ -33,15 +33,20 @@ type Health struct {
 type PartHealth struct {
 	Name     string
 	Healthy  bool
-	Problem  string // why not healthy
+	Problem  string // why not healthy (a part restarting says why it stopped, and how often in a row)
 	Restarts int64
+	// InARow counts its restarts since it last ran healthy for a while (the backoff's
+	// attempt; internal/base/supervise); LastReason is why it last stopped.
+	InARow     int
+	LastReason string
 }
 
 func (e *Engine) partHealth() []PartHealth {
 	st := e.sup.Status()
 	out := make([]PartHealth, len(st))
 	for i, p := range st {
-		out[i] = PartHealth{Name: p.Name, Healthy: p.Healthy, Problem: p.Problem, Restarts: p.Restarts}
+		out[i] = PartHealth{Name: p.Name, Healthy: p.Healthy, Problem: p.Problem, Restarts: p.Restarts,
+			InARow: p.InARow, LastReason: p.LastReason}
 	}
 	return out
 }
@@ -112,9 +117,11 @@ type Metrics struct {
 	// Workers' counters.
 	Stolen, HandedBack, TasksDeferred, StepAttempts, StepFailures int64
 	// NATSReconnects counts the connection's reconnects; PartRestarts the supervised
-	// parts' restarts; Parts their health.
+	// parts' restarts, and RestartsByPart by part name (every part that ever ran, even if
+	// it has ended since: a counter); Parts their health.
 	NATSReconnects uint64
 	PartRestarts   int64
+	RestartsByPart map[string]int64
 	Parts          []PartHealth
 }
 
@@ -149,7 +156,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	if e.nc != nil {
 		m.NATSReconnects = e.nc.Stats().Reconnects
 	}
-	m.PartRestarts, m.Parts = e.sup.Restarts(), e.partHealth()
+	m.PartRestarts, m.RestartsByPart, m.Parts = e.sup.Restarts(), e.sup.RestartsByPart(), e.partHealth()
 	return m
 }
 

@@ -62,11 +62,20 @@ func (ls *Leases) Watch(ctx context.Context) (*LeaseWatcher, error) {
 	if sup == nil {
 		sup = supervise.New(supervise.WithLogger(ls.cfg.Logger))
 	}
-	// Silence: a TTL. Every renewal is heard within a renewal interval, and an idle
-	// bucket is shown current by a round trip every quarter of that.
-	lw.done = sup.Go(ctx, supervise.Part{Name: "lease-watcher", Silence: ls.cfg.TTL, Run: lw.run})
+	lw.done = sup.Go(ctx, supervise.Part{Name: "lease-watcher", Silence: ls.cfg.WatchSilence(), Run: lw.run})
 	return lw, nil
 }
+
+// WatchSilence is how long the lease watcher may hear nothing before its supervisor
+// replaces the watch: two TTLs, and at least 4s (the engine's other parts' floor).
+// Healthy, it hears far more often: every renewal within a renewal interval (TTL/3), and
+// an idle bucket shown current by a round trip every TTL/4. The limit is not one TTL
+// because a new watch first replays every lease, and on a loaded machine that replay
+// (and the round trip that makes the watch) can take longer than a TTL: restarted at
+// one TTL, the watcher was replaced 35 times in a row and never finished (issue 37).
+// The room costs no safety: a watch that is not shown current judges no lapse
+// (Current, sweep), so a deaf watch only delays lapses, by this limit at most.
+func (c Config) WatchSilence() time.Duration { return max(2*c.TTL, 4*time.Second) }
 
 // Events delivers ended leases. Read it: the watcher blocks when it is full.
 func (lw *LeaseWatcher) Events() <-chan LeaseEvent { return lw.events }
@@ -108,6 +117,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 		return fmt.Errorf("epoch: watch leases: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
+	alive() // the watch was made: a round trip that worked, before any replay
 	clk := lw.ls.cfg.Clock
 	ttl := lw.ls.cfg.TTL
 	grace := lw.ls.cfg.leaseClock().LapseAfter()
@@ -129,7 +139,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 			if !ok {
 				return fmt.Errorf("epoch: lease watch closed")
 			}
-			alive()
+			alive() // progress: while it replays the initial values too, entry by entry
 			if entry == nil {
 				initial = false
 				lw.mu.Lock()

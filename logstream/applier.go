@@ -237,6 +237,10 @@ func (a *Applier) runConsumer(ctx context.Context, it port.Messages, alive func(
 		}
 	}
 	defer it.Stop()
+	// The consumer was made (a round trip that worked): alive before its first message,
+	// so a catch-up whose first fetch is slow on a loaded machine is not taken for
+	// silence. From then on each message applied is progress (runApplier calls alive).
+	alive()
 	a.hooks.Deaf.Store(false)
 	// The applier's Next is given its own context: the ordered consumer's Next was seen
 	// (under -race, a stream deleted under it) not to return after Stop alone.

@@ -153,7 +153,8 @@ func TestDaemonHealthAndMetrics(t *testing.T) {
 	_, body := get(t, base+"/metrics")
 	// (No scheduler on this node: the test writes the scheduler's entries itself.)
 	for _, want := range []string{`flow_commits_total{result="fenced"} 1`, "flow_is_leader 0", `flow_runs{status="running"} 1`, "flow_epoch_changes_total 2",
-		"flow_runs_waiting 0", "flow_runs_assigned 0", `flow_step_containment{mode="` + string(steps.Containment()) + `"} 1`} {
+		"flow_runs_waiting 0", "flow_runs_assigned 0", `flow_step_containment{mode="` + string(steps.Containment()) + `"} 1`,
+		`flow_part_restarts_total{part="log-consumer"} 0`, `flow_part_healthy{part="log-consumer"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/metrics lacks %q:\n%s", want, body)
 		}

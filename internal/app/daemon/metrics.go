@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		"flow_step_failures_total":          "Step attempts on this node that failed (an error, a timeout, a lost lease).",
 		"flow_leases_acquired_total":        "Run leases this node's workers acquired.",
 		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
-		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log consumer, election, lease watcher, tasks, API) was started again after it failed or fell silent.",
+		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log-consumer, election, lease-watcher, tasks, api) was started again after it failed or fell silent, by part.",
 		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
 		"flow_step_containment":             "1 for how this node contains exec steps' processes: pid-namespace, user-pid-namespace, subreaper or process-group (none).",
 	} {
@@ -67,7 +67,7 @@ func newMetrics() *metrics {
 			labels = []string{"result"}
 		case "flow_runs":
 			labels = []string{"status"}
-		case "flow_part_healthy":
+		case "flow_part_healthy", "flow_part_restarts_total":
 			labels = []string{"part"}
 		case "flow_runs_parked":
 			labels = []string{"kind"}
@@ -161,7 +161,17 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_step_failures_total", float64(m0.StepFailures))
 	counter("flow_leases_acquired_total", float64(m0.LeasesAcquired))
 	counter("flow_nats_reconnects_total", float64(m0.NATSReconnects))
-	counter("flow_part_restarts_total", float64(m0.PartRestarts))
+	// Every part running now (0 if never restarted), and every part that was restarted.
+	restarts := map[string]int64{}
+	for _, p := range m0.Parts {
+		restarts[p.Name] = 0
+	}
+	for name, n := range m0.RestartsByPart {
+		restarts[name] = n
+	}
+	for name, n := range restarts {
+		counter("flow_part_restarts_total", float64(n), name)
+	}
 	gauge("flow_step_containment", 1, string(steps.Containment()))
 	for _, p := range m0.Parts {
 		up := 0.0

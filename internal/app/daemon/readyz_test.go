@@ -2,14 +2,17 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/internal/base/natsnode"
+	"github.com/flowrun/flow/internal/base/supervise"
 )
 
 // startDaemon starts flowd with HTTP on a free port and the given extra flags.
@@ -107,4 +110,47 @@ func TestReadyzFailsWhileNATSIsUnreachable(t *testing.T) {
 	}
 	stopped = false
 	waitReady(t, d, http.StatusOK, "ready", 15*time.Second)
+}
+
+// A part that keeps stopping makes the node not ready, and /readyz says which part, why
+// it stopped and how often in a row; /metrics counts its restarts by part. Once it runs
+// again the node is ready again.
+func TestReadyzSaysWhichPartIsRestartingAndWhy(t *testing.T) {
+	d := startDaemon(t, t.TempDir(), "--nats-listen", "127.0.0.1:0", "--scheduler=false")
+	defer d.Stop()
+	waitReady(t, d, http.StatusOK, "ready", 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var fail atomic.Bool
+	fail.Store(true)
+	done := d.Engine().Supervisor().Go(ctx, supervise.Part{Name: "test-part", Run: func(ctx context.Context, alive func()) error {
+		if fail.Load() {
+			return errors.New("watch closed by the test")
+		}
+		alive()
+		<-ctx.Done()
+		return nil
+	}})
+	// Its backoff grows (100ms to 2s, jittered): once it has been restarted twice, the
+	// readyz line names it, why, and its restart count in a row.
+	deadline := time.Now().Add(10 * time.Second)
+	for d.Engine().Supervisor().RestartsByPart()["test-part"] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("test-part was not restarted twice")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter: nothing to wait on
+	}
+	body := waitReady(t, d, http.StatusServiceUnavailable, "test-part: stopped (watch closed by the test); restart ", 10*time.Second)
+	if !strings.Contains(body, " in a row in ") || strings.Contains(body, "restart 1 in a row") {
+		t.Fatalf("/readyz %q: want test-part's restart count in a row (at least 2) and when", body)
+	}
+	_, body = get(t, "http://"+d.HTTPAddr()+"/metrics")
+	if !strings.Contains(body, `flow_part_restarts_total{part="test-part"} `) || strings.Contains(body, `flow_part_restarts_total{part="test-part"} 0`) ||
+		strings.Contains(body, `flow_part_restarts_total{part="test-part"} 1`+"\n") {
+		t.Fatalf("/metrics does not count test-part's restarts:\n%s", body)
+	}
+	fail.Store(false)
+	waitReady(t, d, http.StatusOK, "ready", 10*time.Second)
+	cancel()
+	<-done
 }
