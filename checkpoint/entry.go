@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/flowrun/flow/internal/base/ident"
@@ -355,17 +357,42 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	return nil
 }
 
+// kindRevisions is every entry kind this code reads, with the format revision that
+// brought it. The decoder (knownKind), RevisionFor and Kinds all read it: a kind is
+// added here or it is corruption to the decoder, and tests that must cover every kind
+// (the random log's) take their list from Kinds, so neither can drift from the other.
+var kindRevisions = map[Kind]int{
+	KindSubmit: 1, KindAssign: 1, KindClaim: 1, KindStart: 1, KindCommit: 1, KindFail: 1,
+	KindComplete: 1, KindCancel: 1, KindDeadLetter: 1, KindRequeue: 1, KindRetry: 1,
+	KindCronTick: 1, KindWorkflow: 1, KindPurge: 1,
+	KindRetire: 2,
+	KindSignal: 3, KindDecide: 3, KindPark: 3, KindWake: 3, KindCronPause: 3, KindCronResume: 3,
+	KindDeadlineMissed: 3,
+	KindClusterVersion: 4,
+}
+
+// Kinds are the entry kinds the decoder accepts (at the newest revision), by revision
+// and then name.
+func Kinds() []Kind {
+	kinds := make([]Kind, 0, len(kindRevisions))
+	for k := range kindRevisions {
+		kinds = append(kinds, k)
+	}
+	slices.SortFunc(kinds, func(a, b Kind) int {
+		if c := cmp.Compare(kindRevisions[a], kindRevisions[b]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	return kinds
+}
+
 // RevisionFor is the lowest format version whose readers know kind: a message is written
 // at the highest of its entries', so that a node that does not know a kind stops with
 // "upgrade" instead of rejecting the message that others apply.
 func RevisionFor(kind Kind) int {
-	switch kind {
-	case KindRetire:
-		return 2
-	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
-		return 3
-	case KindClusterVersion:
-		return 4
+	if r, ok := kindRevisions[kind]; ok {
+		return r
 	}
 	return 1
 }
@@ -474,16 +501,6 @@ func (m Message) check(seq uint64) error {
 }
 
 func knownKind(k Kind, version int) bool {
-	switch k {
-	case KindSubmit, KindAssign, KindClaim, KindStart, KindCommit, KindFail, KindComplete,
-		KindCancel, KindDeadLetter, KindRequeue, KindRetry, KindCronTick, KindWorkflow, KindPurge:
-		return true
-	case KindRetire:
-		return version >= 2
-	case KindSignal, KindDecide, KindPark, KindWake, KindCronPause, KindCronResume, KindDeadlineMissed:
-		return version >= 3
-	case KindClusterVersion:
-		return version >= 4
-	}
-	return false
+	r, ok := kindRevisions[k]
+	return ok && version >= r
 }

@@ -21,11 +21,12 @@ import (
 
 // fuzzSeedLog is the random log the fuzzers' store is seeded with (its first
 // fuzzSeeded messages) and whose later messages seed the corpus: continuations of that
-// state, so that most of their entries are accepted.
+// state, so that most of their entries are accepted. It is the crash tests' log, which
+// accepts every kind of entry (checked there).
 const (
-	fuzzSeedLogSeed = 2
-	fuzzSeedLogSize = 56
-	fuzzSeeded      = 28
+	fuzzSeedLogSeed = crashLogSeed
+	fuzzSeedLogSize = crashLogSize
+	fuzzSeeded      = crashLogSize / 2
 )
 
 var fuzzBase struct {
