@@ -62,9 +62,9 @@ type Hooks struct {
 	RandomChildIDs        atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
 	NoChildBinding        atomic.Bool  // people may start runs under children's IDs and a parent adopts whatever runs under its child's ID (TestSquattedChildIsRefused's control)
 	CompactPastLive       atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
-	NoLeaseRead           atomic.Bool  // the leader's reconcile counts no run's lease as live: it reclaims runs quiet for a TTL whose owner still works (the simulation's lease control)
-	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder (the simulation's lapse-owner control)
-	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind (the simulation's current-watch control)
+	NoLeaseRead           atomic.Bool  // a reclaim does not read the run's lease from the server first (the simulation's lease-read control)
+	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder
+	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind
 	NoReconcile           atomic.Bool  // the leader never reconciles: a lost task or a dead owner's run is never found (the simulation's reconcile control)
 
 	// Signals.
