@@ -382,6 +382,31 @@ func consumer(t T, env Env) port.Consumer {
 	return c
 }
 
+// publishAndFetch publishes one task and fetches it.
+func publishAndFetch(t T, env Env) (port.Consumer, port.Delivery) {
+	t.Helper()
+	c := consumer(t, env)
+	if err := env.Tasks.Publish(ctxFor(t, time.Minute), "t1", []byte("run-1")); err != nil {
+		t.Fatal(err)
+	}
+	d := fetchOne(t, c, 5*time.Second)
+	if d == nil {
+		t.Fatal("no task")
+	}
+	return c, d
+}
+
+// redelivered waits for a task to come again, fetching for wait at a time.
+func redelivered(t T, c port.Consumer, within, wait time.Duration, what string) port.Delivery {
+	t.Helper()
+	var again port.Delivery
+	eventually(t, within, 10*time.Millisecond, what, func() bool {
+		again = fetchOne(t, c, wait)
+		return again != nil
+	})
+	return again
+}
+
 func tasksAcked(t T, env Env) {
 	c := consumer(t, env)
 	if err := env.Tasks.Publish(ctxFor(t, time.Minute), "t1", []byte("run-1")); err != nil {
@@ -400,23 +425,12 @@ func tasksAcked(t T, env Env) {
 }
 
 func tasksRedelivered(t T, env Env) {
-	c := consumer(t, env)
-	if err := env.Tasks.Publish(ctxFor(t, time.Minute), "t1", []byte("run-1")); err != nil {
-		t.Fatal(err)
-	}
-	d := fetchOne(t, c, 5*time.Second)
-	if d == nil {
-		t.Fatal("no task")
-	}
+	c, _ := publishAndFetch(t, env)
 	start := time.Now()
 	if d := fetchOne(t, c, env.AckWait/2); d != nil {
 		t.Fatalf("an unacked task came again within half the ack wait: %s", d.Data())
 	}
-	var again port.Delivery
-	eventually(t, 3*env.AckWait+5*time.Second, 10*time.Millisecond, "the unacked task's redelivery", func() bool {
-		again = fetchOne(t, c, env.AckWait)
-		return again != nil
-	})
+	again := redelivered(t, c, 3*env.AckWait+5*time.Second, env.AckWait, "the unacked task's redelivery")
 	if string(again.Data()) != "run-1" || time.Since(start) < env.AckWait/2 {
 		t.Fatalf("redelivery: %s after %s", again.Data(), time.Since(start))
 	}
@@ -424,24 +438,13 @@ func tasksRedelivered(t T, env Env) {
 }
 
 func tasksNak(t T, env Env) {
-	c := consumer(t, env)
-	if err := env.Tasks.Publish(ctxFor(t, time.Minute), "t1", []byte("run-1")); err != nil {
-		t.Fatal(err)
-	}
-	d := fetchOne(t, c, 5*time.Second)
-	if d == nil {
-		t.Fatal("no task")
-	}
+	c, d := publishAndFetch(t, env)
 	delay := env.AckWait / 2
 	start := time.Now()
 	if err := d.Nak(delay); err != nil {
 		t.Fatal(err)
 	}
-	var again port.Delivery
-	eventually(t, delay+3*env.AckWait+5*time.Second, 10*time.Millisecond, "the naked task's redelivery", func() bool {
-		again = fetchOne(t, c, env.AckWait)
-		return again != nil
-	})
+	again := redelivered(t, c, delay+3*env.AckWait+5*time.Second, env.AckWait, "the naked task's redelivery")
 	if took := time.Since(start); took < delay/2 {
 		t.Fatalf("a task naked with a delay of %s came again after %s", delay, took)
 	}
@@ -449,14 +452,7 @@ func tasksNak(t T, env Env) {
 }
 
 func tasksTerm(t T, env Env) {
-	c := consumer(t, env)
-	if err := env.Tasks.Publish(ctxFor(t, time.Minute), "t1", []byte("run-1")); err != nil {
-		t.Fatal(err)
-	}
-	d := fetchOne(t, c, 5*time.Second)
-	if d == nil {
-		t.Fatal("no task")
-	}
+	c, d := publishAndFetch(t, env)
 	if err := d.Term(); err != nil {
 		t.Fatal(err)
 	}
