@@ -407,8 +407,8 @@ func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
 	return e.clog.Snapshots.Take(ctx)
 }
 
-// LogBounds are the log's first and last sequences and the newest snapshot's (0: none).
-func (e *Engine) LogBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
+// logBounds are the log's first and last sequences and the newest snapshot's (0: none).
+func (e *Engine) logBounds(ctx context.Context) (first, last, snapshot uint64, err error) {
 	info, err := e.ports.Log.Info(ctx)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("engine: log bounds: %w", err)
@@ -436,9 +436,9 @@ const ReasonStolen = worker.ReasonStolen
 // CronRunID is the run ID of a workflow's tick (workflow.TickRunID).
 func CronRunID(name string, tick time.Time) string { return workflow.TickRunID(name, tick) }
 
-// LeadershipProblem says why this node's election cannot give it a term that
+// leadershipProblem says why this node's election cannot give it a term that
 // schedules ("" when nothing is wrong).
-func (e *Engine) LeadershipProblem() string {
+func (e *Engine) leadershipProblem() string {
 	if e.leader == nil {
 		return ""
 	}

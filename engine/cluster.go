@@ -106,8 +106,8 @@ func (g gatePromoter) Promote(ctx context.Context, applied int) (int, string, er
 	return promised, why, nil
 }
 
-// ClusterRoster is the roster with the applied cluster version.
-func (e *Engine) ClusterRoster(ctx context.Context) (gate.Roster, int, error) {
+// clusterRoster is the roster with the applied cluster version.
+func (e *Engine) clusterRoster(ctx context.Context) (gate.Roster, int, error) {
 	r, err := e.gate.Roster(ctx)
 	return r, e.store.ClusterVersion(), err
 }

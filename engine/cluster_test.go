@@ -108,7 +108,7 @@ func TestAHeldClusterStaysAtFormat1(t *testing.T) {
 			t.Fatalf("message %d is format %d under a hold", i+1, f)
 		}
 	}
-	r, applied, err := e.ClusterRoster(ctxT(t, 5*time.Second))
+	r, applied, err := e.clusterRoster(ctxT(t, 5*time.Second))
 	if _, why := r.Next(applied); err != nil || !strings.Contains(why, "--hold-cluster-version") {
 		t.Fatalf("roster %+v, why %q, %v", r, why, err)
 	}

@@ -258,15 +258,15 @@ func (e *Engine) Leading() *epoch.Term {
 	return e.leader.Leading()
 }
 
-// IsLeader reports whether this node leads now.
-func (e *Engine) IsLeader() bool { return e.Leading() != nil }
+// isLeader reports whether this node leads now.
+func (e *Engine) isLeader() bool { return e.Leading() != nil }
 
 // Leader is the leader the leader key names, with its term (whichever node asks).
 func (e *Engine) Leader(ctx context.Context) (epoch.Leader, error) { return e.elector.Leader(ctx) }
 
-// LeasesDegraded says whether a lease this node holds goes unrenewed (its renewals are
+// leasesDegraded says whether a lease this node holds goes unrenewed (its renewals are
 // unanswered): such a node takes no new task.
-func (e *Engine) LeasesDegraded() bool { return e.workers != nil && e.workers.Degraded() }
+func (e *Engine) leasesDegraded() bool { return e.workers != nil && e.workers.Degraded() }
 
 // Applied is the log sequence this node's state has applied.
 func (e *Engine) Applied() uint64 { return e.store.Applied() }

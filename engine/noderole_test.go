@@ -124,7 +124,7 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(30 * time.Second)
-	for !b.IsLeader() {
+	for !b.isLeader() {
 		if time.Now().After(deadline) {
 			t.Fatal("the second node did not lead within 30s of the first one's stop")
 		}

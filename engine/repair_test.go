@@ -53,7 +53,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 		p := strings.Join(e.Health(ctx).Problems, "\n")
 		return strings.Contains(p, "KV_FLOW_LEADER: sealed") && strings.Contains(p, "FLOW_TASKS: sealed") && strings.Contains(p, "`flowctl cluster repair`")
 	})
-	pollUntil(t, 20*time.Second, "the node to lose its term on the sealed leader bucket", func() bool { return !e.IsLeader() })
+	pollUntil(t, 20*time.Second, "the node to lose its term on the sealed leader bucket", func() bool { return !e.isLeader() })
 
 	dry, err := e.RepairStreams(ctx, true)
 	if err != nil || len(dry) != 4 {
@@ -79,7 +79,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 		}
 	}
 	pollUntil(t, 30*time.Second, "the node to lead again and be ready", func() bool {
-		return e.IsLeader() && len(e.Health(ctx).Problems) == 0
+		return e.isLeader() && len(e.Health(ctx).Problems) == 0
 	})
 	t.Logf("the repair of %d streams took %v; leading and ready %v after it began", len(done), repaired, time.Since(repairAt))
 	if after := e.Metrics(ctx).HighestTerm; after <= before {
@@ -135,7 +135,7 @@ func TestRepairOnAnExternalServerNeedsAnAdminCredential(t *testing.T) {
 				}
 			})
 			ctx := ctxT(t, 60*time.Second)
-			pollUntil(t, 20*time.Second, "the node to lead", e.IsLeader)
+			pollUntil(t, 20*time.Second, "the node to lead", e.isLeader)
 			if e.API().CanRepair() != admin {
 				t.Fatalf("CanRepair %v with admin %v", e.API().CanRepair(), admin)
 			}
@@ -146,12 +146,12 @@ func TestRepairOnAnExternalServerNeedsAnAdminCredential(t *testing.T) {
 				return
 			}
 			seal(t, ctx, e.adminJS, "KV_"+epoch.LeaderBucket)
-			pollUntil(t, 20*time.Second, "the node to lose its term on the sealed bucket", func() bool { return !e.IsLeader() })
+			pollUntil(t, 20*time.Second, "the node to lose its term on the sealed bucket", func() bool { return !e.isLeader() })
 			if _, err := e.RepairStreams(ctx, false); err != nil {
 				t.Fatal(err)
 			}
 			pollUntil(t, 30*time.Second, "the node to lead again and be ready", func() bool {
-				return e.IsLeader() && len(e.Health(ctx).Problems) == 0
+				return e.isLeader() && len(e.Health(ctx).Problems) == 0
 			})
 			apply(t, e, oneStepWorkflow)
 			if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded {

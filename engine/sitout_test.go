@@ -40,8 +40,8 @@ func TestStoppedApplierLeavesTheElection(t *testing.T) {
 				if err != nil || r.Status != checkpoint.StatusSucceeded {
 					t.Fatalf("run after node-a's applier stopped: %v %+v", err, r)
 				}
-				if a.IsLeader() || !b.IsLeader() {
-					t.Fatalf("leading: node-a %v, node-b %v", a.IsLeader(), b.IsLeader())
+				if a.isLeader() || !b.isLeader() {
+					t.Fatalf("leading: node-a %v, node-b %v", a.isLeader(), b.isLeader())
 				}
 				return
 			}
@@ -51,7 +51,7 @@ func TestStoppedApplierLeavesTheElection(t *testing.T) {
 			if r, err := b.WaitRun(ctx, id); err == nil {
 				t.Fatalf("control: the run ended (%s) with the stopped node leading: the test shows nothing", r.Status)
 			}
-			if !a.IsLeader() {
+			if !a.isLeader() {
 				t.Fatal("control: node-a stopped leading although NoSitOut was on")
 			}
 		})

@@ -104,7 +104,7 @@ func soakSizes(b *testing.B, e *Engine, dir string) (logMiB, stateMiB float64) {
 }
 
 func (e *Engine) firstSeq(b *testing.B) uint64 {
-	first, _, _, err := e.LogBounds(ctxT(b, 10*time.Second))
+	first, _, _, err := e.logBounds(ctxT(b, 10*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}

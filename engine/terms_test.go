@@ -24,7 +24,7 @@ func waitLeading(t *testing.T, e *Engine, above int64, d time.Duration) *epoch.T
 			return term
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no term above %d within %s (leading %v, problem %q)", above, d, e.Leading(), e.LeadershipProblem())
+			t.Fatalf("no term above %d within %s (leading %v, problem %q)", above, d, e.Leading(), e.leadershipProblem())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}
@@ -52,7 +52,7 @@ const oneStepWorkflow = "name: one\nsteps:\n  - name: a\n    uses: noop\n"
 // spin on its own rejections. The leader steps down, raises the bucket's terms above the
 // applied one, wins a term above it and schedules again: a run started after succeeds.
 // Negative control (Hooks.NoTermRaise): the node keeps winning terms below the applied
-// one and says so in LeadershipProblem; a run started then is never scheduled: after
+// one and says so in leadershipProblem; a run started then is never scheduled: after
 // three more such terms it is still pending, with no epoch and no assign in its history
 // (not even a rejected one: no term led), and a wait for it ends only at its deadline.
 func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
@@ -75,7 +75,7 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 				if v := runToEnd(t, e, "one", nil); v.Run.Status != checkpoint.StatusSucceeded || v.Run.Epochs[0].Term != term.Term() {
 					t.Fatalf("run after the raise: %+v", v.Run)
 				}
-				if p := e.LeadershipProblem(); p != "" {
+				if p := e.leadershipProblem(); p != "" {
 					t.Fatalf("a problem is still reported: %q", p)
 				}
 				return
@@ -106,7 +106,7 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 			if _, err := e.WaitRun(wctx, id); !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("control: a wait for the unscheduled run ended with %v; want its deadline", err)
 			}
-			t.Logf("control: terms %d to %d won below the applied term; the run is pending, never assigned (%q)", before, won, e.LeadershipProblem())
+			t.Logf("control: terms %d to %d won below the applied term; the run is pending, never assigned (%q)", before, won, e.leadershipProblem())
 			// The admin's repair raises the terms when the leader does not (a node
 			// credential may not purge the leader bucket: issue 36); the run is scheduled.
 			found, err := e.RepairStreams(ctxT(t, 10*time.Second), false)
@@ -125,19 +125,19 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 	}
 }
 
-// waitStaleTerm waits until e reports, in LeadershipProblem, a term it won below the
+// waitStaleTerm waits until e reports, in leadershipProblem, a term it won below the
 // applied term that is above after, and returns it.
 func waitStaleTerm(t *testing.T, e *Engine, after int64) int64 {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var won, applied int64
-		if _, err := fmt.Sscanf(e.LeadershipProblem(), "won term %d, below the applied term %d", &won, &applied); err == nil && won > after {
+		if _, err := fmt.Sscanf(e.leadershipProblem(), "won term %d, below the applied term %d", &won, &applied); err == nil && won > after {
 			return won
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no term above %d won below the applied term within 20s (problem %q, leading %v, applied term %d): a node leading above the applied term raised it",
-				after, e.LeadershipProblem(), e.Leading(), e.store.HighestTerm())
+				after, e.leadershipProblem(), e.Leading(), e.store.HighestTerm())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}
@@ -158,7 +158,7 @@ func (c countingHandler) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // A term no leader bucket revision can reach (above epoch.MaxTerm: only a forged entry
-// holds one) cannot be outgrown: the node says why in LeadershipProblem, and backs off
+// holds one) cannot be outgrown: the node says why in leadershipProblem, and backs off
 // between campaigns instead of spinning (before: ~3,300 log messages/s and a core busy
 // while /readyz said ready).
 func TestTermOutOfReachBacksOff(t *testing.T) {
@@ -170,9 +170,9 @@ func TestTermOutOfReachBacksOff(t *testing.T) {
 	waitLeading(t, e, 0, 20*time.Second)
 	forgeTerm(t, e, epoch.MaxTerm+5)
 	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(e.LeadershipProblem(), "cannot raise") {
+	for !strings.Contains(e.leadershipProblem(), "cannot raise") {
 		if time.Now().After(deadline) {
-			t.Fatalf("no problem reported: %q", e.LeadershipProblem())
+			t.Fatalf("no problem reported: %q", e.leadershipProblem())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}

@@ -33,7 +33,7 @@ func (e *Engine) API() *API { return &API{e: e} }
 // has applied, whether it leads, and whether a lease it holds goes unrenewed.
 func (a *API) Status() client.Node {
 	e := a.e
-	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.IsLeader(), LeasesDegraded: e.LeasesDegraded(),
+	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.isLeader(), LeasesDegraded: e.leasesDegraded(),
 		Binary: Binary(), Formats: checkpoint.ReadFormats()}
 }
 
@@ -46,11 +46,11 @@ func (a *API) Cluster(ctx context.Context) client.ClusterStatus {
 	if l, err := a.e.Leader(ctx); err == nil {
 		st.Leader, st.Term = l.Node, l.Term
 	}
-	if first, last, snap, err := a.e.LogBounds(ctx); err == nil {
+	if first, last, snap, err := a.e.logBounds(ctx); err == nil {
 		st.FirstSeq, st.LastSeq, st.SnapshotSeq = first, last, snap
 	}
 	st.Members = []client.ClusterMember{}
-	r, applied, err := a.e.ClusterRoster(ctx)
+	r, applied, err := a.e.clusterRoster(ctx)
 	st.ClusterVersion = applied
 	if err != nil {
 		st.VersionNote = "the roster cannot be read: " + err.Error()

@@ -126,14 +126,14 @@ type Pool struct {
 		sync.Mutex
 		stopping bool
 		running  map[string]*runExec // by run ID
-		// taking are the runs a task or the leader's own path is taking or running here:
-		// a second delivery of a run's task while the first is being taken, or run,
-		// waits (nak) instead of running the run twice on this node. Its lease would not
+		// taking are the epochs a task or the leader's own path is taking or running
+		// here: a second delivery of an epoch's task while the first is being taken, or
+		// run, waits (nak) instead of running the epoch twice on this node. Its lease would not
 		// stop it: Leases.Acquire adopts a lease this node holds for the same epoch (a
 		// retried acquire), so both would run, and the second could do a step's side
 		// effect after the first parked the run and it moved to a newer epoch (the
 		// simulation's seed 932, issue 37).
-		taking map[string]bool
+		taking map[takeKey]bool
 	}
 }
 
@@ -286,14 +286,14 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 		_ = msg.Ack() // the run moved on
 		return
 	}
-	if !p.take(t.Run) {
-		// Another delivery of this run's task is taken or runs here: look again later,
-		// when it is stale (claimed) or its take failed.
+	if !p.take(t.Run, t.Epoch) {
+		// Another delivery of this epoch's task is taken or runs here: look again
+		// later, when it is stale (claimed) or its take failed.
 		p.stats.TasksDeferred.Add(1)
 		_ = msg.Nak(p.retryDelay())
 		return
 	}
-	defer p.untake(t.Run)
+	defer p.untake(t.Run, t.Epoch)
 	actx, cancel := context.WithTimeout(ctx, 2*p.cfg.TTL)
 	lease, err := p.cfg.Leases.Acquire(actx, t.Run, t.Epoch, p.cfg.Node)
 	cancel()
@@ -343,24 +343,33 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 	p.runClaimed(t.Run, t.Epoch, lease, log, false)
 }
 
-// take marks run as taken or run here, unless it is already (Pool.mu.taking).
-func (p *Pool) take(run string) bool {
+// takeKey is an epoch of a run (Pool.mu.taking).
+type takeKey struct {
+	run   string
+	epoch int64
+}
+
+// take marks run's epoch as taken or run here, unless it is already (Pool.mu.taking).
+// Another epoch of the run is not refused: its lease decides, as it does on another
+// node.
+func (p *Pool) take(run string, ep int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.mu.taking[run] {
+	k := takeKey{run, ep}
+	if p.mu.taking[k] {
 		return false
 	}
 	if p.mu.taking == nil {
-		p.mu.taking = map[string]bool{}
+		p.mu.taking = map[takeKey]bool{}
 	}
-	p.mu.taking[run] = true
+	p.mu.taking[k] = true
 	return true
 }
 
-func (p *Pool) untake(run string) {
+func (p *Pool) untake(run string, ep int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.mu.taking, run)
+	delete(p.mu.taking, takeKey{run, ep})
 }
 
 // read is the run as this node's state has it (nil if it has none).
@@ -450,11 +459,11 @@ func (p *Pool) ReleaseOwn() {
 func (p *Pool) RunOwn(run string, ep int64) {
 	defer p.ReleaseOwn()
 	log := p.log.With("run", run, "epoch", ep)
-	if !p.take(run) {
-		log.Info("an own run is taken here already (its task came first)")
+	if !p.take(run, ep) {
+		log.Info("an own epoch is taken here already (its task came first)")
 		return
 	}
-	defer p.untake(run)
+	defer p.untake(run, ep)
 	actx, cancel := context.WithTimeout(p.runCtx, 2*p.cfg.TTL)
 	lease, err := p.cfg.Leases.Acquire(actx, run, ep, p.cfg.Node)
 	cancel()
