@@ -14,19 +14,18 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/port"
 )
 
 // Bucket holds each live node's report (port.NodesBucket: on JetStream,
-// jsport.NodesConfig, whose keys lapse after ReportTTL).
+// the nodes bucket (jsport.NodesConfig), whose keys lapse after ReportTTL).
 const Bucket = port.NodesBucket
 
 const (
 	// ReportEvery is how often a node reports.
 	ReportEvery = 5 * time.Second
 	// ReportTTL is how long a report lives: a node silent that long is not live.
-	ReportTTL = jsport.NodesReportTTL
+	ReportTTL = port.NodesReportTTL
 )
 
 // Report is what a node says of itself. Binary and Formats (the log formats it reads)

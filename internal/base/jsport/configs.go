@@ -54,8 +54,8 @@ func LeasesConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
 	return leaseLike(port.LeaseBucket, ttl, replicas, jetstream.MemoryStorage)
 }
 
-// NodesReportTTL is how long a node's report lives: a node silent that long is not live.
-const NodesReportTTL = time.Minute
+// NodesReportTTL is port.NodesReportTTL.
+const NodesReportTTL = port.NodesReportTTL
 
 // NodesConfig is the nodes' reports bucket.
 func NodesConfig(replicas int) jetstream.KeyValueConfig {

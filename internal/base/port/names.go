@@ -30,6 +30,9 @@ const (
 	TaskDuplicates = time.Minute
 	// MinMarkerTTL is the least a lapse marker stays in a bucket: watchers must see it.
 	MinMarkerTTL = time.Second
+	// NodesReportTTL is how long a node's report in NodesBucket lives: a node silent
+	// that long is not live.
+	NodesReportTTL = time.Minute
 )
 
 // Ports is everything a flow node asks of NATS.
