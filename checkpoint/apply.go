@@ -32,7 +32,7 @@ type applyBatch struct {
 	// detail is what the history says of the entry being judged, set by its rule ("" for
 	// acceptedDetail's default).
 	detail string
-	// schedules changed by this message (nightly.go); scheduleMoved wakes cron.
+	// schedules changed by this message (operations.go); scheduleMoved wakes cron.
 	schedules     map[string]*ScheduleState
 	scheduleMoved bool
 	// clusterVersion is the version a cluster_version entry of this message raised the
@@ -52,7 +52,7 @@ type cachedRun struct {
 	touched    uint64                  // the sequence of the message that last touched it
 	retired    bool                    // a retire entry of this message removes it at commit
 	origAlarm  []byte                  // its key in the timer index in Pebble (wait.go), nil if none
-	origDue    []byte                  // its key in the deadline index in Pebble (nightly.go), nil if none
+	origDue    []byte                  // its key in the deadline index in Pebble (operations.go), nil if none
 }
 
 // newApplyBatch starts the batch of message seq. indexed makes it a batch that reads its

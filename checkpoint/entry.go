@@ -96,7 +96,7 @@ type Entry struct {
 	Consume  uint64    `json:"consume,omitempty"`
 	ParkSeq  uint64    `json:"park_seq,omitempty"`
 
-	// Schedule is a cron_pause or cron_resume entry's schedule (nightly.go). Steps, on a
+	// Schedule is a cron_pause or cron_resume entry's schedule (operations.go). Steps, on a
 	// retry: the steps it resets (retry --from; format 3), with the changed inputs, if
 	// any, as a JSON object in Output.
 	Schedule *ScheduleChange `json:"schedule,omitempty"`
@@ -126,9 +126,9 @@ type Submit struct {
 	// MaxTree, on a child's submit: the most runs its whole tree (its root and every
 	// descendant) may hold with it, the starting node's --max-run-tree (0: no bound).
 	MaxTree int `json:"max_tree,omitempty"`
-	// Deadline is when the run should have succeeded (format 3; nightly.go).
+	// Deadline is when the run should have succeeded (format 3; operations.go).
 	Deadline time.Time `json:"deadline,omitzero"`
-	// Handlers are the workflow's handler steps by event (format 3; nightly.go).
+	// Handlers are the workflow's handler steps by event (format 3; operations.go).
 	Handlers map[string][]StepSpec `json:"handlers,omitempty"`
 	// Trace is the W3C traceparent of the run's submit span: every span of the run, on
 	// any node and in any epoch, is in its trace (revision 4; written only at cluster
@@ -157,7 +157,7 @@ type CronTick struct {
 	RunID    string    `json:"run_id,omitempty"` // the run fired for it, if any
 	// Deadline, on a tick recorded without a run (missed, paused, skipped): when its run
 	// should have succeeded; the leader counts it as a missed deadline then, unless a
-	// backfill ran it (nightly.go; format 3).
+	// backfill ran it (operations.go; format 3).
 	Deadline time.Time `json:"deadline,omitzero"`
 }
 
@@ -176,7 +176,7 @@ func (e *Entry) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s entry: %s", ErrInvalidEntry, e.Kind, fmt.Sprintf(format, args...))
 	}
-	tickDeadline := e.Kind == KindDeadlineMissed && e.Run == "" && e.Tick != nil // a tick that never ran (nightly.go)
+	tickDeadline := e.Kind == KindDeadlineMissed && e.Run == "" && e.Tick != nil // a tick that never ran (operations.go)
 	if e.Kind != KindCronTick && e.Kind != KindWorkflow && e.Kind != KindCronPause && e.Kind != KindCronResume && e.Kind != KindClusterVersion && !tickDeadline && !ident.ValidID(e.Run) {
 		return bad("run ID %q: %s", e.Run, ident.IDRule)
 	}

@@ -54,7 +54,7 @@ const (
 	TriggerCron     = "cron"
 	TriggerRetry    = "retry"
 	TriggerChild    = "child"    // started by a parent run's workflow step
-	TriggerBackfill = "backfill" // an operator's backfill of a tick (nightly.go)
+	TriggerBackfill = "backfill" // an operator's backfill of a tick (operations.go)
 )
 
 // Why an epoch began (public contract).
@@ -124,12 +124,12 @@ type Run struct {
 	// Outputs are the run's outputs (the workflow's outputs: rendered at its success).
 	Outputs json.RawMessage `json:"outputs,omitempty"`
 	// Deadline is when the run should have succeeded (its workflow's deadline: from its
-	// submit); DeadlineMissed, that the leader recorded it had not (nightly.go).
+	// submit); DeadlineMissed, that the leader recorded it had not (operations.go).
 	Deadline       time.Time `json:"deadline,omitzero"`
 	DeadlineMissed bool      `json:"deadline_missed,omitempty"`
 	// Handlers are its workflow's handler steps by event (on_failure, on_dead_letter,
 	// on_deadline); HandlerRuns the handler runs its events started; Handler, on a
-	// handler run, the run and event it handles (nightly.go).
+	// handler run, the run and event it handles (operations.go).
 	Handlers    map[string][]StepSpec `json:"handlers,omitempty"`
 	HandlerRuns []string              `json:"handler_runs,omitempty"`
 	Handler     *HandlerRef           `json:"handler,omitempty"`
@@ -235,7 +235,7 @@ type Tick struct {
 	// Scheduled, on a backfilled tick: the schedule had recorded it before (missed,
 	// paused, skipped) and the backfill ran it; the schedule's walk carries on after it.
 	Scheduled bool `json:"scheduled,omitempty"`
-	// DeadlineMissed: it never ran by its deadline (nightly.go).
+	// DeadlineMissed: it never ran by its deadline (operations.go).
 	DeadlineMissed bool      `json:"deadline_missed,omitempty"`
 	Owner          string    `json:"owner,omitempty"` // the leader node that recorded it
 	Term           int64     `json:"term"`
@@ -274,8 +274,8 @@ type WorkflowVersion struct {
 //	p/<workflow>/<seq:8><run>     index: the same, by workflow
 //	q/<workflow>/<status>/<seq:8><run>  index: the same, by workflow and status
 //	a/<unixnano:8><run>           index: parked runs by the time their timer is due (wait.go)
-//	l/<unixnano:8><run>           index: runs by deadline, until they succeed or miss it (nightly.go)
-//	k/<workflow>                  ScheduleState: a schedule's pause (nightly.go)
+//	l/<unixnano:8><run>           index: runs by deadline, until they succeed or miss it (operations.go)
+//	k/<workflow>                  ScheduleState: a schedule's pause (operations.go)
 //
 // (The n/ o/ p/ q/ indexes serve RunsNewest: newest.go says why and how.)
 var (

@@ -76,7 +76,7 @@ type Store struct {
 	// each commit. The scheduler looks for such runs after every applied message, and
 	// decoding every pending run to find them was a sixth of W1's CPU.
 	queue runQueue
-	// missed counts deadline misses by workflow (nightly.go).
+	// missed counts deadline misses by workflow (operations.go).
 	missedMu sync.Mutex
 	missed   map[string]int64
 }

@@ -317,7 +317,7 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 			out += "next: " + next.UTC().Format(time.RFC3339) + "\n"
 		}
 		return out + fmt.Sprintf("missed so far: %v\n", tr.s.DeadlinesMissed())
-	case "schedule": // a schedule's pause state (nightly.go)
+	case "schedule": // a schedule's pause state (operations.go)
 		var name string
 		d.ScanArgs(t, "workflow", &name)
 		st, err := tr.s.Schedule(name)

@@ -22,9 +22,9 @@ type State interface {
 	Workflows() ([]checkpoint.WorkflowVersion, error)
 	Ticks(workflow string) ([]checkpoint.Tick, error)
 	HighestTerm() int64
-	// Schedule is a workflow's pause state (nil: never paused; checkpoint/nightly.go).
+	// Schedule is a workflow's pause state (nil: never paused; checkpoint/operations.go).
 	Schedule(workflow string) (*checkpoint.ScheduleState, error)
-	// DueDeadlines gives the runs whose deadline passed unsucceeded (checkpoint/nightly.go).
+	// DueDeadlines gives the runs whose deadline passed unsucceeded (checkpoint/operations.go).
 	DueDeadlines(now time.Time, limit int) ([]string, []checkpoint.DueTick, time.Time, error)
 	// DueTimers gives the parked runs whose timer is due (checkpoint/wait.go).
 	DueTimers(now time.Time, limit int) ([]checkpoint.Due, time.Time, error)

@@ -35,7 +35,7 @@ func PlanWakes(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Tim
 }
 
 // PlanDeadlines is the deadline-missed entries for the runs whose deadline is due at
-// now and that have not succeeded (checkpoint/nightly.go), and when to look again.
+// now and that have not succeeded (checkpoint/operations.go), and when to look again.
 func PlanDeadlines(st State, now time.Time, limit int) ([]checkpoint.Entry, time.Time, error) {
 	due, ticks, next, err := st.DueDeadlines(now, limit)
 	entries := make([]checkpoint.Entry, 0, len(due)+len(ticks))

@@ -63,7 +63,7 @@ func (c *Cache) OfRun(r *checkpoint.Run) (*workflow.Workflow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run %s: workflow %s version %d: %w", r.ID, r.Workflow, r.Version, err)
 	}
-	if r.Handler != nil { // a handler run runs its event's steps (checkpoint/nightly.go)
+	if r.Handler != nil { // a handler run runs its event's steps (checkpoint/operations.go)
 		hw := w.HandlerWorkflow(r.Handler.Event)
 		if hw == nil {
 			return nil, fmt.Errorf("run %s: workflow %s version %d has no %s steps", r.ID, r.Workflow, r.Version, r.Handler.Event)
