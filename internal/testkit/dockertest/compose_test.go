@@ -110,8 +110,12 @@ func TestComposeCluster(t *testing.T) {
 		t.Fatalf("setup.sh: %v\n%s", err, out)
 	}
 	walletPort := freePort(t)
+	// The wallet's latency makes the transfer last long enough to be seen running: each
+	// look is a `docker-compose run` of flowctl, seconds on a busy machine, and at 40 ms
+	// the whole transfer once ended (6 s) between two looks (issue 37, CI beside 4 busy
+	// loops).
 	c := &compose{t: t, root: root, project: fmt.Sprintf("flowtest%d", os.Getpid()), env: []string{
-		"FLOW_IMAGE=" + tag, "FLOW_CONFIG_DIR=" + conf, "FLOW_LEASE_TTL=2s", "FLOW_WALLET_LATENCY=40ms", "FLOW_WALLET_PORT=" + walletPort,
+		"FLOW_IMAGE=" + tag, "FLOW_CONFIG_DIR=" + conf, "FLOW_LEASE_TTL=2s", "FLOW_WALLET_LATENCY=150ms", "FLOW_WALLET_PORT=" + walletPort,
 		"FLOW_UI_PORT_1=" + freePort(t), "FLOW_UI_PORT_2=" + freePort(t), "FLOW_UI_PORT_3=" + freePort(t)}}
 	t.Cleanup(func() {
 		if t.Failed() {
