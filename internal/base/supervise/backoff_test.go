@@ -205,6 +205,9 @@ func TestRestartsAreCountedPerPartWithTheLastReason(t *testing.T) {
 		<-ctx.Done()
 		return nil
 	}})
+	// The steady part is running before its absence from the problems is asserted: on a
+	// busy machine its goroutine once had not started yet ("steady: not running").
+	waitUntil(t, "steady running", func() bool { st, _ := statusOf(s, "steady"); return st.Healthy })
 	for n := int32(1); n <= 3; n++ {
 		// Run n stopped, and waits for the clock to be moved: its status holds still.
 		want := fmt.Sprintf("watch closed (%d)", n)
