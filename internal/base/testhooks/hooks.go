@@ -62,6 +62,7 @@ type Hooks struct {
 	RandomChildIDs        atomic.Bool  // a workflow step's child gets a new ID at each start (TestChildStartedOnceAcrossAnOwnerKill's control)
 	NoChildBinding        atomic.Bool  // people may start runs under children's IDs and a parent adopts whatever runs under its child's ID (TestSquattedChildIsRefused's control)
 	CompactPastLive       atomic.Bool  // compaction ignores the other live nodes' reports: it purges up to the newest snapshot (TestCompactionKeepsWhatALaggingNodeNeeds's control)
+	TakeTwice             atomic.Bool  // a node may take and run one epoch twice at once (the simulation's take-once control; seed 932)
 	NoLeaseRead           atomic.Bool  // a reclaim does not read the run's lease from the server first (the simulation's lease-read control)
 	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder
 	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind
