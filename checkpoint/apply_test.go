@@ -565,3 +565,24 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// Every node must refuse a bad entry with the same words: the writer compares its
+// Future's verdict with what a peer's apply gives (FuzzOwnMessage found a submit with
+// two bad handler events refused for one on one node and the other on the next,
+// because the check walked a map).
+func TestRefusalIsTheSameEachTime(t *testing.T) {
+	e := submitEntry("r1", StepSpec{Name: "a"})
+	e.Submit.Handlers = map[string][]StepSpec{}
+	for _, ev := range []string{"ailre", "n_deadlin", "on_dea_letr", "zz", "aa", "mm"} {
+		e.Submit.Handlers[ev] = []StepSpec{{Name: "h"}}
+	}
+	first := e.Validate()
+	if first == nil || !strings.Contains(first.Error(), `"aa"`) {
+		t.Fatalf("Validate = %v, want a refusal naming the first bad event in order, \"aa\"", first)
+	}
+	for range 50 {
+		if err := e.Validate(); err.Error() != first.Error() {
+			t.Fatalf("Validate = %v, then %v", first, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -331,7 +332,10 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if len(s.Trace) > 128 {
 		return bad("trace: %d bytes, a traceparent is 55", len(s.Trace))
 	}
-	for event, steps := range s.Handlers {
+	// In sorted order: a map's order is random, and every node must give the same
+	// refusal for the same entry (FuzzOwnMessage compares the writer's with a peer's).
+	for _, event := range slices.Sorted(maps.Keys(s.Handlers)) {
+		steps := s.Handlers[event]
 		if event != OnFailureEvent && event != OnDeadLetterEvent && event != OnDeadlineEvent {
 			return bad("handler event %q: use on_failure, on_dead_letter or on_deadline", event)
 		}
