@@ -139,8 +139,8 @@ func (tx *applyBatch) commit() error {
 			// packed together): the queue and the status hook hear of its end all the
 			// same. Its status is terminal (only an ended run is retired), so it leaves
 			// the admission queue and the held count, and a worker executing it stops.
-			// (Until issue 30 a run retired in the message that ended it stayed queued
-			// or held until the node restarted.)
+			// (Earlier a run retired in the message that ended it stayed queued or held
+			// until the node restarted.)
 			tx.s.noteQueue(c.run)
 			if c.origStatus != c.run.Status && tx.s.onStatus != nil {
 				tx.s.onStatus(c.run.ID, c.run.Status)
@@ -210,7 +210,7 @@ func (tx *applyBatch) judge(idx int, e *Entry) error {
 			tx.s.counters.StaleTerms.Add(1)
 			_ = tx.putJSON(keyStaleTerm(tx.seq, idx), StaleTerm{Kind: e.Kind, Run: e.Run, Term: e.Term, HighestTerm: tx.term, Seq: tx.seq, At: e.At})
 			// A failed read of the run is a storage failure, not a rejection without its
-			// event (the other nodes record it). (Until issue 30 its error was dropped.)
+			// event (the other nodes record it).
 			c, err := tx.load(e.Run)
 			if err != nil {
 				return err

@@ -6,7 +6,7 @@ import (
 )
 
 // Approvals (wait.go's approval waits): who counts toward an approval step, and which
-// decisions the log refuses because they would change nothing (issue 36).
+// decisions the log refuses because they would change nothing.
 
 // ApprovalRule is who an approval step does not count: Exclude (the run's starter, with
 // not_the_starter) and, with NotTheStarter, everyone in the run's InputsBy, who set what

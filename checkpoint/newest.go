@@ -12,7 +12,7 @@ import (
 	"github.com/flowrun/flow/internal/base/ident"
 )
 
-// Runs newest first (issue 16: the web UI lists runs that way, filtered by workflow
+// Runs newest first (the web UI lists runs that way, filtered by workflow
 // and/or status, a page at a time, over a million runs). Run IDs are chosen by users and
 // say nothing of time, so the r/, x/ and w/ tables, ordered by ID, cannot give the newest
 // runs without reading all of them. Four more indexes are ordered by the run's submit

@@ -14,7 +14,7 @@ import (
 	"github.com/flowrun/flow/internal/base/ident"
 )
 
-// Nightly operations (issue 27): an operator pauses and resumes a schedule, and retries
+// Nightly operations: an operator pauses and resumes a schedule, and retries
 // a run from a step.
 //
 // A pause is a cron_pause entry with the actor and a reason: the schedule's state says
@@ -30,15 +30,16 @@ import (
 // a new one, so a commit of the old epoch is stale (the guard), and the new epoch's
 // first commit of a reset step is the only one of that (step, item, epoch).
 
-// Entry kinds of issue 27 (format 3).
+// Entry kinds of nightly operations (format 3).
 const (
 	KindCronPause  Kind = "cron_pause"  // an operator pauses a schedule
 	KindCronResume Kind = "cron_resume" // an operator resumes it
 )
 
-// Tick outcomes of issue 27 (format 3). TickPaused: a fire time that came while the
-// schedule was paused and did not fire. TickBackfilled: a fire time an operator's
-// backfill ran (a run with the tick's own run ID, so never a second run of a tick).
+// Tick outcomes of nightly operations (format 3). TickPaused: a fire time that came
+// while the schedule was paused and did not fire. TickBackfilled: a fire time an
+// operator's backfill ran (a run with the tick's own run ID, so never a second run of a
+// tick).
 const (
 	TickPaused     = "paused"
 	TickBackfilled = "backfilled"
@@ -210,7 +211,7 @@ func (tx *applyBatch) resetSteps(c *cachedRun, e *Entry) error {
 	return nil
 }
 
-// Deadlines (issue 27): a run whose workflow has a deadline carries it from its submit
+// Deadlines: a run whose workflow has a deadline carries it from its submit
 // (Run.Deadline). The leader writes deadline-missed for a run that has not succeeded by
 // then (a scheduler entry, with the term: a deposed leader's is refused; the run is
 // marked once, so two leaders' passes mark it once). An index of runs by deadline
@@ -349,7 +350,7 @@ func (s *Store) countDeadlineMissed(workflow string) {
 	s.missed[workflow]++
 }
 
-// Handlers (issue 27): a run whose workflow has on_failure, on_dead_letter or
+// Handlers: a run whose workflow has on_failure, on_dead_letter or
 // on_deadline steps carries their step lists from its submit (Run.Handlers). When the
 // run fails, is dead-lettered or misses its deadline, the applier itself starts a
 // handler run of that list, with an ID derived from the run, the event and how many of

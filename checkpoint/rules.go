@@ -337,9 +337,9 @@ func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
 
 // checkpointed reports whether (step, item) has a checkpoint. A step's own checkpoint
 // covers its items: once a foreach step is checkpointed as a whole, none of its items is
-// written again. (Until issue 30 an item's final failure was accepted after it, marked
-// the step failed, and a retry then let a second commit of the step through: invariant
-// 1, found by TestFencingInvariantsProperty.)
+// written again. (Earlier an item's final failure was accepted after it, marked the
+// step failed, and a retry then let a second commit of the step through: invariant 1,
+// found by TestFencingInvariantsProperty.)
 func (tx *applyBatch) checkpointed(c *cachedRun, st *Step, item int) (bool, error) {
 	if st.Status == StepSucceeded || st.Status == StepSkipped {
 		return true, nil
@@ -523,8 +523,8 @@ func (tx *applyBatch) retire(c *cachedRun, e *Entry) error {
 // by one (the batch is indexed: it sees this message's own writes too): range deletions
 // were measured to slow every later read of a replay fourfold. A failed read of what to
 // delete is a storage failure (ErrStorage): deleting only what could be read would
-// leave the run's keys on this node and not on the others. (Until issue 30 the scans'
-// errors were dropped, and TestFaultAtEveryOperation saw a retire leave events behind.)
+// leave the run's keys on this node and not on the others. (Earlier the scans' errors
+// were dropped, and TestFaultAtEveryOperation saw a retire leave events behind.)
 func (tx *applyBatch) deleteRun(c *cachedRun) error {
 	id := c.run.ID
 	_ = tx.b.Delete(keyRun(id), nil)

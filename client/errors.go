@@ -154,8 +154,8 @@ var subscribeViolation = regexp.MustCompile(`(?i)permissions violation for subsc
 // denyInbox ends every call waiting on nc when err is the server refusing nc the
 // subscription its answers come to (under its inbox prefix): none of them can get one.
 // It happens when the user's permissions name another inbox than the client uses (a
-// person's permissions from before issue 24, or a connection given to New without
-// nats.CustomInboxPrefix(InboxPrefix(user))).
+// person's permissions from before per-user inboxes, or a connection given to New
+// without nats.CustomInboxPrefix(InboxPrefix(user))).
 func denyInbox(nc *nats.Conn, err error) {
 	m := subscribeViolation.FindStringSubmatch(err.Error())
 	if m == nil {

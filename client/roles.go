@@ -169,7 +169,7 @@ func FlowStreams() []string { return slices.Clone(flowStreams) }
 // snapshot, and the snapshots that one replaces (nats.go's object store deletes and
 // renames by purging a subject). It may update none, and purge no bucket: a term raise
 // (a purge of the leader bucket) goes through a node's admin path (engine
-// raisingElector; issue 36).
+// raisingElector).
 var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS"}
 
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
@@ -180,7 +180,7 @@ var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS"}
 // its chunks); the log, the tasks, the DLQ, the buckets and the object store; the node
 // scatter of cluster status, the API's probe of itself, and the server's sync policy.
 // Not: updating any stream or bucket (an update can seal it, and a sealed stream is never
-// unsealed: issue 36), deleting a stream or a message, anything of other streams, any API
+// unsealed), deleting a stream or a message, anything of other streams, any API
 // operation (flow.v1.<op>). A stream flowd finds differing from what it wants is
 // reconfigured by an admin path only (docs/security.md, "Sealing and repair").
 //

@@ -72,7 +72,7 @@ func (ls *Leases) Watch(ctx context.Context) (*LeaseWatcher, error) {
 // an idle bucket shown current by a round trip every TTL/4. The limit is not one TTL
 // because a new watch first replays every lease, and on a loaded machine that replay
 // (and the round trip that makes the watch) can take longer than a TTL: restarted at
-// one TTL, the watcher was replaced 35 times in a row and never finished (issue 37).
+// one TTL, the watcher was replaced 35 times in a row and never finished.
 // The room costs no safety: a watch that is not shown current judges no lapse
 // (Current, sweep), so a deaf watch only delays lapses, by this limit at most.
 func (c Config) WatchSilence() time.Duration { return max(2*c.TTL, 4*time.Second) }

@@ -36,8 +36,9 @@ const (
 
 // containment is empty in every build but the negative controls and the tests of the
 // fallback: -ldflags "-X github.com/flowrun/flow/steps.containment=off" runs exec steps
-// as before issue 24 (a process group and the parent-death signal, ModeProcessGroup), and
-// containment=subreaper skips the namespace (ModeSubreaper) where one could be made.
+// as before the step init (a process group and the parent-death signal,
+// ModeProcessGroup), and containment=subreaper skips the namespace (ModeSubreaper) where
+// one could be made.
 var containment string
 
 var probed struct {

@@ -47,7 +47,7 @@ func (p *process) run(ctx context.Context, m Mode) outcome {
 	return p.runContained(ctx, m)
 }
 
-// runGroup runs p without containment (ModeProcessGroup, as before issue 24): in its
+// runGroup runs p without containment (ModeProcessGroup, as before the step init): in its
 // own process group, which is sent SIGTERM when ctx ends and SIGKILL a grace later, and
 // SIGKILL again when the command has exited, for what it left in the group.
 func (p *process) runGroup(ctx context.Context) outcome {

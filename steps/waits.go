@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The waiting kinds (issue 26): `wait` (for a signal) and `approval` (for people's
+// The waiting kinds: `wait` (for a signal) and `approval` (for people's
 // decisions) are carried out by the engine, which parks the run instead of holding a
 // worker (engine/internal/worker/wait.go); the registry holds them so that workflows
 // using them validate, with their `with` checked here. `sleep` with `until`, or longer

@@ -1,6 +1,6 @@
 package workflow
 
-// Handlers (issue 27): `on_failure:`, `on_dead_letter:` and `on_deadline:` are lists of
+// Handlers: `on_failure:`, `on_dead_letter:` and `on_deadline:` are lists of
 // ordinary steps. Each event of a run (it failed, it was dead-lettered, it missed its
 // deadline) starts one handler run of its list, checkpointed and fenced like any run;
 // its templates see the run that had the event as run.id, run.error and

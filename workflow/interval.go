@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Data intervals (issue 27): a run of a scheduled workflow closes the interval between
+// Data intervals: a run of a scheduled workflow closes the interval between
 // the schedule's previous fire time and its own (its tick). Templates read them as
 // schedule.tick and schedule.prev_tick (RFC 3339 in the schedule's timezone) and
 // schedule.tick_date and schedule.prev_tick_date (YYYY-MM-DD there).

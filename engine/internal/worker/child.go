@@ -101,7 +101,7 @@ func (x *runExec) runChild(st *workflow.Step, scope map[string]any) error {
 		}
 		if child != nil {
 			// Only the run this step started is its child: never one that someone else
-			// started under the child's ID (issue 36).
+			// started under the child's ID.
 			if err := checkpoint.ChildOf(child, checkpoint.ParentRef{Run: x.run.ID, Step: st.Name, Item: index}, x.p.hooks.NoChildBinding.Load() || noChildBinding != ""); err != nil {
 				return x.failStep(st, index, 1, steps.Permanent(err))
 			}

@@ -132,7 +132,7 @@ type Pool struct {
 		// stop it: Leases.Acquire adopts a lease this node holds for the same epoch (a
 		// retried acquire), so both would run, and the second could do a step's side
 		// effect after the first parked the run and it moved to a newer epoch (the
-		// simulation's seed 932, issue 37; its control is Hooks.TakeTwice).
+		// simulation's seed 932; its control is Hooks.TakeTwice).
 		taking map[takeKey]bool
 	}
 }

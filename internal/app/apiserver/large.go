@@ -8,7 +8,7 @@ import (
 	"github.com/flowrun/flow/internal/base/bytelimit"
 )
 
-// Large requests (issue 36). A request's body is decoded before anything can judge it,
+// Large requests. A request's body is decoded before anything can judge it,
 // and a megabyte of JSON costs the node milliseconds: four callers sending 900 KB
 // signals that the node then refused slowed every other user's runs 30-60x. So the bytes
 // of large requests (over largeRequest) are bounded per user and node, before decoding:

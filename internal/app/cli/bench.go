@@ -40,7 +40,7 @@ type waitOptions struct {
 	// deadline bounds one run's wait, all waits again included (--run-timeout).
 	deadline time.Duration
 	// noRewait counts a wait that timed out as a failure: the negative control of the
-	// rewait (issue 12: 95,404 runs "did not succeed" that all succeeded later).
+	// rewait (without it, 95,404 runs "did not succeed" that all succeeded later).
 	noRewait bool
 }
 

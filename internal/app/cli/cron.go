@@ -13,7 +13,7 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// Nightly operations (CONTRACT.md, issue 22; issue 27): cron pause, resume, next and
+// Nightly operations (CONTRACT.md): cron pause, resume, next and
 // backfill, and run retry from a step with inputs.
 
 // cronCommands are cron pause, cron resume, cron next and cron backfill.

@@ -14,7 +14,7 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// waitCommands are run signal, run approve and run reject (CONTRACT.md, issue 21).
+// waitCommands are run signal, run approve and run reject (CONTRACT.md).
 func (a *app) waitCommands() []*cobra.Command {
 	var data, key string
 	signal := &cobra.Command{Use: "signal RUN NAME", Short: "Send a signal to a run that has not ended (a run waiting for it wakes)",

@@ -137,7 +137,7 @@ func flagGiven(args []string, name string) bool {
 }
 
 // privateDataDir makes the data dir, or makes an existing one readable by this user
-// only (0700; a data dir made before issue 15 was 0755).
+// only (0700; older flowds made it 0755).
 func privateDataDir(dir string, logger *slog.Logger) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("flowd: data dir %s: %w (give --data-dir a directory this user can create)", dir, err)

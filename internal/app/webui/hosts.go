@@ -258,7 +258,7 @@ func (s *Server) fromOurPages(r *http.Request) bool {
 		return false // "null" (a sandboxed or privacy-sensitive context) among them
 	}
 	if s.hooks.originIsHost {
-		return strings.EqualFold(u.Host, r.Host) // as before issue 24: the control
+		return strings.EqualFold(u.Host, r.Host) // as before the host allow-list: the control
 	}
 	return s.hosts.allows(u.Host)
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/flowrun/flow/client"
 )
 
-// The live streams' bounds (issue 36): before them one viewer opened 3,000 streams and
+// The live streams' bounds: before them one viewer opened 3,000 streams and
 // every other user's runs took 10 times as long. A stream lasts as long as its run, so,
 // like the API's run.wait, what one user and the node hold at once is bounded; one more
 // is refused at once with 429, and the page polls instead (ui.js).
@@ -288,7 +288,7 @@ func (s *Server) runEvents(w http.ResponseWriter, r *http.Request, se *session) 
 		case <-changed:
 			if watch != nil {
 				st, changed = watch.current()
-			} else { // as before issue 36: each stream reads the run, caught up, at each change
+			} else { // as before the shared watcher: each stream reads the run, caught up, at each change
 				changed = s.cfg.Backend.Changed()
 				st = read()
 			}

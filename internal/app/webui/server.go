@@ -82,18 +82,18 @@ type Config struct {
 // and a flowd linked with unsafeAnyHost set (clustertest) turns the host guards off.
 type hooks struct {
 	anyHost          bool // the Host allow-list is not checked
-	originIsHost     bool // a POST's Origin is compared with its own Host (as before issue 24), not with the names
+	originIsHost     bool // a POST's Origin is compared with its own Host (as before the allow-list), not with the names
 	noDummyHash      bool // an unknown user is answered without a bcrypt comparison
 	noSignInLimit    bool // failed sign-ins are not counted
 	noStreamDeadline bool // the live stream keeps the server's write deadline
-	perStreamReads   bool // each live stream reads its run, caught up with the log, at each change (as before issue 36)
+	perStreamReads   bool // each live stream reads its run, caught up with the log, at each change (as before the shared watcher)
 	now              func() time.Time
 	compare          func(hash, password []byte) error
 }
 
 // unsafeAnyHost, set at link time (-ldflags "-X
 // github.com/flowrun/flow/internal/app/webui.unsafeAnyHost=1"), switches the host guards off
-// as on main before issue 24: any Host is answered and a POST's Origin is compared with
+// as before the host allow-list: any Host is answered and a POST's Origin is compared with
 // the request's own Host. Only clustertest's negative control builds such a flowd.
 var unsafeAnyHost string
 

@@ -93,7 +93,7 @@ func SnapshotsConfig(replicas int) jetstream.ObjectStoreConfig {
 // TasksMaxBytes caps FLOW_TASKS. Tasks and leases both live in JetStream memory storage,
 // whose budget the server checks against what is actually stored (64 MiB on the
 // embedded server): a tasks stream without a cap could take it all, and every lease
-// write would then fail with "insufficient resources" (issue 12). Admission keeps tasks
+// write would then fail with "insufficient resources". Admission keeps tasks
 // to a few per worker slot, ~150 bytes each; the cap is the guard behind it, and what
 // it leaves is the leases' own budget. A publish past it is refused (DiscardNew) and the
 // reconcile queues the task again later. docs/decisions.md.
@@ -134,7 +134,7 @@ func TasksConfig(replicas int, maxBytes int64) jetstream.StreamConfig {
 }
 
 // EnsureTasks creates the tasks stream if needed, and says (ErrCapNotSet) when an
-// existing one lacks its cap: a node may not update it (issue 36); cluster repair does.
+// existing one lacks its cap: a node may not update it; cluster repair does.
 func EnsureTasks(ctx context.Context, js jetstream.JetStream, replicas int, maxBytes int64) error {
 	cfg := TasksConfig(replicas, maxBytes)
 	s, err := EnsureStream(ctx, js, cfg)

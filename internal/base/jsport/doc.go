@@ -2,7 +2,7 @@
 // interfaces (the buckets, the task queue, the log stream, the snapshots' object store,
 // the dead-letter publisher) on nats.go's jetstream client, and holds every stream's and
 // bucket's configuration, their creation (which never updates an existing stream), the
-// checks that find one sealed or reconfigured, and the repair an admin runs (issue 36).
+// checks that find one sealed or reconfigured, and the repair an admin runs.
 // It links no server code: internal/base/natsnode starts the embedded server.
 //
 // Nothing else of flow calls JetStream for the shell's work: epoch, logstream, the task

@@ -31,7 +31,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Str
 }
 
 // EnsureKV returns the bucket, creating it if it does not exist. It never updates an
-// existing bucket: a node's credential may not (an update can seal it: issue 36), and a
+// existing bucket: a node's credential may not (an update can seal it), and a
 // bucket that differs from cfg (a changed --lease-ttl) is Check's finding, mended by
 // Repair on an admin path.
 func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {

@@ -118,21 +118,23 @@ func ServerPermissions(p client.Permissions) (*server.Permissions, error) {
 }
 
 // oldPermissions, set at link time (-ldflags "-X .../natsnode.oldPermissions=1") and
-// empty in every build of flowd, gives the users the permissions from before issue 24:
-// people subscribe to every "_INBOX.>" and a node may publish anything (">"), the API
-// included. Only the negative controls of docs/testing.md set it (a viewer reads an
-// operator's answers; a node's forged request names a person in the history).
+// empty in every build of flowd, gives the users the permissions from before per-user
+// inboxes and the narrowed node role: people subscribe to every "_INBOX.>" and a node may
+// publish anything (">"), the API included. Only the negative controls of
+// docs/testing.md set it (a viewer reads an operator's answers; a node's forged request
+// names a person in the history).
 var oldPermissions string
 
 // oldNodeUpdates, set at link time (-ldflags "-X .../natsnode.oldNodeUpdates=1") and
 // empty in every build of flowd, gives the node role back only the update and purge
-// rights it had before issue 36 (STREAM.UPDATE of the tasks stream and three buckets,
-// STREAM.PURGE of the leader bucket and the snapshots), nothing else of the old set:
-// the negative control of the tests that a node cannot seal flow's streams.
+// rights it had before updates moved to an admin path (STREAM.UPDATE of the tasks
+// stream and three buckets, STREAM.PURGE of the leader bucket and the snapshots), nothing
+// else of the old set: the negative control of the tests that a node cannot seal flow's
+// streams.
 var oldNodeUpdates string
 
-// preIssue36Updates are those rights.
-var preIssue36Updates = []string{
+// revokedNodeUpdates are those rights.
+var revokedNodeUpdates = []string{
 	"$JS.API.STREAM.UPDATE.FLOW_TASKS", "$JS.API.STREAM.UPDATE.KV_FLOW_LEADER", "$JS.API.STREAM.UPDATE.KV_FLOW_LEASES",
 	"$JS.API.STREAM.UPDATE.KV_FLOW_NODES", "$JS.API.STREAM.PURGE.KV_FLOW_LEADER", "$JS.API.STREAM.PURGE.OBJ_FLOW_SNAPSHOTS",
 }
@@ -145,7 +147,7 @@ func permissionsOf(role, user string) (client.Permissions, error) {
 	}
 	p, err := client.PermissionsOf(role, user)
 	if err == nil && role == client.RoleNode && oldNodeUpdates != "" {
-		for _, s := range preIssue36Updates {
+		for _, s := range revokedNodeUpdates {
 			if !slices.Contains(p.Publish.Allow, s) {
 				p.Publish.Allow = append(p.Publish.Allow, s)
 			}
@@ -154,8 +156,9 @@ func permissionsOf(role, user string) (client.Permissions, error) {
 	return p, err
 }
 
-// oldPermissionsOf are role's permissions before issue 24, for the negative controls
-// only: a person could read everyone's answers (_INBOX.>), a node publish anything.
+// oldPermissionsOf are role's permissions before per-user inboxes and the narrowed node
+// role, for the negative controls only: a person could read everyone's answers
+// (_INBOX.>), a node publish anything.
 func oldPermissionsOf(role string) (client.Permissions, error) {
 	p, err := client.PermissionsOf(role, "old")
 	if err != nil {
