@@ -13,9 +13,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/leader"
-	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/engine/internal/worker"
-	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/internal/base/resend"
@@ -177,17 +175,13 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		// carries this node's bound on the parent's whole tree.
 		submit.Epoch, sub.MaxTree = opts.ParentEpoch, e.cfg.MaxRunTree
 	}
-	// Only a run ID made here is surely new: with a given ID (a client's, a cron tick's)
-	// the submit may be refused as a repeat while the assign, judged on its own, would
-	// give the existing run an epoch past its workflow's limits.
-	// The short path is an assign like the scheduler's: only with room under admission
-	// and no older run waiting for one (admission.go).
+	// The leader's short path (leader.Service.StartHere) only for a run ID made here
+	// (or derived from a client's nonce) and a workflow without a concurrency limit.
 	short := false
-	if term := e.Leading(); (generated || e.hooks.FastPathGivenIDs.Load()) && term != nil && w.Concurrency == 0 && term.Check() == nil && e.admit() {
-		defer e.admission.Admitted()
-		short = true
-		err = e.submitAndAssign(tctx, submit, term)
-	} else {
+	if (generated || e.hooks.FastPathGivenIDs.Load()) && w.Concurrency == 0 && e.leader != nil {
+		short, err = e.leader.StartHere(tctx, submit, e.workers)
+	}
+	if !short {
 		err = e.clog.Writer.Write(ctx, submit).Await(ctx)
 	}
 	if errors.Is(err, checkpoint.ErrRunExists) && opts.Try.Resent() && e.sameStart(id, submit) {
@@ -212,70 +206,6 @@ func (e *Engine) sameStart(id string, submit checkpoint.Entry) bool {
 	sub := submit.Submit
 	return r.Workflow == sub.Workflow && r.Version == sub.Version && r.Trigger == sub.Trigger &&
 		r.StartedBy == submit.Actor && bytes.Equal(r.Inputs, sub.Inputs) && r.Parent == nil && sub.Parent == nil
-}
-
-// submitAndAssign is StartRun on the leader: the run's first assign (with the term) rides
-// in the submit's log message and the task is queued at once, instead of the scheduler
-// reacting to the applied submit with a message of its own (one synced write and one
-// round trip less per run). Runs of a workflow with a concurrency limit, and runs whose ID
-// was given (except one a client derived from its nonce: internal/base/resend), always
-// wait for the scheduler. The log judges the assign like any other: if it is refused (the term
-// ended meanwhile), the run is pending without an epoch and the next leader assigns it.
-//
-// When this node has a free worker slot, the assign also names it as the epoch's worker
-// (the claim rides in the same entry) and the run starts here without a task: one more
-// synced write and two round trips less (docs/decisions.md).
-func (e *Engine) submitAndAssign(ctx context.Context, submit checkpoint.Entry, term *epoch.Term) error {
-	assign := checkpoint.Entry{Kind: checkpoint.KindAssign, Run: submit.Run, Term: term.Term(), Owner: e.cfg.NodeID}
-	own := e.workers.ReserveOwn()
-	if own {
-		assign.Worker = e.cfg.NodeID
-	}
-	f := e.clog.Writer.Write(ctx, submit, assign)
-	if own {
-		// The reserved slot (and its count in the pool's wait group) follows the assign's
-		// outcome in the log, not the caller, whose ctx may end first; nor the engine's
-		// context: Stop drains while the log still applies what is in flight, and an
-		// accepted assign must then be handed back (RunOwn does, its lease acquire
-		// failing). A write refused before publishing is resolved at once: the slot goes
-		// back.
-		go func() {
-			actx, cancel := context.WithTimeout(context.Background(), 3*logstream.DefaultPublishTimeout)
-			err := f.Results(actx)[1]
-			cancel()
-			if err != nil {
-				// Refused, or its outcome unknown (NATS in trouble): if it landed after all,
-				// the run is claimed here without a lease and the reconcile reclaims it.
-				e.log.Info("the short path's own claim is not run here", "run", submit.Run, "err", err)
-				e.workers.ReleaseOwn()
-				return
-			}
-			e.workers.RunOwn(submit.Run, int64(f.Seq()))
-		}()
-	}
-	errs := f.Results(ctx)
-	if errs[0] != nil {
-		return errs[0]
-	}
-	if errs[1] != nil {
-		e.log.Info("assign with the submit refused; the scheduler assigns the run", "run", submit.Run, "err", errs[1])
-		return nil
-	}
-	// The first epoch, named in the submit span (its owner's own span may never be sent).
-	trace.SpanFromContext(ctx).AddEvent("epoch assigned", trace.WithAttributes(attribute.Int64("flow.epoch", int64(f.Seq())),
-		attribute.String("flow.epoch.reason", checkpoint.ReasonAssigned), attribute.String("flow.owner", assign.Worker)))
-	trace.SpanFromContext(ctx).SetAttributes(attribute.Int64("flow.epoch", int64(f.Seq())))
-	if !own {
-		if err := e.tasks.Publish(ctx, tasks.Task{Run: submit.Run, Epoch: int64(f.Seq())}); err != nil {
-			e.log.Warn("task not queued; reconcile will retry", "run", submit.Run, "err", err)
-		}
-	}
-	return nil
-}
-
-// admit reserves room under admission for a run started on the leader (the short path).
-func (e *Engine) admit() bool {
-	return e.admission.Admit(func() int { assigned, _ := e.store.Held(); return assigned })
 }
 
 // NewRunID is a time-ordered run ID: 20261129-101500.123-k3j9x2.
