@@ -21,6 +21,7 @@ import (
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/app/apiserver"
+	"github.com/flowrun/flow/internal/testkit/forge"
 	"github.com/flowrun/flow/internal/testkit/testnode"
 )
 
@@ -37,7 +38,7 @@ func startNode(t *testing.T) *node {
 	// The tests' hour-long sleeps hold a worker (a running run to cancel, to drain, to
 	// see stolen), as they did before long sleeps parked their runs (issue 26).
 	e := testnode.Engine(t, func(c *engine.Config) { c.ParkAfter = 24 * time.Hour })
-	srv, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: e.API()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,17 +573,24 @@ func TestDrillZombie(t *testing.T) {
 func loseOwner(t *testing.T, n *node, r client.Run) {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)
-	term := n.e.Leading()
-	if term == nil {
-		t.Fatal("node-a does not lead, yet it ran a run")
+	leader, err := n.e.Leader(ctx)
+	if err != nil || leader.Node != n.e.NodeID() {
+		t.Fatalf("node-a does not lead (%+v, %v), yet it ran a run", leader, err)
 	}
-	assign := n.e.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch, Term: term.Term(),
+	w := forge.Open(t, n.url)
+	assign, err := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: r.ID, Epoch: r.Epoch, Term: leader.Term,
 		Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
-	if err := assign.Await(ctx); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.e.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: r.ID, Epoch: int64(assign.Seq()), Owner: "ghost"}).Await(ctx); err != nil {
+	if _, err := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: r.ID, Epoch: int64(assign), Owner: "ghost"}); err != nil {
 		t.Fatal(err)
+	}
+	if err := n.e.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := n.e.Run(r.ID); err != nil || v.Run.Epoch < int64(assign) {
+		t.Fatalf("the forged assign at %d was not accepted: %+v %v", assign, v, err)
 	}
 }
 

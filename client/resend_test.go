@@ -19,7 +19,7 @@ import (
 // serve serves n's API again (after n.srv.Stop).
 func serve(t *testing.T, n *node) {
 	t.Helper()
-	srv, err := apiserver.Serve(apiserver.Config{Node: n.e.API(), Conn: n.e.Conn(), Supervisor: n.e.Supervisor(), Silence: n.e.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: n.e.API()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	log := nodeLog{e.clog}
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
-		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.Silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
+		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
 		StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err
@@ -158,7 +158,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.ports.DLQ, m) },
 		Gate:        gatePromoter{e},
 		Admission:   e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
-		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Silence: e.Silence(),
+		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Silence: e.silence(),
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})
 	// A member of the cluster from now on: the cluster version does not move past what
 	// this binary reads; a cluster already past it refuses this node (gate.go).
@@ -241,17 +241,17 @@ func (e *Engine) statusChanged(run string, status checkpoint.RunStatus) {
 	}
 }
 
-// Silence is how long a supervised part of the engine may hear nothing from NATS
+// silence is how long a supervised part of the engine may hear nothing from NATS
 // before it is presumed cut off and started again: a lease TTL (a node that hears
 // nothing for that long has lost its leases anyway), and at least the task fetch's
 // wait with some room. The API service (internal/app/apiserver) uses the same limit.
-func (e *Engine) Silence() time.Duration { return max(e.cfg.Lease.TTL, 4*time.Second) }
+func (e *Engine) silence() time.Duration { return max(e.cfg.Lease.TTL, 4*time.Second) }
 
 // NodeID names this node.
 func (e *Engine) NodeID() string { return e.cfg.NodeID }
 
-// Leading is the current term if this node leads, else nil.
-func (e *Engine) Leading() *epoch.Term {
+// leading is the current term if this node leads, else nil.
+func (e *Engine) leading() *epoch.Term {
 	if e.leader == nil {
 		return nil
 	}
@@ -259,7 +259,7 @@ func (e *Engine) Leading() *epoch.Term {
 }
 
 // isLeader reports whether this node leads now.
-func (e *Engine) isLeader() bool { return e.Leading() != nil }
+func (e *Engine) isLeader() bool { return e.leading() != nil }
 
 // Leader is the leader the leader key names, with its term (whichever node asks).
 func (e *Engine) Leader(ctx context.Context) (epoch.Leader, error) { return e.elector.Leader(ctx) }

@@ -5,12 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/internal/base/supervise"
-	"github.com/flowrun/flow/logstream"
 )
 
 // Health is what a node can say of its own readiness, taken at one moment (Health).
@@ -131,7 +126,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	m := Metrics{CommitsAccepted: c.CommitsAccepted.Load(), CommitsFenced: c.CommitsFenced.Load(), EpochChanges: c.EpochChanges.Load(),
 		StaleTerms: c.StaleTerms.Load(), LogRejected: c.LogRejected.Load(), RunsRetired: c.Retired.Load(),
 		HighestTerm: e.store.HighestTerm(), Runs: map[checkpoint.RunStatus]int{}, Queued: e.store.QueuedRuns(), ApplyLag: -1}
-	if t := e.Leading(); t != nil {
+	if t := e.leading(); t != nil {
 		m.HighestTerm, m.Leading = max(m.HighestTerm, t.Term()), true
 	}
 	lc := e.leases.Config().Counters
@@ -178,23 +173,3 @@ func (e *Engine) parked() map[string]int {
 	}
 	return out
 }
-
-// Conn is the node's NATS connection, on which the daemon serves the API service
-// (internal/app/apiserver) beside the engine.
-func (e *Engine) Conn() *nats.Conn { return e.nc }
-
-// Supervisor keeps the node's long-lived NATS interactions alive; the API service is
-// added to it.
-func (e *Engine) Supervisor() *supervise.Supervisor { return e.sup }
-
-// Store is this node's state. For tests and tools that must look inside (flowd reads
-// Health and Metrics); never write to it.
-func (e *Engine) Store() *checkpoint.Store { return e.store }
-
-// Log is this node's log. For tests and tools that must write entries of their own
-// (forgeries, drills); flowd reads Health and Metrics.
-func (e *Engine) Log() *logstream.Log { return e.clog }
-
-// JetStream is this node's JetStream context. For tests and tools (reading FLOW_DLQ,
-// publishing what a forger would); flowd reads Health and Metrics.
-func (e *Engine) JetStream() jetstream.JetStream { return e.js }

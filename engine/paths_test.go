@@ -118,12 +118,12 @@ func TestSubmitOffTheLeader(t *testing.T) {
 func waitLeader(t *testing.T, e *Engine) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for e.Leading() == nil {
+	for e.leading() == nil {
 		if time.Now().After(deadline) {
 			t.Fatal("no term won within 30s")
 		}
 		ctx := ctxT(t, time.Second)
-		_ = e.waitFor(ctx, func() bool { return e.Leading() != nil })
+		_ = e.waitFor(ctx, func() bool { return e.leading() != nil })
 	}
 }
 
@@ -263,7 +263,7 @@ func TestLogOutageEndsTheEpochNotTheRun(t *testing.T) {
 func ghostClaim(t *testing.T, e *Engine, id string, at time.Time) int64 {
 	t.Helper()
 	ctx := ctxT(t, 10*time.Second)
-	term := e.Leading()
+	term := e.leading()
 	if term == nil {
 		t.Fatal("not leading")
 	}

@@ -20,11 +20,11 @@ func waitLeading(t *testing.T, e *Engine, above int64, d time.Duration) *epoch.T
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
-		if term := e.Leading(); term != nil && term.Term() > above {
+		if term := e.leading(); term != nil && term.Term() > above {
 			return term
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no term above %d within %s (leading %v, problem %q)", above, d, e.Leading(), e.leadershipProblem())
+			t.Fatalf("no term above %d within %s (leading %v, problem %q)", above, d, e.leading(), e.leadershipProblem())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}
@@ -137,7 +137,7 @@ func waitStaleTerm(t *testing.T, e *Engine, after int64) int64 {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no term above %d won below the applied term within 20s (problem %q, leading %v, applied term %d): a node leading above the applied term raised it",
-				after, e.leadershipProblem(), e.Leading(), e.store.HighestTerm())
+				after, e.leadershipProblem(), e.leading(), e.store.HighestTerm())
 		}
 		time.Sleep(10 * time.Millisecond) // polling the engine's election, with a deadline
 	}

@@ -8,11 +8,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/resend"
+	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -28,6 +31,15 @@ type API struct{ e *Engine }
 
 // API is e in its wire API's terms (flowd serves it: internal/app/apiserver).
 func (e *Engine) API() *API { return &API{e: e} }
+
+// Hosting is what the API service needs of the node that hosts it: the node's own NATS
+// connection to register on (its credentials), the supervisor that keeps the node's
+// parts alive (the service is one more, "api"), and how long a part may hear nothing
+// before it is presumed cut off. Only the service hosted beside the engine takes them;
+// the engine's library API (*Engine) hands out none of its insides.
+func (a *API) Hosting() (*nats.Conn, *supervise.Supervisor, time.Duration) {
+	return a.e.nc, a.e.sup, a.e.silence()
+}
 
 // Status is this node as cluster status lists it: its ID, the log sequence its state
 // has applied, whether it leads, and whether a lease it holds goes unrenewed.

@@ -84,7 +84,10 @@ func (n *Node) ClientURL() string { return n.d.Engine().ClientURL() }
 
 // Client is a client of the node on its own connection: no credentials, and nothing
 // to close (Stop closes it).
-func (n *Node) Client() *client.Client { return client.New(n.d.Engine().Conn()) }
+func (n *Node) Client() *client.Client {
+	nc, _, _ := n.d.Engine().API().Hosting() // the connection the node's API service is on
+	return client.New(nc)
+}
 
 // HTTPAddr is where the node serves /healthz, /readyz, /metrics and /ui/ ("" if off).
 func (n *Node) HTTPAddr() string { return n.d.HTTPAddr() }

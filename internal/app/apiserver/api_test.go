@@ -34,7 +34,7 @@ func startEngine(t *testing.T) *engine.Engine {
 
 // configFor serves e as flowd does: on its connection, supervised with its parts.
 func configFor(e *engine.Engine) Config {
-	return Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}
+	return Config{Node: e.API()}
 }
 
 func serve(t *testing.T, e *engine.Engine) *Server {
@@ -85,7 +85,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
 	e := startEngine(t)
 	s := serve(t, e)
-	checks, err := micro.AddService(e.Conn(), micro.Config{Name: "checks", Version: "1.0.0"})
+	checks, err := micro.AddService(hostConn(e), micro.Config{Name: "checks", Version: "1.0.0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestServerRefusesOtherVersionsAndUnknownFields(t *testing.T) {
 	if err := checks.AddEndpoint("list", s.wrap(s.workflowList), micro.WithEndpointSubject("checks.workflow.list")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Conn().Flush(); err != nil { // the server has the endpoint before the test asks
+	if err := hostConn(e).Flush(); err != nil { // the server has the endpoint before the test asks
 		t.Fatal(err)
 	}
 	nc := connect(t, e)
@@ -269,7 +269,7 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 		t.Fatalf("after Stop: %v; want ErrUnreachable", err)
 	}
 	var ran atomic.Bool
-	late, err := micro.AddService(e.Conn(), micro.Config{Name: "late", Version: "1.0.0"})
+	late, err := micro.AddService(hostConn(e), micro.Config{Name: "late", Version: "1.0.0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 	if err := late.AddEndpoint("late", h, micro.WithEndpointSubject(client.Subject+".cluster.status")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Conn().Flush(); err != nil {
+	if err := hostConn(e).Flush(); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.ClusterStatus(ctxT(t, 10*time.Second))
@@ -304,7 +304,7 @@ func TestStoppedServerAnswersStopping(t *testing.T) {
 func TestRunVerifyReportsEachBrokenInvariant(t *testing.T) {
 	e := startEngine(t)
 	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoCheckpointCheck: true})
-	s, err := Serve(Config{Node: apitest.Node{API: e.API(), State: state}, Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	s, err := Serve(Config{Node: apitest.Node{API: e.API(), State: state}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,4 +388,11 @@ func TestRunVerifyReportsEachBrokenInvariant(t *testing.T) {
 	if v := verify("future"); v.OK || len(v.Violations) != 1 || !strings.Contains(v.Violations[0], "newer than the current") {
 		t.Fatalf("a fenced commit of a newer epoch: %+v", v)
 	}
+}
+
+// hostConn is the connection the node's API service is on (the tests register their
+// own services beside it).
+func hostConn(e *engine.Engine) *nats.Conn {
+	nc, _, _ := e.API().Hosting()
+	return nc
 }

@@ -2,8 +2,11 @@ package apiserver
 
 import (
 	"context"
+	"time"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/nats-io/nats.go"
 )
 
 // Node is what the API needs of the node it answers for, and all it may use, in the
@@ -15,6 +18,10 @@ import (
 // a *client.Error with that code and message; any other error is answered as internal,
 // with its own message.
 type Node interface {
+	// Hosting is what the service needs of the node that hosts it (engine.API.Hosting):
+	// the connection to register on, the supervisor to run its part under, and how long
+	// the part may hear nothing before it is registered again.
+	Hosting() (*nats.Conn, *supervise.Supervisor, time.Duration)
 	// Status is this node as cluster status lists it (without its Problems: the
 	// server's supervisor has those).
 	Status() client.Node

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -103,12 +104,14 @@ func badRequest(format string, args ...any) error {
 
 // Config is what Serve needs.
 type Config struct {
-	Node Node       // required: the node the API answers for (engine.Engine.API)
-	Conn *nats.Conn // required: the connection the service is registered on
-	// Supervisor keeps the service alive (a part named "api"); default: one of its own.
+	Node Node // required: the node the API answers for (engine.Engine.API)
+	// Conn, Supervisor and Silence default to the Node's Hosting; set, they replace it.
+	// Conn is the connection the service is registered on.
+	Conn *nats.Conn
+	// Supervisor keeps the service alive (a part named "api").
 	Supervisor *supervise.Supervisor
 	// Silence is how long the service may go without answering its own ping before it
-	// is registered again (default 4s; flowd gives the engine's Silence).
+	// is registered again (default 4s).
 	Silence time.Duration
 }
 
@@ -125,8 +128,15 @@ func Serve(cfg Config) (*Server, error) {
 // serveWith is Serve with the request and run.wait slots and one user's shares of them
 // given (tests size them).
 func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) (*Server, error) {
-	if cfg.Node == nil || cfg.Conn == nil {
-		return nil, errors.New("apiserver: Config needs a Node and a Conn")
+	if cfg.Node == nil {
+		return nil, errors.New("apiserver: Config needs a Node")
+	}
+	hostConn, hostSup, hostSilence := cfg.Node.Hosting()
+	cfg.Conn = cmp.Or(cfg.Conn, hostConn)
+	cfg.Supervisor = cmp.Or(cfg.Supervisor, hostSup)
+	cfg.Silence = cmp.Or(cfg.Silence, hostSilence)
+	if cfg.Conn == nil {
+		return nil, errors.New("apiserver: the Node hosts on no connection and Config gives none")
 	}
 	if cfg.Silence <= 0 {
 		cfg.Silence = defaultSilence

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testkit/forge"
 )
 
 // run.wait requests hold slots of their own: however many waits a node holds (each up
@@ -80,11 +81,11 @@ func TestRequestsFailWhenTheNodeCannotCatchUp(t *testing.T) {
 	if _, err := cl.Runs(ctx, client.ListOptions{}); err != nil {
 		t.Fatalf("before: %v", err)
 	}
-	if _, err := e.JetStream().Publish(ctx, "flow.log", []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
+	if _, err := forge.Open(t, e.ClientURL()).Publish(ctx, []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-e.Log().Applier.Failed():
+	case <-e.ApplierFailed():
 	case <-ctx.Done():
 		t.Fatal("the applier did not stop on a message of a newer format")
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/flowrun/flow/internal/app/apiserver/apitest"
 	"github.com/flowrun/flow/internal/app/daemon"
 	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/forge"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -88,9 +90,9 @@ func TestCommands(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "bad.yaml:4:11: step \"a\" uses unknown kind \"teleport\"") || strings.Count(errOut, "\n") != 1 {
 		t.Fatalf("validate bad: %d %q", code, errOut)
 	}
-	applied := e.d.Engine().Store().Applied()
-	if code, _, errOut := e.flowctl("workflow", "apply", "-f", bad); code != 2 || e.d.Engine().Store().Applied() != applied {
-		t.Fatalf("apply bad: %d %q; state changed: %v", code, errOut, e.d.Engine().Store().Applied() != applied)
+	applied := e.d.Engine().Applied()
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", bad); code != 2 || e.d.Engine().Applied() != applied {
+		t.Fatalf("apply bad: %d %q; state changed: %v", code, errOut, e.d.Engine().Applied() != applied)
 	}
 	if code, out, _ := e.flowctl("workflow", "apply", "-f", good); code != 0 || !strings.Contains(out, "version 1") {
 		t.Fatalf("apply: %d %q", code, out)
@@ -173,7 +175,7 @@ func TestCommands(t *testing.T) {
 	}
 
 	// Bad input: one-line message, exit 2, nothing changed on the server.
-	applied = e.d.Engine().Store().Applied()
+	applied = e.d.Engine().Applied()
 	for _, args := range [][]string{
 		{"run", "get", "no-such-run"},
 		{"run", "start", "hello", "--input", "n"},
@@ -190,7 +192,7 @@ func TestCommands(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and one line", args, code, errOut)
 		}
 	}
-	if e.d.Engine().Store().Applied() != applied {
+	if e.d.Engine().Applied() != applied {
 		t.Fatal("bad input changed the server's state")
 	}
 	// Unreachable: 3.
@@ -218,7 +220,7 @@ func TestVerifyCatchesAStaleCommit(t *testing.T) {
 	defer eng.Stop(ctx)
 	// The API serves runs from a state written with the epoch check off.
 	state := apitest.NewGuardsOff(t, &testhooks.Hooks{NoEpochCheck: true})
-	srv, err := apiserver.Serve(apiserver.Config{Node: apitest.Node{API: eng.API(), State: state}, Conn: eng.Conn(), Supervisor: eng.Supervisor(), Silence: eng.Silence()})
+	srv, err := apiserver.Serve(apiserver.Config{Node: apitest.Node{API: eng.API(), State: state}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,8 +272,8 @@ func TestDeadLetterQueue(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	var r *checkpoint.Run
 	for {
-		r, _ = eng.Store().Run("dl-1")
-		if r != nil && r.Status == checkpoint.StatusRunning {
+		if v, _ := eng.Run("dl-1"); v != nil && v.Run.Status == checkpoint.StatusRunning {
+			r = &v.Run
 			break
 		}
 		if time.Now().After(deadline) {
@@ -281,16 +283,20 @@ func TestDeadLetterQueue(t *testing.T) {
 	}
 	// Its owner is lost once (a reclaim), and the next owner claims and vanishes: the
 	// reconciler's reclaim is the second counted change, more than max_epochs 1.
-	term := eng.Leading().Term()
-	assign := eng.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "dl-1", Epoch: r.Epoch, Term: term, Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
-	if err := assign.Await(ctx); err != nil {
+	leader, err := eng.Leader(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := eng.Log().Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "dl-1", Epoch: int64(assign.Seq()), Owner: "ghost"}).Await(ctx); err != nil {
+	w := forge.Open(t, eng.ClientURL())
+	assign, err := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "dl-1", Epoch: r.Epoch, Term: leader.Term, Owner: "test", Reason: checkpoint.ReasonLeaseExpired})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "dl-1", Epoch: int64(assign), Owner: "ghost"}); err != nil {
 		t.Fatal(err)
 	}
 	for {
-		if st, _ := eng.Store().Status("dl-1"); st == checkpoint.StatusDeadLettered {
+		if v, _ := eng.Run("dl-1"); v != nil && v.Run.Status == checkpoint.StatusDeadLettered {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -309,7 +315,11 @@ func TestDeadLetterQueue(t *testing.T) {
 		t.Fatalf("dlq show: %d %s", code, out)
 	}
 	// The DLQ stream carries a notice for it.
-	st, err := eng.JetStream().Stream(ctx, "FLOW_DLQ")
+	js, err := jetstream.New(w.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "FLOW_DLQ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +339,7 @@ func TestDeadLetterQueue(t *testing.T) {
 	if code, _, errOut := e.flowctl("dlq", "show", "dl-1"); code != 2 || !strings.Contains(errOut, "not in the dead-letter queue") {
 		t.Fatalf("dlq show after purge: %d %q", code, errOut)
 	}
-	if st, _ := eng.Store().Status("dl-1"); st != checkpoint.StatusCancelled {
-		t.Fatalf("purged run is %s", st)
+	if v, _ := eng.Run("dl-1"); v == nil || v.Run.Status != checkpoint.StatusCancelled {
+		t.Fatalf("purged run is %+v", v)
 	}
 }

@@ -17,7 +17,7 @@ func TestIDsAndNotFoundAtTheDoor(t *testing.T) {
 	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
 		t.Fatalf("apply: %d %s", code, errOut)
 	}
-	applied := e.d.Engine().Store().Applied()
+	applied := e.d.Engine().Applied()
 	for _, id := range []string{"a.", "a..b", ".a", "a b", "a:b", "a*", strings.Repeat("x", 129)} {
 		code, _, errOut := e.flowctl("run", "start", "hello", "--id", id)
 		if code != 2 || !strings.Contains(errOut, "two in a row") {
@@ -27,7 +27,7 @@ func TestIDsAndNotFoundAtTheDoor(t *testing.T) {
 			t.Errorf("run get %q: exit %d, want 2", id, code)
 		}
 	}
-	if got := e.d.Engine().Store().Applied(); got != applied {
+	if got := e.d.Engine().Applied(); got != applied {
 		t.Fatalf("refused IDs wrote to the log: applied %d -> %d", applied, got)
 	}
 	if code, out, errOut := e.flowctl("run", "start", "hello", "--id", "a-b_C9", "--wait"); code != 0 {
@@ -35,13 +35,13 @@ func TestIDsAndNotFoundAtTheDoor(t *testing.T) {
 	}
 	// IDs with '.' and those of scheduled ticks are flow's own (a child's, a handler's, a
 	// tick's: issue 36): refused, naming why, and nothing is written.
-	applied = e.d.Engine().Store().Applied()
+	applied = e.d.Engine().Applied()
 	for id, why := range map[string]string{"a.b-c_d": "IDs with '.' are kept for the runs flow derives", "hello-20261204T000000Z": "kept for the runs of scheduled ticks"} {
 		if code, _, errOut := e.flowctl("run", "start", "hello", "--id", id); code != 2 || !strings.Contains(errOut, why) || strings.Contains(errOut, "engine:") {
 			t.Errorf("run start --id %q: exit %d %q, want 2 and %q", id, code, errOut, why)
 		}
 	}
-	if got := e.d.Engine().Store().Applied(); got != applied {
+	if got := e.d.Engine().Applied(); got != applied {
 		t.Fatalf("refused reserved IDs wrote to the log: applied %d -> %d", applied, got)
 	}
 	code, _, errOut := e.flowctl("run", "get", "nope")

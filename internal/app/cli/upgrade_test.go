@@ -97,11 +97,11 @@ func TestRunStartTraceparent(t *testing.T) {
 	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
 		t.Fatalf("apply: %d %s", code, errOut)
 	}
-	applied := e.d.Engine().Store().Applied()
+	applied := e.d.Engine().Applied()
 	if code, _, errOut := e.flowctl("run", "start", "hello", "--traceparent", "00-nope-01"); code != 2 || !strings.Contains(errOut, "W3C") {
 		t.Fatalf("a bad traceparent: %d %q; want 2 and the form", code, errOut)
 	}
-	if got := e.d.Engine().Store().Applied(); got != applied {
+	if got := e.d.Engine().Applied(); got != applied {
 		t.Fatalf("a refused start wrote to the log: %d -> %d", applied, got)
 	}
 	if code, out, errOut := e.flowctl("run", "start", "hello", "--wait", "--traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"); code != 0 {

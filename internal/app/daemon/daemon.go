@@ -87,7 +87,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 	}
 	d.engine = e
 	metrics.engine = e
-	if d.api, err = apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()}); err != nil {
+	if d.api, err = apiserver.Serve(apiserver.Config{Node: e.API()}); err != nil {
 		d.stopEngine()
 		return nil, err
 	}

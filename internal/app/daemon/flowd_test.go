@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/testkit/forge"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -126,29 +127,36 @@ func TestDaemonHealthAndMetrics(t *testing.T) {
 		t.Fatalf("--workflows did not apply hello: %v", err)
 	}
 	// A zombie's commit: fenced, and counted.
-	lg := d.Engine().Log().Writer
-	write := func(e checkpoint.Entry) (uint64, error) {
-		f := lg.Write(ctx, e)
-		err := f.Await(ctx)
-		return f.Seq(), err
-	}
-	// The set-up: a run claimed in one epoch, then taken over in a second. Each entry
-	// must be accepted, or the fenced commit below proves nothing.
-	mustWrite := func(e checkpoint.Entry) uint64 {
+	// Written as a foreign writer would (internal/testkit/forge); the node's state, once
+	// caught up, says what it accepted.
+	w := forge.Open(t, d.Engine().ClientURL())
+	write := func(e checkpoint.Entry) uint64 {
 		t.Helper()
-		seq, err := write(e)
+		seq, err := w.Write(ctx, e)
 		if err != nil {
-			t.Fatalf("set-up entry %s: %v", e.Kind, err)
+			t.Fatalf("entry %s: %v", e.Kind, err)
 		}
 		return seq
 	}
-	mustWrite(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: "z1", Submit: &checkpoint.Submit{Workflow: "zz", Trigger: "manual", Steps: []checkpoint.StepSpec{{Name: "a"}}}})
-	e1 := mustWrite(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Term: 999999})
-	mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e1), Owner: "w"})
-	e2 := mustWrite(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Epoch: int64(e1), Term: 999999})
-	mustWrite(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e2), Owner: "w2"})
-	if _, err := write(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "z1", Step: "a", Item: -1, Epoch: int64(e1), Owner: "w", Output: json.RawMessage(`{}`)}); !errors.Is(err, checkpoint.ErrFenced) {
-		t.Fatalf("zombie commit: %v", err)
+	// The set-up: a run claimed in one epoch, then taken over in a second. Each entry
+	// must be accepted, or the fenced commit below proves nothing.
+	write(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: "z1", Submit: &checkpoint.Submit{Workflow: "zz", Trigger: "manual", Steps: []checkpoint.StepSpec{{Name: "a"}}}})
+	e1 := write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Term: 999999})
+	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e1), Owner: "w"})
+	e2 := write(checkpoint.Entry{Kind: checkpoint.KindAssign, Run: "z1", Epoch: int64(e1), Term: 999999})
+	write(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: "z1", Epoch: int64(e2), Owner: "w2"})
+	if err := d.Engine().CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := d.Engine().Run("z1"); err != nil || v.Run.Epoch != int64(e2) || v.Run.Owner != "w2" {
+		t.Fatalf("the set-up was not accepted: %+v %v", v, err)
+	}
+	write(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: "z1", Step: "a", Item: -1, Epoch: int64(e1), Owner: "w", Output: json.RawMessage(`{}`)})
+	if err := d.Engine().CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := d.Engine().Run("z1"); err != nil || len(v.Fenced) != 1 || v.Steps[0].Status != checkpoint.StepPending {
+		t.Fatalf("the zombie's commit was not fenced: %+v %v", v, err)
 	}
 	_, body := get(t, base+"/metrics")
 	// (No scheduler on this node: the test writes the scheduler's entries itself.)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/internal/base/supervise"
+	"github.com/flowrun/flow/internal/testkit/forge"
 )
 
 // startDaemon starts flowd with HTTP on a free port and the given extra flags.
@@ -62,7 +63,7 @@ func TestReadyzFailsWhenTheApplierStopped(t *testing.T) {
 	waitReady(t, d, http.StatusOK, "ready", 5*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := d.Engine().Conn().Publish("flow.log", []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
+	if _, err := forge.Open(t, d.Engine().ClientURL()).Publish(ctx, []byte(`{"v":999,"node":"future","entries":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -123,7 +124,9 @@ func TestReadyzSaysWhichPartIsRestartingAndWhy(t *testing.T) {
 	defer cancel()
 	var fail atomic.Bool
 	fail.Store(true)
-	done := d.Engine().Supervisor().Go(ctx, supervise.Part{Name: "test-part", Run: func(ctx context.Context, alive func()) error {
+	// A part of its own under the node's supervisor, beside the API service's.
+	_, sup, _ := d.Engine().API().Hosting()
+	done := sup.Go(ctx, supervise.Part{Name: "test-part", Run: func(ctx context.Context, alive func()) error {
 		if fail.Load() {
 			return errors.New("watch closed by the test")
 		}
@@ -134,7 +137,7 @@ func TestReadyzSaysWhichPartIsRestartingAndWhy(t *testing.T) {
 	// Its backoff grows (100ms to 2s, jittered): once it has been restarted twice, the
 	// readyz line names it, why, and its restart count in a row.
 	deadline := time.Now().Add(10 * time.Second)
-	for d.Engine().Supervisor().RestartsByPart()["test-part"] < 2 {
+	for sup.RestartsByPart()["test-part"] < 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("test-part was not restarted twice")
 		}

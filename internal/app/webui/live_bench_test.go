@@ -147,7 +147,7 @@ func BenchmarkOtherUsersRunBesideSignalFlood(b *testing.B) {
 				// The request is encoded once, as a flooder on another machine would have it
 				// ready: what this process spends on the flood is then the node's.
 				body, _ := json.Marshal(client.Request{V: client.Version, ID: "sink", Name: "junk", Data: data})
-				nc := n.e.Conn()
+				nc, _, _ := n.e.API().Hosting()
 				for range senders {
 					wg.Go(func() {
 						defer func() { lasted.Store(int64(time.Since(began))) }()

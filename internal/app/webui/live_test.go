@@ -52,7 +52,7 @@ func startLiveNode(tb testing.TB, signIn bool) (*testNode, *countingAPI) {
 			c.NATSAuth, c.NATSUsers = true, users
 		}
 	})
-	api, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	api, err := apiserver.Serve(apiserver.Config{Node: e.API()})
 	if err != nil {
 		tb.Fatal(err)
 	}

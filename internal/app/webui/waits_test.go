@@ -22,7 +22,7 @@ func startPeopleNode(t *testing.T) *testNode {
 		c.NATSAuth = true
 		c.NATSUsers = []engine.NATSUser{{Name: "otto", Password: "o-pw", Role: client.RoleOperator}, {Name: "vera", Password: "v-pw", Role: client.RoleViewer}}
 	})
-	api, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	api, err := apiserver.Serve(apiserver.Config{Node: e.API()})
 	if err != nil {
 		t.Fatal(err)
 	}

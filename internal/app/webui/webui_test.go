@@ -37,7 +37,7 @@ func startNode(t *testing.T, cfg Config) *testNode {
 	// ParkAfter: the tests' hour-long sleeps hold a worker (a running run), as they did
 	// before long sleeps parked their runs (issue 26).
 	e := testnode.Engine(t, func(c *engine.Config) { c.NATSListen, c.ParkAfter = "-", 24*time.Hour })
-	api, err := apiserver.Serve(apiserver.Config{Node: e.API(), Conn: e.Conn(), Supervisor: e.Supervisor(), Silence: e.Silence()})
+	api, err := apiserver.Serve(apiserver.Config{Node: e.API()})
 	if err != nil {
 		t.Fatal(err)
 	}
