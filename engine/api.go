@@ -311,7 +311,8 @@ const DrillStepKind = worker.DrillStepKind
 const DrillWorkflow = worker.DrillWorkflow
 
 // DrillZombie runs the drill and returns the run once it ended.
-func (e *Engine) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
+func (o Ops) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
+	e := o.e
 	if _, err := e.ApplyWorkflow(ctx, "drill-zombie.yaml", []byte(DrillWorkflow)); err != nil {
 		return nil, err
 	}
@@ -333,7 +334,8 @@ func (e *Engine) DrillZombie(ctx context.Context) (*checkpoint.RunView, error) {
 }
 
 // Snapshot writes a snapshot of this node's state now (flowctl cluster snapshot).
-func (e *Engine) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
+func (o Ops) Snapshot(ctx context.Context) (logstream.Snapshot, error) {
+	e := o.e
 	return e.clog.Snapshots.Take(ctx)
 }
 
@@ -357,7 +359,10 @@ func (e *Engine) logBounds(ctx context.Context) (first, last, snapshot uint64, e
 func (e *Engine) Workflows() ([]checkpoint.WorkflowVersion, error) { return e.store.Workflows() }
 
 // Ticks are the recorded fire times of a workflow's schedule, oldest first.
-func (e *Engine) Ticks(workflow string) ([]checkpoint.Tick, error) { return e.store.Ticks(workflow) }
+func (o Ops) Ticks(workflow string) ([]checkpoint.Tick, error) {
+	e := o.e
+	return e.store.Ticks(workflow)
+}
 
 // ReasonStolen is logged (and returned) when a worker finds its run was taken over: a
 // commit fenced, or its lease lost.

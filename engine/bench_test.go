@@ -35,7 +35,7 @@ func benchEngine(b testing.TB, workers int) *Engine {
 		c.HoldClusterVersion = format1
 	})
 	if !format1 {
-		if err := e.WaitClusterVersion(ctxT(b, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
+		if err := e.Ops().WaitClusterVersion(ctxT(b, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -114,7 +114,8 @@ func (e *Engine) clusterRoster(ctx context.Context) (gate.Roster, int, error) {
 
 // ForgetNode removes a node that is gone for good from the roster, so that the
 // cluster version can move past what it read. A live node is refused.
-func (e *Engine) ForgetNode(ctx context.Context, node string) error {
+func (o Ops) ForgetNode(ctx context.Context, node string) error {
+	e := o.e
 	live, err := nodes.Live(ctx, e.ports.Nodes)
 	if err != nil {
 		return fmt.Errorf("engine: read the live nodes: %w", err)
@@ -125,7 +126,8 @@ func (e *Engine) ForgetNode(ctx context.Context, node string) error {
 }
 
 // HoldClusterVersion sets (hold) or releases an operator's hold on the cluster version.
-func (e *Engine) HoldClusterVersion(ctx context.Context, hold bool, by, reason string) error {
+func (o Ops) HoldClusterVersion(ctx context.Context, hold bool, by, reason string) error {
+	e := o.e
 	var h *gate.Hold
 	if hold {
 		h = &gate.Hold{By: by, Reason: strings.TrimSpace(reason), At: e.cfg.Clock.Now().UTC()}
@@ -135,7 +137,8 @@ func (e *Engine) HoldClusterVersion(ctx context.Context, hold bool, by, reason s
 }
 
 // WaitClusterVersion waits until this node applied cluster version v (or ctx ends).
-func (e *Engine) WaitClusterVersion(ctx context.Context, v int) error {
+func (o Ops) WaitClusterVersion(ctx context.Context, v int) error {
+	e := o.e
 	for e.store.ClusterVersion() < v {
 		changed := e.Changed()
 		if e.store.ClusterVersion() >= v {

@@ -42,7 +42,7 @@ func rawFormats(t *testing.T, e *Engine) []int {
 // through in format 2 as in format 1. log dump decodes both.
 func TestAFreshClusterWritesFormat2AfterTheRaise(t *testing.T) {
 	e := startEngine(t, nil)
-	if err := e.WaitClusterVersion(ctxT(t, 20*time.Second), checkpoint.NewestLogFormat); err != nil {
+	if err := e.Ops().WaitClusterVersion(ctxT(t, 20*time.Second), checkpoint.NewestLogFormat); err != nil {
 		t.Fatal(err)
 	}
 	apply(t, e, "name: hello\nsteps:\n  - {name: a, uses: noop}\n  - {name: b, uses: noop, needs: [a]}\n")
@@ -51,7 +51,7 @@ func TestAFreshClusterWritesFormat2AfterTheRaise(t *testing.T) {
 		t.Fatalf("run %s", v.Run.Status)
 	}
 	formats := rawFormats(t, e)
-	msgs, _, _, err := e.DumpLog(ctxT(t, 10*time.Second), 0, "", MaxDumpLimit)
+	msgs, _, _, err := e.Ops().DumpLog(ctxT(t, 10*time.Second), 0, "", MaxDumpLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestAFreshClusterWritesFormat2AfterTheRaise(t *testing.T) {
 		}
 	}
 	// --run keeps only that run's entries.
-	only, _, _, _ := e.DumpLog(ctxT(t, 10*time.Second), 0, v.Run.ID, MaxDumpLimit)
+	only, _, _, _ := e.Ops().DumpLog(ctxT(t, 10*time.Second), 0, v.Run.ID, MaxDumpLimit)
 	kinds := map[checkpoint.Kind]int{}
 	for _, m := range only {
 		for _, en := range m.Message.Entries {

@@ -250,7 +250,7 @@ func TestFencedStopNegativeControl(t *testing.T) {
 // commits without its local check; the log fences it and the run ends on the new epoch.
 func TestDrillZombie(t *testing.T) {
 	e := startEngine(t, nil)
-	v, err := e.DrillZombie(ctxT(t, 30*time.Second))
+	v, err := e.Ops().DrillZombie(ctxT(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

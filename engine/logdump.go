@@ -30,7 +30,8 @@ const (
 // messages (those about run, if run is set), decoded whatever their format, and the
 // sequence the next page starts at (0: the log's end was reached). It reads the log
 // stream, not the state: what it shows is what every node applied or will.
-func (e *Engine) DumpLog(ctx context.Context, from uint64, run string, limit int) ([]DumpedMessage, uint64, uint64, error) {
+func (o Ops) DumpLog(ctx context.Context, from uint64, run string, limit int) ([]DumpedMessage, uint64, uint64, error) {
+	e := o.e
 	if limit <= 0 {
 		limit = DefaultDumpLimit
 	}

@@ -68,13 +68,13 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 	}
 	// Snapshot removal: more snapshots than are kept, so that the oldest is deleted
 	// (nats.go's ObjectStore.Delete purges its chunks).
-	first, err := a.Snapshot(ctx)
+	first, err := a.Ops().Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range logstream.KeepSnapshots {
 		runToEnd(t, a, "one", nil)
-		if _, err := a.Snapshot(ctx); err != nil {
+		if _, err := a.Ops().Snapshot(ctx); err != nil {
 			t.Fatalf("a snapshot on the node role: %v", err)
 		}
 	}
@@ -105,7 +105,7 @@ func TestNodeRoleDoesAllAFlowdDoes(t *testing.T) {
 			t.Fatalf("node-b with another --lease-ttl: readyz says %q; want %q", said, want)
 		}
 	}
-	if _, err := b.RepairStreams(ctx, false); !errors.Is(err, ErrNoAdminPath) {
+	if _, err := b.Ops().RepairStreams(ctx, false); !errors.Is(err, ErrNoAdminPath) {
 		t.Fatalf("a repair on a node's credential: %v; want ErrNoAdminPath", err)
 	}
 	admin, err := srv.Connect() // the operator's admin credential, given once

@@ -20,12 +20,14 @@ import (
 // PauseSchedule pauses a workflow's schedule: no tick fires until ResumeSchedule; the
 // ticks that come meanwhile are recorded as paused unless the schedule's catchup fires
 // them at the resume.
-func (e *Engine) PauseSchedule(ctx context.Context, name, reason string) error {
+func (o Ops) PauseSchedule(ctx context.Context, name, reason string) error {
+	e := o.e
 	return e.scheduleChange(ctx, checkpoint.KindCronPause, name, reason)
 }
 
 // ResumeSchedule resumes a paused schedule.
-func (e *Engine) ResumeSchedule(ctx context.Context, name string) error {
+func (o Ops) ResumeSchedule(ctx context.Context, name string) error {
+	e := o.e
 	return e.scheduleChange(ctx, checkpoint.KindCronResume, name, "")
 }
 
@@ -41,7 +43,8 @@ func (e *Engine) scheduleChange(ctx context.Context, kind checkpoint.Kind, name,
 }
 
 // ScheduleState is a workflow's pause state (nil: never paused).
-func (e *Engine) ScheduleState(name string) (*checkpoint.ScheduleState, error) {
+func (o Ops) ScheduleState(name string) (*checkpoint.ScheduleState, error) {
+	e := o.e
 	return e.store.Schedule(name)
 }
 
@@ -56,7 +59,8 @@ type NextTick struct {
 }
 
 // NextTicks are the next n fire times of a workflow's schedule after now.
-func (e *Engine) NextTicks(name string, n int) ([]NextTick, error) {
+func (o Ops) NextTicks(name string, n int) ([]NextTick, error) {
+	e := o.e
 	if n < 1 || n > 1000 {
 		return nil, fmt.Errorf("%w: -n %d: use 1 to 1000", ErrBadInput, n)
 	}
@@ -256,7 +260,8 @@ const MaxBackfillTicks = 10000
 // Backfill starts one run per tick of the range that has none, each with the tick's own
 // run ID (a cron_tick entry, outcome backfilled, with its submit): whatever else fires or
 // backfills the same tick, the log keeps one run of it.
-func (e *Engine) Backfill(ctx context.Context, name string, opts BackfillOptions) ([]BackfillTick, error) {
+func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([]BackfillTick, error) {
+	e := o.e
 	if err := e.running(); err != nil {
 		return nil, err
 	}

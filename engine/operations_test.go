@@ -131,10 +131,10 @@ func TestPauseAcrossARestartAndResumeWithCatchupLatest(t *testing.T) {
 	if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 1 }); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.PauseSchedule(audit.WithActor(ctx, "ann"), "tick", "ledger incident"); err != nil {
+	if err := e.Ops().PauseSchedule(audit.WithActor(ctx, "ann"), "tick", "ledger incident"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := e.ScheduleState("tick")
+	st, err := e.Ops().ScheduleState("tick")
 	if err != nil || st == nil || !st.Paused || st.Actor != "ann" || st.Reason != "ledger incident" {
 		t.Fatalf("state %+v (%v)", st, err)
 	}
@@ -149,7 +149,7 @@ func TestPauseAcrossARestartAndResumeWithCatchupLatest(t *testing.T) {
 		t.Fatalf("%d ticks recorded while paused", len(during)-len(before))
 	}
 	resumedAt := time.Now()
-	if err := e.ResumeSchedule(ctx, "tick"); err != nil {
+	if err := e.Ops().ResumeSchedule(ctx, "tick"); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.waitFor(ctx, func() bool {
@@ -176,10 +176,10 @@ func TestPauseAcrossARestartAndResumeWithCatchupLatest(t *testing.T) {
 	if paused < 2 || caught != 1 {
 		t.Fatalf("%d paused, %d caught up: want the pause's ticks paused but the latest, caught up", paused, caught)
 	}
-	if err := e.ResumeSchedule(ctx, "tick"); !errors.Is(err, checkpoint.ErrConflict) {
+	if err := e.Ops().ResumeSchedule(ctx, "tick"); !errors.Is(err, checkpoint.ErrConflict) {
 		t.Fatalf("resuming a running schedule: %v", err)
 	}
-	next, err := e.NextTicks("tick", 3)
+	next, err := e.Ops().NextTicks("tick", 3)
 	if err != nil || len(next) != 3 || next[1].UTC.Sub(next[0].UTC) != time.Second {
 		t.Fatalf("next %+v %v", next, err)
 	}
@@ -224,12 +224,12 @@ func TestBackfillRunsEachTickOnce(t *testing.T) {
 			if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 2 }); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.PauseSchedule(ctx, "tick", "backfill test"); err != nil {
+			if err := e.Ops().PauseSchedule(ctx, "tick", "backfill test"); err != nil {
 				t.Fatal(err)
 			}
 			waitUntil(t, time.Now().Add(3*time.Second))
 			resumed := time.Now()
-			if err := e.ResumeSchedule(ctx, "tick"); err != nil {
+			if err := e.Ops().ResumeSchedule(ctx, "tick"); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.waitFor(ctx, func() bool { // the pause's ticks are recorded at the first pass after it
@@ -238,7 +238,7 @@ func TestBackfillRunsEachTickOnce(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.PauseSchedule(ctx, "tick", "quiet for the backfill"); err != nil {
+			if err := e.Ops().PauseSchedule(ctx, "tick", "quiet for the backfill"); err != nil {
 				t.Fatal(err)
 			}
 			ticks, _ := e.store.Ticks("tick")
@@ -247,7 +247,7 @@ func TestBackfillRunsEachTickOnce(t *testing.T) {
 			for _, tk := range ticks {
 				fired[tk.At] = checkpoint.TickRan(tk.Outcome)
 			}
-			dry, err := e.Backfill(ctx, "tick", BackfillOptions{From: from, To: to, DryRun: true})
+			dry, err := e.Ops().Backfill(ctx, "tick", BackfillOptions{From: from, To: to, DryRun: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -260,7 +260,7 @@ func TestBackfillRunsEachTickOnce(t *testing.T) {
 			results := make(chan []BackfillTick, 2)
 			for range 2 {
 				go func() {
-					r, err := e.Backfill(ctx, "tick", BackfillOptions{From: from, To: to})
+					r, err := e.Ops().Backfill(ctx, "tick", BackfillOptions{From: from, To: to})
 					if err != nil {
 						t.Error(err)
 					}
@@ -418,7 +418,7 @@ func TestPausedScheduleFiresNothing(t *testing.T) {
 			if err := e.waitFor(ctx, func() bool { ticks, _ := e.store.Ticks("tick"); return len(ticks) >= 1 }); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.PauseSchedule(ctx, "tick", "quiet"); err != nil {
+			if err := e.Ops().PauseSchedule(ctx, "tick", "quiet"); err != nil {
 				t.Fatal(err)
 			}
 			before, _ := e.store.Ticks("tick")

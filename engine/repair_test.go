@@ -55,7 +55,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 	})
 	pollUntil(t, 20*time.Second, "the node to lose its term on the sealed leader bucket", func() bool { return !e.isLeader() })
 
-	dry, err := e.RepairStreams(ctx, true)
+	dry, err := e.Ops().RepairStreams(ctx, true)
 	if err != nil || len(dry) != 4 {
 		t.Fatalf("dry run: %+v %v", dry, err)
 	}
@@ -68,7 +68,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 		t.Fatal("the dry run changed the leader bucket")
 	}
 	repairAt := time.Now()
-	done, err := e.RepairStreams(ctx, false)
+	done, err := e.Ops().RepairStreams(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestSealedBucketsAreSaidAndRepaired(t *testing.T) {
 	}
 
 	seal(t, ctx, e.js, "FLOW_LOG")
-	found, err := e.RepairStreams(ctx, false)
+	found, err := e.Ops().RepairStreams(ctx, false)
 	if err != nil || len(found) != 1 || found[0].Action != "refuse" || found[0].Done {
 		t.Fatalf("repair of a sealed log: %+v %v; want a refusal", found, err)
 	}
@@ -140,14 +140,14 @@ func TestRepairOnAnExternalServerNeedsAnAdminCredential(t *testing.T) {
 				t.Fatalf("CanRepair %v with admin %v", e.API().CanRepair(), admin)
 			}
 			if !admin {
-				if _, err := e.RepairStreams(ctx, false); !errors.Is(err, ErrNoAdminPath) {
+				if _, err := e.Ops().RepairStreams(ctx, false); !errors.Is(err, ErrNoAdminPath) {
 					t.Fatalf("a repair on a node's credential: %v; want ErrNoAdminPath", err)
 				}
 				return
 			}
 			seal(t, ctx, e.adminJS, "KV_"+epoch.LeaderBucket)
 			pollUntil(t, 20*time.Second, "the node to lose its term on the sealed bucket", func() bool { return !e.isLeader() })
-			if _, err := e.RepairStreams(ctx, false); err != nil {
+			if _, err := e.Ops().RepairStreams(ctx, false); err != nil {
 				t.Fatal(err)
 			}
 			pollUntil(t, 30*time.Second, "the node to lead again and be ready", func() bool {
@@ -177,7 +177,7 @@ func TestStartWithASealedRosterThenRepair(t *testing.T) {
 	if p := strings.Join(e.Health(ctx).Problems, "\n"); !strings.Contains(p, "KV_FLOW_CLUSTER: sealed") || !strings.Contains(p, "`flowctl cluster repair`") {
 		t.Fatalf("readyz with a sealed roster: %q", p)
 	}
-	if _, err := e.RepairStreams(ctx, false); err != nil {
+	if _, err := e.Ops().RepairStreams(ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := e.gate.Roster(ctx); err != nil || !r.Members["node-a"].Hold {

@@ -163,7 +163,8 @@ func (e *Engine) streamProblems(ctx context.Context) []string {
 // do. Without an admin path it is ErrNoAdminPath. Every handle the node holds is by
 // name: a bucket or stream made anew is used from the next call on (the task fetcher
 // makes its consumer again when it finds it gone).
-func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]jsport.Finding, error) {
+func (o Ops) RepairStreams(ctx context.Context, dryRun bool) ([]jsport.Finding, error) {
+	e := o.e
 	if e.adminJS == nil {
 		return nil, ErrNoAdminPath
 	}
@@ -193,7 +194,7 @@ func (e *Engine) RepairStreams(ctx context.Context, dryRun bool) ([]jsport.Findi
 
 // RepairStreams is cluster.repair: the findings in the wire's terms.
 func (a *API) RepairStreams(ctx context.Context, dryRun bool) (client.Repair, error) {
-	found, err := a.e.RepairStreams(ctx, dryRun)
+	found, err := a.e.Ops().RepairStreams(ctx, dryRun)
 	if errors.Is(err, ErrNoAdminPath) {
 		return client.Repair{}, &client.Error{Code: client.CodeConflict, Message: err.Error()}
 	}

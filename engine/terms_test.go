@@ -65,7 +65,7 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 			waitLeading(t, e, 0, 20*time.Second)
 			// The leader's raise of the cluster version is a scheduler entry too: one
 			// written after the forged term would be a stale-term rejection of its own.
-			if err := e.WaitClusterVersion(ctxT(t, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
+			if err := e.Ops().WaitClusterVersion(ctxT(t, 20*time.Second), checkpoint.LogFormatBinary); err != nil {
 				t.Fatal(err)
 			}
 			const forged = 1 << 40
@@ -109,7 +109,7 @@ func TestLeaderOutgrowsAHigherAppliedTerm(t *testing.T) {
 			t.Logf("control: terms %d to %d won below the applied term; the run is pending, never assigned (%q)", before, won, e.leadershipProblem())
 			// The admin's repair raises the terms when the leader does not (a node
 			// credential may not purge the leader bucket: issue 36); the run is scheduled.
-			found, err := e.RepairStreams(ctxT(t, 10*time.Second), false)
+			found, err := e.Ops().RepairStreams(ctxT(t, 10*time.Second), false)
 			raised := false
 			for _, f := range found {
 				raised = raised || f.Stream == "KV_FLOW_LEADER" && f.Done

@@ -84,7 +84,7 @@ func (a *API) Cluster(ctx context.Context) client.ClusterStatus {
 
 // ForgetNode removes a node that is gone for good from the cluster's members.
 func (a *API) ForgetNode(ctx context.Context, node string) error {
-	err := a.e.ForgetNode(ctx, node)
+	err := a.e.Ops().ForgetNode(ctx, node)
 	for _, c := range []struct {
 		sentinel error
 		code     string
@@ -99,12 +99,12 @@ func (a *API) ForgetNode(ctx context.Context, node string) error {
 // HoldClusterVersion sets (hold) or releases the operator's hold on the cluster version,
 // for ctx's actor.
 func (a *API) HoldClusterVersion(ctx context.Context, hold bool, reason string) error {
-	return wireError(a.e.HoldClusterVersion(ctx, hold, audit.Actor(ctx), reason))
+	return wireError(a.e.Ops().HoldClusterVersion(ctx, hold, audit.Actor(ctx), reason))
 }
 
 // DumpLog is a page of the log, decoded whatever each message's format (log.dump).
 func (a *API) DumpLog(ctx context.Context, from uint64, run string, limit int) (client.LogPage, error) {
-	msgs, next, first, err := a.e.DumpLog(ctx, from, run, limit)
+	msgs, next, first, err := a.e.Ops().DumpLog(ctx, from, run, limit)
 	if err != nil {
 		return client.LogPage{}, err
 	}
@@ -208,10 +208,10 @@ func (a *API) Schedules() ([]client.CronEntry, error) {
 				c.Next = append(c.Next, t.Format(time.RFC3339))
 			}
 		}
-		if st, err := a.e.ScheduleState(w.Name); err == nil && st != nil && st.Paused {
+		if st, err := a.e.Ops().ScheduleState(w.Name); err == nil && st != nil && st.Paused {
 			c.Paused, c.PausedReason, c.PausedBy, c.PausedSince = true, st.Reason, st.Actor, ts(st.Since)
 		}
-		ticks, _ := a.e.Ticks(w.Name)
+		ticks, _ := a.e.Ops().Ticks(w.Name)
 		for i := max(0, len(ticks)-5); i < len(ticks); i++ {
 			c.Last = append(c.Last, wireTick(ticks[i]))
 		}
@@ -222,7 +222,7 @@ func (a *API) Schedules() ([]client.CronEntry, error) {
 
 // Ticks are the recorded fire times of a workflow's schedule, oldest first.
 func (a *API) Ticks(workflow string) ([]client.Tick, error) {
-	ticks, err := a.e.Ticks(workflow)
+	ticks, err := a.e.Ops().Ticks(workflow)
 	if err != nil {
 		return nil, wireError(err)
 	}
@@ -335,17 +335,17 @@ func (a *API) RetryFrom(ctx context.Context, id string, opts client.RetryOptions
 
 // PauseSchedule pauses a workflow's schedule for ctx's actor (PauseSchedule).
 func (a *API) PauseSchedule(ctx context.Context, workflow, reason string) error {
-	return wireError(a.e.PauseSchedule(ctx, workflow, reason))
+	return wireError(a.e.Ops().PauseSchedule(ctx, workflow, reason))
 }
 
 // ResumeSchedule resumes a paused schedule (ResumeSchedule).
 func (a *API) ResumeSchedule(ctx context.Context, workflow string) error {
-	return wireError(a.e.ResumeSchedule(ctx, workflow))
+	return wireError(a.e.Ops().ResumeSchedule(ctx, workflow))
 }
 
 // NextTicks are the next n fire times of a workflow's schedule (NextTicks).
 func (a *API) NextTicks(workflow string, n int) ([]client.NextTick, error) {
-	ticks, err := a.e.NextTicks(workflow, n)
+	ticks, err := a.e.Ops().NextTicks(workflow, n)
 	if err != nil {
 		return nil, wireError(err)
 	}
@@ -382,11 +382,11 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 	}
 	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, Newest: opts.Order == "newest", DryRun: opts.DryRun}
 	if opts.MaxParallel <= 0 || opts.DryRun {
-		ticks, err := a.e.Backfill(ctx, workflow, eo)
+		ticks, err := a.e.Ops().Backfill(ctx, workflow, eo)
 		return wireBackfill(ticks, loc), wireError(err)
 	}
 	eo.DryRun = true
-	plan, err := a.e.Backfill(ctx, workflow, eo)
+	plan, err := a.e.Ops().Backfill(ctx, workflow, eo)
 	if err != nil {
 		return nil, wireError(err)
 	}
@@ -400,7 +400,7 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 			out = append(out, t)
 			continue
 		}
-		one, err := a.e.Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed})
+		one, err := a.e.Ops().Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed})
 		out = append(out, one...)
 		if err != nil {
 			return wireBackfill(out, loc), wireError(err)
@@ -463,7 +463,7 @@ func (a *API) Purge(ctx context.Context, id string) error { return wireError(a.e
 // DrillZombie runs the zombie drill (DrillZombie): the run once it ended, and its
 // verification.
 func (a *API) DrillZombie(ctx context.Context) (client.Drill, error) {
-	v, err := a.e.DrillZombie(ctx)
+	v, err := a.e.Ops().DrillZombie(ctx)
 	if err != nil {
 		return client.Drill{}, wireError(err)
 	}
@@ -472,7 +472,7 @@ func (a *API) DrillZombie(ctx context.Context) (client.Drill, error) {
 
 // Snapshot writes a snapshot of this node's state now.
 func (a *API) Snapshot(ctx context.Context) (client.Snapshot, error) {
-	snap, err := a.e.Snapshot(ctx)
+	snap, err := a.e.Ops().Snapshot(ctx)
 	if err != nil {
 		return client.Snapshot{}, wireError(err)
 	}

@@ -56,7 +56,7 @@ func startFlowd(t *testing.T) *env {
 	t.Cleanup(d.Stop)
 	// The leader raises the cluster version soon after it starts (an entry in the log):
 	// tests that count the log's messages start after it.
-	if err := d.Engine().WaitClusterVersion(ctx, checkpoint.NewestLogFormat); err != nil {
+	if err := d.Engine().Ops().WaitClusterVersion(ctx, checkpoint.NewestLogFormat); err != nil {
 		t.Fatalf("the cluster version never reached %d: %v", checkpoint.NewestLogFormat, err)
 	}
 	return &env{t: t, server: d.Engine().ClientURL(), dir: dir, d: d}

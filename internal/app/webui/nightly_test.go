@@ -20,7 +20,7 @@ func TestCronPagePauseResume(t *testing.T) {
 	n := startPeopleNode(t)
 	n.apply(t, "name: nightly\nschedule:\n  cron: \"30 2 * * *\"\n  timezone: Europe/Amsterdam\nsteps:\n  - {name: a, uses: noop}\n")
 	now := time.Now()
-	if _, err := n.e.Backfill(ctxT(t), "nightly", engine.BackfillOptions{From: now.AddDate(0, 0, -2), To: now}); err != nil {
+	if _, err := n.e.Ops().Backfill(ctxT(t), "nightly", engine.BackfillOptions{From: now.AddDate(0, 0, -2), To: now}); err != nil {
 		t.Fatal(err)
 	}
 	signIn := func(user, pw string) *http.Client {
@@ -32,7 +32,7 @@ func TestCronPagePauseResume(t *testing.T) {
 	}
 	otto, vera := signIn("otto", "o-pw"), signIn("vera", "v-pw")
 	paused := func() bool {
-		st, err := n.e.ScheduleState("nightly")
+		st, err := n.e.Ops().ScheduleState("nightly")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestCronPagePauseResume(t *testing.T) {
 	if code, _ := post(t, otto, n.srv.URL+"/ui/cron/nightly/resume", url.Values{"csrf": {csrfOf(t, page)}}, nil); code != http.StatusSeeOther || paused() {
 		t.Fatalf("the resume: %d, paused %v", code, paused())
 	}
-	if st, _ := n.e.ScheduleState("nightly"); st.Actor != "otto" || st.ResumedBy != "otto" || st.Reason != "incident <42>" {
+	if st, _ := n.e.Ops().ScheduleState("nightly"); st.Actor != "otto" || st.ResumedBy != "otto" || st.Reason != "incident <42>" {
 		t.Fatalf("the schedule's state: %+v", st)
 	}
 }
