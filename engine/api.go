@@ -408,7 +408,7 @@ func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions
 	} else if !resentSignal(r, opts.ID) {
 		// The log refuses a signal past the inbox's bounds; refused here first, it costs
 		// no log write: 900 KB signals written and then refused slowed every other
-		// user's runs 80x (issue 36).
+		// user's runs 80x.
 		if len(r.Inbox) >= checkpoint.MaxInbox {
 			return fmt.Errorf("%w: run %s holds %d signals, the most it keeps", checkpoint.ErrConflict, id, checkpoint.MaxInbox)
 		}

@@ -15,7 +15,7 @@ import (
 
 // Child runs and the run IDs that are flow's: a workflow step's child started by its
 // parent's epoch and taken only if the parent started it; people's run IDs kept out of
-// the shapes flow derives (issue 36); loops of workflows refused at apply.
+// the shapes flow derives; loops of workflows refused at apply.
 
 // checkChildLoop refuses a workflow whose workflow steps lead back to it through the
 // latest versions of the workflows they start (a run would start itself without end;
@@ -79,9 +79,9 @@ func (e *Engine) startChild(ctx context.Context, parent *checkpoint.Run, epoch i
 }
 
 // checkChildOf says whether the run id is the child that ref (a parent's step and item)
-// started: a run of that ID that names another parent, or none, is not adopted (issue 36:
-// a run started by a person under a child's ID once gave its outputs to the parent, and
-// the real child, with its approvals, never ran).
+// started: a run of that ID that names another parent, or none, is not adopted (without
+// this check a run started by a person under a child's ID gave its outputs to the
+// parent, and the real child, with its approvals, never ran).
 func (e *Engine) checkChildOf(id string, ref checkpoint.ParentRef) error {
 	r, err := e.store.Run(id)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/robfig/cron/v3"
 )
 
-// Nightly operations (issue 27; checkpoint/operations.go).
+// Nightly operations (checkpoint/operations.go).
 
 // PauseSchedule pauses a workflow's schedule: no tick fires until ResumeSchedule; the
 // ticks that come meanwhile are recorded as paused unless the schedule's catchup fires

@@ -11,7 +11,7 @@ import (
 // rate allows. The API answers it as too_many_requests.
 var ErrTooMuchSignalData = errors.New("engine: too much signal data")
 
-// Signal data per person per node (issue 36). A run's inbox is bounded in bytes, and a
+// Signal data per person per node. A run's inbox is bounded in bytes, and a
 // signal past the bound is refused before the log; but each large signal still costs its
 // sender's node the decoding and the checks of a megabyte, and four senders of 900 KB
 // signals slowed another user's runs 5x with every one refused. A person may send

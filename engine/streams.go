@@ -17,8 +17,8 @@ import (
 	"github.com/flowrun/flow/internal/base/natsnode"
 )
 
-// Flow's streams and buckets as this node wants them, and what it does when one differs
-// (issue 36): a node's credential can create them but not update, seal or delete them
+// Flow's streams and buckets as this node wants them, and what it does when one
+// differs: a node's credential can create them but not update, seal or delete them
 // (client/roles.go), so a stream someone sealed or reconfigured is reported, at start,
 // in the log and in readyz, with the command that mends it (cluster repair), and only
 // an admin path mends it: flowd's own in-process connection to the server it embeds,
@@ -226,7 +226,7 @@ func (e *Engine) withStreamFindings(ctx context.Context, err error) error {
 
 // raisingElector is the leader's elector, whose term raise (a purge of the leader
 // bucket's stream) goes through this node's admin path: the node role may purge only
-// the log (issue 36). A node without one tries its own connection (which has the right
+// the log. A node without one tries its own connection (which has the right
 // on a server without permissions) and, refused, says what to do.
 type raisingElector struct {
 	*epoch.Elector
