@@ -7,9 +7,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
-	"github.com/flowrun/flow/engine/internal/tasks"
 )
 
 // OwnSlots is the worker pool's side of the short path (worker.Pool): a slot reserved
