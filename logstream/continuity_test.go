@@ -50,6 +50,28 @@ func startOnWith(t *testing.T, env *testEnv, store *checkpoint.Store, node strin
 	return l, nil
 }
 
+// startOnFreshStream is startOn right after the stream was deleted: Open creates it
+// again, and the server may refuse while it still removes the old one's files ("error
+// creating store for stream", seen on a busy machine), so it is asked again, with a
+// deadline.
+func startOnFreshStream(t *testing.T, env *testEnv, store *checkpoint.Store, node string) *Log {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		l, err := Open(testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond }))
+		if err == nil {
+			if err = l.Start(ctxT(t)); err == nil {
+				t.Cleanup(l.Stop)
+				return l
+			}
+			l.Stop()
+		}
+		if !strings.Contains(err.Error(), "error creating store") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the server's pace, not a synchronisation
+	}
+}
+
 // runsIn reports which of the runs store holds ("+id") and which it does not ("-id").
 func runsIn(store *checkpoint.Store, ids ...string) string {
 	var out []string
@@ -122,10 +144,7 @@ func TestRecreatedStreamIsRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The new stream (Open creates it), with a message of its own.
-			newer, err := startOn(t, env, memStore(t), "node-b")
-			if err != nil {
-				t.Fatal(err)
-			}
+			newer := startOnFreshStream(t, env, memStore(t), "node-b")
 			if _, err := write(ctx, newer.Writer, submitEntry("new-0", checkpoint.StepSpec{Name: "one"})); err != nil {
 				t.Fatal(err)
 			}
