@@ -302,7 +302,7 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 			return perr
 		}
 	}
-	if (err == nil || errors.Is(err, ErrDeadLettered)) && !wasTerminal && len(c.run.Handlers) > 0 {
+	if (err == nil || errors.Is(err, ErrDeadLettered)) && (!wasTerminal || tx.s.hooks.NoHandlerOnce) && len(c.run.Handlers) > 0 {
 		var event string
 		switch c.run.Status {
 		case StatusFailed:

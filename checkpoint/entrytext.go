@@ -17,7 +17,7 @@ import (
 // the whole step), worker, reason, actor, out (JSON, as written), error, attempt,
 // items, status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
 // foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf),
-// version (default 1), trigger (default manual), max_tree; a child's submit (parent=RUN
+// version (default 1), trigger (default manual), max_tree, handlers=EVENT:STEP,...; a child's submit (parent=RUN
 // parent_step=S parent_item=N) runs workflow wf-S unless workflow= says otherwise. A value with spaces is written in
 // double quotes. The waits' keys (wait.go): signal=NAME id=KEY data=JSON (signal);
 // approve, reject, comment=TEXT (decide); wait=signal|approval|timer name=SIGNAL
@@ -160,6 +160,18 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				return Entry{}, fmt.Errorf("deadline= belongs to a submit")
 			}
 			e.Submit.Deadline, err = time.Parse(time.RFC3339, v)
+		case "handlers": // a submit's handler steps: EVENT:STEP,... (on_failure:tell)
+			if e.Submit == nil {
+				return Entry{}, fmt.Errorf("handlers= belongs to a submit")
+			}
+			e.Submit.Handlers = map[string][]StepSpec{}
+			for h := range strings.SplitSeq(v, ",") {
+				ev, step, ok := strings.Cut(h, ":")
+				if !ok {
+					return Entry{}, fmt.Errorf("handlers=%s: want EVENT:STEP pairs, comma-separated", v)
+				}
+				e.Submit.Handlers[ev] = append(e.Submit.Handlers[ev], StepSpec{Name: step})
+			}
 		case "from":
 			e.Steps = strings.Split(v, ",")
 		case "consume":

@@ -152,6 +152,14 @@ var guardCatches = map[string][]guardCatch{
 	"NoDecisionCheck": {
 		{"approvals.txt", "5.0 decide r approve: conflict: decide of run r (status waiting, epoch 1): the approval does not count: sam started the run, and the step wants people other than its starter (not_the_starter)", "5.0 decide r approve: ok"},
 	},
+	"NoParkCheck": {
+		// A wake of the run's earlier park ends its later one, hours before that one's time.
+		{"waits.txt", `32.0 wake r5 s1: conflict: wake of run r5 (status waiting, epoch 30): the run is not parked at sequence 28 on step "s1"`, "32.0 wake r5 s1: ok"},
+	},
+	"NoHandlerOnce": {
+		// The failed run's missed deadline starts its on_failure handler a second time.
+		{"nightly.txt", "r1 succeeded", "h1.on-failure.1 pending"},
+	},
 	"NoInboxBytes": {
 		{"waits-limits.txt", "3.0 signal r: conflict: signal of run r (status pending, epoch 0): the run's inbox holds 900000 bytes of signal data; 900000 more would pass its limit of 1048576 bytes", "3.0 signal r: ok"},
 	},

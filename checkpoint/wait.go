@@ -384,12 +384,12 @@ func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
 
 func (tx *applyBatch) wake(c *cachedRun, e *Entry) error {
 	r := c.run
-	if r.Status != StatusWaiting || r.Waiting.Seq != e.ParkSeq || r.Waiting.Step != e.Step {
+	if r.Status != StatusWaiting || !tx.s.hooks.NoParkCheck && (r.Waiting.Seq != e.ParkSeq || r.Waiting.Step != e.Step) {
 		return tx.conflict(c, e, "the run is not parked at sequence %d on step %q", e.ParkSeq, e.Step)
 	}
-	t := r.Timers[e.Step]
+	t := r.Timers[r.Waiting.Step]
 	if t == nil {
-		return tx.conflict(c, e, "step %q has no timer", e.Step)
+		return tx.conflict(c, e, "step %q has no timer", r.Waiting.Step)
 	}
 	c.touch(e)
 	t.Fired = true

@@ -15,7 +15,7 @@
 //   - invariant 4: a cron fire time makes at most one run;
 //   - invariant 5: epoch changes never exceed max_epochs, an assign that found them
 //     exceeded left the run dead-lettered, and a dead-lettered run accepts nothing but a
-//     retry or a purge;
+//     retry, a purge or the mark of its missed deadline;
 //   - invariant 8, as far as the log can tell: an epoch has one owner, ever (the claim
 //     once rule), and a side effect reported with SideEffect happens only while its epoch
 //     is the run's current one;
@@ -29,6 +29,14 @@
 //     counts (not an excluded person's, not a repeat: distinct people); a cancelled
 //     run's children have ended with the cancel; a missed deadline is never recorded on
 //     a run that had succeeded;
+//   - a timer wakes once: an accepted wake ends the park it names, which is the run's
+//     current park and was not ended by a wake before, and not before that park's due
+//     time (its Waiting.Until, as the run's state had it before the wake);
+//   - a handler runs once per event: a run holds at most as many handler runs of an
+//     event (on_failure, on_dead_letter, on_deadline) as the log gave it occurrences of
+//     it (entries that failed or dead-lettered it, accepted deadline misses);
+//   - the gate: the cluster version is never raised above what a member reads (the
+//     members as Member told the checker; none: no check);
 //   - nothing the state calls running lacks an owner; no step is running in a run that
 //     is not; a foreach step's item checkpoints and its count agree.
 //
@@ -39,6 +47,7 @@ package invariants
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -76,6 +85,7 @@ type Checker struct {
 	highTerm int64
 	runs     map[string]*runModel
 	cron     map[string]string // workflow and scheduled time -> the cron run made for it
+	members  map[string]int    // node -> the newest log format it reads (Member)
 }
 
 // runModel is what the accepted entries say of one run.
@@ -88,6 +98,9 @@ type runModel struct {
 	consumed  map[uint64]string // inbox signal (its sequence) -> the step/item whose commit took it
 	children  map[string]string // parent step/item -> the child run started for it
 	signals   map[string]bool   // the ids of the signals accepted for it
+	park      uint64            // the sequence of its last accepted park (0: none)
+	parkWoken bool              // a wake ended that park
+	events    map[string]int    // handler events (on_failure, ...) that happened to it
 }
 
 // New returns a checker of a log from its first message.
@@ -116,6 +129,15 @@ func ReadBefore(s State, entries []checkpoint.Entry) Before {
 		b[e.Run] = r
 	}
 	return b
+}
+
+// Member says that node is a member of the cluster reading log formats up to reads (from
+// now on: a node upgraded says so again): the cluster version must not move past it.
+func (c *Checker) Member(node string, reads int) {
+	if c.members == nil {
+		c.members = map[string]int{}
+	}
+	c.members[node] = reads
 }
 
 // Epoch is the run's current epoch as the accepted assigns made it (0: none).
@@ -165,7 +187,9 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 		if e.Term > 0 && err == nil { // only an accepted entry raises the term
 			c.highTerm = max(c.highTerm, e.Term)
 		}
-		if err == nil && first && e.Kind != checkpoint.KindRetry && e.Kind != checkpoint.KindPurge {
+		// A missed deadline is marked on any run that had not succeeded by it, a
+		// dead-lettered one too (docs/workflow-spec.md, "Deadlines"): it moves no epoch.
+		if err == nil && first && e.Kind != checkpoint.KindRetry && e.Kind != checkpoint.KindPurge && e.Kind != checkpoint.KindDeadlineMissed {
 			if b := before[e.Run]; b != nil && b.Status == checkpoint.StatusDeadLettered {
 				return violation("5", seq, "invariant 5: %s accepted on dead-lettered run %s (seq %d)", e.Kind, e.Run, seq)
 			}
@@ -246,6 +270,26 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if err == nil && e.Epoch != c.model(e.Run).epoch {
 				return violation("11", seq, "invariant 11: park of %s by %s with epoch %d accepted while the run's epoch is %d (seq %d)", e.Run, e.Owner, e.Epoch, c.model(e.Run).epoch, seq)
 			}
+			if err == nil {
+				m := c.model(e.Run)
+				m.park, m.parkWoken = seq, false
+			}
+		case checkpoint.KindWake:
+			if err != nil {
+				continue
+			}
+			if v := c.wakeOnce(seq, before[e.Run], first, e); v != nil {
+				return v
+			}
+		case checkpoint.KindClusterVersion:
+			if err != nil {
+				continue
+			}
+			for _, id := range slices.Sorted(maps.Keys(c.members)) {
+				if reads := c.members[id]; reads < e.ClusterVersion {
+					return violation("gate", seq, "gate: the cluster version raised to %d while node %s, a member, reads log formats up to %d (seq %d)", e.ClusterVersion, id, reads, seq)
+				}
+			}
 		case checkpoint.KindStart:
 			// Invariant 3: a step with a checkpoint is never started again.
 			if err == nil && c.model(e.Run).accepted[stepItem(e.Run, e.Step, checkpoint.ItemWhole)] > 0 {
@@ -290,16 +334,81 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if b := before[e.Run]; err == nil && e.Run != "" && first && b != nil && b.Status == checkpoint.StatusSucceeded {
 				return violation("deadline", seq, "deadline: a missed deadline recorded on %s, which had succeeded (seq %d)", e.Run, seq)
 			}
+			if err == nil && e.Run != "" {
+				c.model(e.Run).event(checkpoint.OnDeadlineEvent)
+			}
 		}
 	}
 	for _, id := range touched {
 		if err := c.checkRun(s, seq, id, deadLettered[id] && !retried[id]); err != nil {
 			return err
 		}
+		if err := c.handledOnce(s, seq, id, before[id]); err != nil {
+			return err
+		}
 		if cancelled[id] {
 			if err := cascaded(s, seq, id); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// wakeOnce checks an accepted wake: it ends the run's current park, which no wake ended
+// before, and not before the park's due time (the run's state before the message says
+// it: a step's later parks keep its first park's time).
+func (c *Checker) wakeOnce(seq uint64, run *checkpoint.Run, first bool, e checkpoint.Entry) error {
+	m := c.model(e.Run)
+	switch {
+	case m.park != e.ParkSeq:
+		return violation("timer", seq, "timer: a wake of the park at sequence %d of %s/%s accepted while the run's park is the one at sequence %d (seq %d)", e.ParkSeq, e.Run, e.Step, m.park, seq)
+	case m.parkWoken:
+		return violation("timer", seq, "timer: the park at sequence %d of %s/%s woken twice (seq %d)", e.ParkSeq, e.Run, e.Step, seq)
+	}
+	m.parkWoken = true
+	if first && run != nil && run.Waiting != nil && !run.Waiting.Until.IsZero() && e.At.Before(run.Waiting.Until) {
+		return violation("timer", seq, "timer: %s/%s woken at %s, before its park's time %s (seq %d)", e.Run, e.Step,
+			e.At.UTC().Format(time.RFC3339Nano), run.Waiting.Until.UTC().Format(time.RFC3339Nano), seq)
+	}
+	return nil
+}
+
+func (m *runModel) event(ev string) {
+	if m.events == nil {
+		m.events = map[string]int{}
+	}
+	m.events[ev]++
+}
+
+// handledOnce counts the handler events message seq brought run id (the run failed or
+// was dead-lettered by it: it had not ended before) and checks that the run holds no
+// more handler runs of an event than the event happened.
+func (c *Checker) handledOnce(s State, seq uint64, id string, before *checkpoint.Run) error {
+	r, err := s.Run(id)
+	if err != nil {
+		return nil // retired, or never submitted
+	}
+	m := c.model(id)
+	if before == nil || !before.Status.Terminal() {
+		switch r.Status {
+		case checkpoint.StatusFailed:
+			m.event(checkpoint.OnFailureEvent)
+		case checkpoint.StatusDeadLettered:
+			m.event(checkpoint.OnDeadLetterEvent)
+		}
+	}
+	runs := map[string]int{}
+	for _, h := range r.HandlerRuns {
+		for _, ev := range []string{checkpoint.OnFailureEvent, checkpoint.OnDeadLetterEvent, checkpoint.OnDeadlineEvent} {
+			if strings.HasPrefix(h, id+".on-"+strings.ReplaceAll(ev[3:], "_", "-")+".") {
+				runs[ev]++
+			}
+		}
+	}
+	for _, ev := range slices.Sorted(maps.Keys(runs)) {
+		if runs[ev] > m.events[ev] {
+			return violation("handler", seq, "handler: %s holds %d %s handler runs (%s) for %d %s events (seq %d)", id, runs[ev], ev, strings.Join(r.HandlerRuns, ", "), m.events[ev], ev, seq)
 		}
 	}
 	return nil

@@ -31,6 +31,8 @@ type Hooks struct {
 	NoInputsByExclude bool `guard:"store"` // not_the_starter counts whoever changed the run's inputs (retry --input)
 	NoDecisionCheck   bool `guard:"store"` // a decision that cannot count (a repeat, an excluded person's, after the step ended) is recorded as if it could
 	NoInboxBytes      bool `guard:"store"` // a signal is kept whatever the bytes the run's inbox holds
+	NoParkCheck       bool `guard:"store"` // a wake ends the run's current park whatever park (and step) it names
+	NoHandlerOnce     bool `guard:"store"` // a handler run starts on every accepted entry that leaves its run failed, not only on the one that failed it
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
@@ -67,6 +69,7 @@ type Hooks struct {
 	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder
 	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind
 	NoReconcile           atomic.Bool  // the leader never reconciles: a lost task or a dead owner's run is never found (the simulation's reconcile control)
+	GateIgnoresRoster     atomic.Bool  // the leader raises the cluster version to the newest format whatever its members read (the simulation's gate control)
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen
