@@ -59,7 +59,7 @@ func Binary() string {
 // register records this node in the roster, refused when the cluster's version is past
 // what this binary reads.
 func (e *Engine) register(ctx context.Context) error {
-	m := gate.Member{Binary: Binary(), Formats: checkpoint.ReadFormats(), Hold: e.cfg.HoldClusterVersion, Since: e.cfg.Clock.Now().UTC()}
+	m := gate.Member{Binary: Binary(), Formats: e.cfg.readFormats(), Hold: e.cfg.HoldClusterVersion, Since: e.cfg.Clock.Now().UTC()}
 	r, err := e.gate.Register(ctx, e.cfg.NodeID, m, e.store.ClusterVersion())
 	if jsport.IsSealed(err) {
 		// The roster was read (a cluster past this binary refuses it before the write)
@@ -98,6 +98,9 @@ func (g gatePromoter) Promote(ctx context.Context, applied int) (int, string, er
 	r, promised, err := e.gate.Promise(ctx, applied)
 	if err != nil {
 		return 0, "", err
+	}
+	if e.hooks.GateIgnoresRoster.Load() && promised == 0 && r.Holders() == "" && applied < checkpoint.NewestLogFormat {
+		return checkpoint.NewestLogFormat, "", nil // the gate's control: whatever the members read
 	}
 	if promised == 0 {
 		promised = r.Version // an earlier leader's promise, perhaps not yet in the log

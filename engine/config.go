@@ -9,6 +9,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	"github.com/nats-io/nats.go"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/worker"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/ident"
@@ -83,6 +84,10 @@ type Config struct {
 	// HoldClusterVersion keeps the cluster version where it is while this node is a
 	// member (flowd --hold-cluster-version; docs/operations.md, "Upgrading").
 	HoldClusterVersion bool
+	// ReadFormat, if set, makes this node read, and say it reads, log formats up to it
+	// only, as the release that read that much (tests of mixed clusters: the
+	// simulation's node of an older release; 0: this binary's, checkpoint.MaxReadFormat).
+	ReadFormat int
 	// DisableScheduler keeps this node out of leader elections: it only runs steps
 	// (a worker-only node; tests that write scheduler entries themselves).
 	DisableScheduler bool
@@ -226,3 +231,13 @@ func (c Config) Validate() error {
 // is 2,000 too. One foreach over 10,001 child workflows once made 3,100 runs before it
 // was cancelled.
 const DefaultMaxRunTree = 2000
+
+// readFormats are the log formats this node reads, and says it reads: this binary's, or
+// up to ReadFormat.
+func (c Config) readFormats() []int {
+	f := checkpoint.ReadFormats()
+	if c.ReadFormat > 0 && c.ReadFormat < len(f) {
+		f = f[:c.ReadFormat]
+	}
+	return f
+}

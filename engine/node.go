@@ -38,7 +38,7 @@ const NodesBucket = nodes.Bucket
 func (e *Engine) open(ctx context.Context) (err error) {
 	if e.over != nil {
 		e.ports = e.over.Ports
-		if e.store, err = checkpoint.OpenStore(e.over.StateDir, checkpoint.StoreOptions{FS: e.over.FS, Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
+		if e.store, err = checkpoint.OpenStore(e.over.StateDir, checkpoint.StoreOptions{FS: e.over.FS, Hooks: e.hooks, OnStatus: e.statusChanged, ReadFormat: e.cfg.ReadFormat}); err != nil {
 			return err
 		}
 		return e.wire()
@@ -53,7 +53,7 @@ func (e *Engine) open(ctx context.Context) (err error) {
 	}); err != nil {
 		return err
 	}
-	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged}); err != nil {
+	if e.store, err = checkpoint.OpenStore(filepath.Join(e.cfg.DataDir, "state"), checkpoint.StoreOptions{Hooks: e.hooks, OnStatus: e.statusChanged, ReadFormat: e.cfg.ReadFormat}); err != nil {
 		return err
 	}
 	if err := e.wire(); err != nil {

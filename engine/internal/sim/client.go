@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/flowrun/flow/client"
@@ -120,7 +121,7 @@ func (c *simClient) later(d time.Duration, fn func()) {
 // start applies the workflows, then starts the runs and what else the workload does.
 func (c *simClient) start() {
 	s := c.s
-	srcs := append(append([]string(nil), workflows...), moreWorkflows...)
+	srcs := append(append(append([]string(nil), workflows...), moreWorkflows...), alarmWorkflow)
 	if s.cfg.Cron {
 		srcs = append(srcs, cronWorkflow(s.cfg.Catchup))
 	}
@@ -137,6 +138,9 @@ func (c *simClient) start() {
 			}
 			if applied++; applied == len(srcs) {
 				c.submitAll()
+				if s.cfg.Hold {
+					c.releaseAt(s.cfg.Release)
+				}
 				if s.cfg.Cron {
 					c.cronOps(func() { c.unscheduleAt(s.cfg.CronUntil) })
 				}
@@ -204,6 +208,28 @@ func (c *simClient) unscheduleAt(at time.Duration) {
 	})
 }
 
+// releaseAt releases the operator's hold on the cluster version at offset at from the
+// start (or now): the raise. The gate refuses it while a member reads format 1 only
+// (cluster status says why); otherwise the leader raises the version at its next pass.
+func (c *simClient) releaseAt(at time.Duration) {
+	s := c.s
+	c.later(max(0, T0.Add(at).Sub(s.now)), func() {
+		var note string
+		c.call("release the cluster version", "ops", func(ctx context.Context, api *engine.API) error {
+			if err := api.HoldClusterVersion(ctx, false, ""); err != nil {
+				return err
+			}
+			note = api.Cluster(ctx).VersionNote
+			return nil
+		}, func(err error) {
+			if err == nil && strings.Contains(note, "log formats up to") {
+				s.stats.RaisesRefused++
+				s.tracef("cl", "the raise is refused: %s", note)
+			}
+		})
+	})
+}
+
 // submitAll starts the runs at random times, each of a random workflow.
 func (c *simClient) submitAll() {
 	s := c.s
@@ -214,6 +240,7 @@ func (c *simClient) submitAll() {
 		wf := names[s.rng.IntN(len(names))]
 		id := fmt.Sprintf("r%d", i)
 		var inputs map[string]string
+		var alarm time.Duration // an alarm's time, after its start
 		switch wf {
 		case "wait", "pair":
 			c.signalLater(id, at, wf == "pair")
@@ -221,6 +248,13 @@ func (c *simClient) submitAll() {
 			c.decideLater(id, at)
 		case "nap":
 			inputs = map[string]string{"nap": []string{"1s", "4s", "9s"}[s.rng.IntN(3)]}
+			if s.rng.IntN(2) == 0 {
+				// A sleep until a time (its timer as the log states it), in a workflow
+				// of one epoch whose loss dead-letters it (its handler runs).
+				wf = "alarm"
+				alarm = []time.Duration{6 * time.Second, 10 * time.Second, 15 * time.Second}[s.rng.IntN(3)]
+				s.alarms[id] = true
+			}
 		}
 		if s.rng.IntN(5) == 0 {
 			c.cancelLater(id, at+time.Duration(s.rng.Int64N(int64(6*time.Second))))
@@ -229,6 +263,9 @@ func (c *simClient) submitAll() {
 			c.retryLater(id, wf, at+10*time.Second+time.Duration(s.rng.Int64N(int64(15*time.Second))))
 		}
 		c.later(at, func() {
+			if alarm > 0 {
+				inputs = map[string]string{"at": s.now.Add(alarm).Truncate(time.Second).Format(time.RFC3339)}
+			}
 			c.call("start "+id+" "+wf, "ops", func(ctx context.Context, api *engine.API) error {
 				_, err := api.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: inputs})
 				if isCode(err, client.CodeConflict) {
@@ -317,6 +354,7 @@ func (c *simClient) retryLater(id, wf string, at time.Duration) {
 var workflows = []string{
 	`name: chain
 max_epochs: 1
+on_dead_letter: [{name: tell, uses: sim}]
 steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a], retry: {max_attempts: 2, initial_interval: 100ms}}
@@ -384,6 +422,24 @@ steps:
   - {name: b, uses: sim, needs: [z]}
 `,
 }
+
+// The alarm workflow sleeps until a time (its input). Its first step is long (items one
+// after the other) and its max_epochs 1: a run whose owners are lost twice is
+// dead-lettered, and its on_dead_letter handler runs.
+var alarmWorkflow = `name: alarm
+max_epochs: 1
+deadline: 12s
+inputs:
+  at: {type: string}
+  items: {type: list, default: [1, 2, 3, 4, 5, 6]}
+on_failure: [{name: tell, uses: sim}]
+on_dead_letter: [{name: tell, uses: sim}]
+on_deadline: [{name: tell, uses: sim}]
+steps:
+  - {name: a, uses: sim, foreach: "{{ inputs.items }}", parallelism: 1}
+  - {name: z, uses: sleep, needs: [a], with: {until: "{{ inputs.at }}"}}
+  - {name: b, uses: sim, needs: [z]}
+`
 
 // cronWorkflow is the scheduled workflow, with its schedule's catch-up policy (all,
 // latest, none: what a leader fires of the times it missed, which a backfill may fill

@@ -40,6 +40,8 @@ type node struct {
 	slowUntil   time.Time
 	slowBy      time.Duration
 
+	reads int // the newest log format it reads (the old node's 1 until it is upgraded)
+
 	heldOut []*pcall // calls made while paused: sent at the resume
 	heldIn  []func() // answers and timer fires that came while paused
 	procs   map[*proc]struct{}
@@ -59,8 +61,25 @@ type life struct {
 }
 
 func newNode(s *Sim, i int) *node {
-	return &node{s: s, id: i, name: fmt.Sprintf("n%d", i+1), fs: vfs.NewMem(), skew: s.cfg.Skew[i],
-		procs: map[*proc]struct{}{}}
+	n := &node{s: s, id: i, name: fmt.Sprintf("n%d", i+1), fs: vfs.NewMem(), skew: s.cfg.Skew[i],
+		procs: map[*proc]struct{}{}, reads: checkpoint.MaxReadFormat()}
+	if i == s.cfg.OldNode {
+		n.reads = checkpoint.LogFormatJSON // a release before the cluster version
+	}
+	return n
+}
+
+// upgrade restarts the node reading the newest log format (a new binary, after a
+// SIGKILL: what it did of its runs is reclaimed), or has its next start do so.
+func (n *node) upgrade() {
+	s := n.s
+	n.reads = checkpoint.MaxReadFormat()
+	s.stats.Upgrades++
+	s.tracef(n.name, "UPGRADED: it reads log formats up to %d from its next start", n.reads)
+	if n.alive {
+		n.die(true)
+		s.after(100*time.Millisecond, n.restart)
+	}
 }
 
 // lateness is how late a slow node's events run now.
@@ -95,7 +114,8 @@ func (n *node) boot() {
 	cfg := engine.Config{NodeID: n.name, Workers: s.cfg.Slots, Registry: reg, Clock: clk, Logger: n.logger(),
 		Lease:             epoch.Config{TTL: s.cfg.TTL, AllowShortTTL: true},
 		ReconcileInterval: s.cfg.ReconcileInterval, LockDelay: s.cfg.LockDelay,
-		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL}
+		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL, ReadFormat: n.reads}
+	s.check.Member(n.name, n.reads) // a member of the cluster from this start on
 	e, err := engine.NewOver(cfg, engine.Over{Ports: nodePorts{n, inc}.ports(), FS: n.fs, StateDir: "state",
 		Nonce: fmt.Sprintf("%s-%d", n.name, inc), Order: n.order, Hooks: s.cfg.Switches.Hooks})
 	if err != nil {

@@ -66,6 +66,16 @@ type Config struct {
 	Slows      int // a node's events run late (CPU starvation) for a while
 	LogCuts    int // a node reaches the buckets but not the log for a while
 
+	// The cluster version (engine/internal/gate). OldNode is the index of a node that
+	// reads log formats up to 1 only, a release before the cluster version's (-1: none);
+	// Upgrade, if set, is when it is restarted reading format 2. Hold: an operator's
+	// hold keeps the version at 1 from the start until the client releases it at
+	// Release (the raise: the leader raises it if every member reads format 2).
+	OldNode int
+	Upgrade time.Duration
+	Hold    bool
+	Release time.Duration
+
 	Switches Switches
 }
 
@@ -110,6 +120,16 @@ func newConfig(rng *rand.Rand, sw Switches) Config {
 	if rng.IntN(4) == 0 {
 		c.StepMax = 2 * ttl // long steps: a paused node's step outlives its trust window
 	}
+	c.OldNode = -1
+	if rng.IntN(3) == 0 {
+		c.OldNode = rng.IntN(c.Nodes)
+		if rng.IntN(2) == 0 {
+			c.Upgrade = time.Second + time.Duration(rng.Int64N(int64(c.FaultsFor)))
+		}
+	}
+	if c.Hold = rng.IntN(2) == 0; c.Hold {
+		c.Release = time.Duration(rng.Int64N(int64(c.FaultsFor)))
+	}
 	return c
 }
 
@@ -149,6 +169,7 @@ type Sim struct {
 	open     map[*pcall]struct{} // calls sent and not answered yet
 	terms    map[int64]bool      // the terms of accepted entries (Stats.Terms)
 	handlers map[string]bool     // the handler runs seen (Stats.Handlers)
+	alarms   map[string]bool     // the runs that sleep until a time (Stats.UntilWakes)
 	calls    int                 // calls sent so far
 }
 
@@ -165,6 +186,12 @@ type Stats struct {
 	Handlers, Cancels, Retries, RetriesFrom    int
 	DeadlinesMissed, Backfilled, CronPauses    int
 	Watchdogs                                  int
+	// DeadLetterHandlers: on_dead_letter handler runs; UntilWakes: wakes of sleeps with
+	// `until`. Raises: cluster versions raised; RaisesRefused: releases of the hold the
+	// gate refused (a member reads format 1 only); Upgrades: that member restarted
+	// reading format 2.
+	DeadLetterHandlers, UntilWakes  int
+	Raises, RaisesRefused, Upgrades int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.
@@ -183,7 +210,7 @@ func (f *Failure) Error() string {
 func New(seed uint64, sw Switches) *Sim {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	s := &Sim{seed: seed, rng: rng, now: T0, check: invariants.New(), faultOn: true,
-		open: map[*pcall]struct{}{}, terms: map[int64]bool{}, handlers: map[string]bool{}}
+		open: map[*pcall]struct{}{}, terms: map[int64]bool{}, handlers: map[string]bool{}, alarms: map[string]bool{}}
 	s.cfg = newConfig(rng, sw)
 	return s
 }

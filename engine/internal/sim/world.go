@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/logstream"
 )
@@ -32,13 +34,36 @@ func (s *Sim) start() error {
 		return err
 	}
 	for i := 0; i < s.cfg.Nodes; i++ {
-		n := newNode(s, i)
-		s.nodes = append(s.nodes, n)
+		s.nodes = append(s.nodes, newNode(s, i))
+	}
+	// The cluster was there before (a rolling upgrade under way): its roster has every
+	// node, with the formats it reads, and perhaps an operator's hold on the version,
+	// which the client releases at Release.
+	r := gate.Roster{Members: map[string]gate.Member{}}
+	for _, n := range s.nodes {
+		m := gate.Member{Binary: "sim", Since: T0}
+		for f := 1; f <= n.reads; f++ {
+			m.Formats = append(m.Formats, f)
+		}
+		r.Members[n.name] = m
+		s.check.Member(n.name, n.reads)
+	}
+	if s.cfg.Hold {
+		r.Hold = &gate.Hold{By: "ops", Reason: "sim", At: T0}
+	}
+	raw, _ := json.Marshal(r)
+	if _, err := s.srv.kv[port.ClusterBucket].create("roster", raw); err != nil {
+		return err
+	}
+	for _, n := range s.nodes {
 		n.boot()
 	}
 	s.cl = newClient(s)
 	s.cl.start()
 	s.scheduleFaults()
+	if s.cfg.OldNode >= 0 && s.cfg.Upgrade > 0 {
+		s.after(s.cfg.Upgrade, s.nodes[s.cfg.OldNode].upgrade)
+	}
 	return nil
 }
 
@@ -313,6 +338,11 @@ func (s *Sim) observe(entries []checkpoint.Entry, verdicts []error) {
 			s.stats.Parks++
 		case checkpoint.KindWake:
 			s.stats.Wakes++
+			if s.alarms[e.Run] {
+				s.stats.UntilWakes++
+			}
+		case checkpoint.KindClusterVersion:
+			s.stats.Raises++
 		case checkpoint.KindSignal:
 			s.stats.Signals++
 		case checkpoint.KindDecide:
@@ -342,6 +372,9 @@ func (s *Sim) observe(entries []checkpoint.Entry, verdicts []error) {
 		if strings.Contains(e.Run, ".on-") && !s.handlers[e.Run] {
 			s.handlers[e.Run] = true
 			s.stats.Handlers++
+			if strings.Contains(e.Run, ".on-dead-letter.") {
+				s.stats.DeadLetterHandlers++
+			}
 		}
 		switch {
 		case e.Kind == checkpoint.KindCommit:
