@@ -344,6 +344,23 @@ func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
 		return tx.conflict(c, e, "step %q already failed", st.Name)
 	}
 	r := c.run
+	// The children it waits for are judged before anything changes: a refused park
+	// leaves the run as it was (it was running and parked in the state, once).
+	var ended []string
+	if e.Wait.Kind == WaitChild {
+		for _, id := range e.Wait.Children {
+			child, err := tx.load(id)
+			if err != nil {
+				return err
+			}
+			if child == nil || child.run.Parent == nil || child.run.Parent.Run != r.ID {
+				return fmt.Errorf("%w: run %s has no child %s", ErrInvalidEntry, r.ID, id)
+			}
+			if child.run.Status.Terminal() {
+				ended = append(ended, id)
+			}
+		}
+	}
 	c.touch(e)
 	c.reset()
 	w := *e.Wait
@@ -361,20 +378,7 @@ func (tx *applyBatch) park(c *cachedRun, e *Entry) error {
 	r.Owner = ""
 	r.Waiting = &Waiting{Wait: w, Step: e.Step, Since: e.At, Seq: tx.seq}
 	tx.detail = fmt.Sprintf("waits for %s", w.Kind)
-	if w.Kind == WaitChild {
-		for _, id := range w.Children {
-			child, err := tx.load(id)
-			if err != nil {
-				return err
-			}
-			if child == nil || child.run.Parent == nil || child.run.Parent.Run != r.ID {
-				return fmt.Errorf("%w: run %s has no child %s", ErrInvalidEntry, r.ID, id)
-			}
-			if child.run.Status.Terminal() {
-				r.Waiting.Ended = append(r.Waiting.Ended, id)
-			}
-		}
-	}
+	r.Waiting.Ended = ended
 	if r.ready(tx.s.hooks.NoInputsByExclude) {
 		c.wakeRun() // what it waits for came while it parked: it resumes at once
 		tx.detail += "; ready: the run wakes"

@@ -59,7 +59,7 @@ func (e *Engine) open(ctx context.Context) (err error) {
 	if err := e.wire(); err != nil {
 		return err
 	}
-	// One sealed or reconfigured (issue 36) is said now, with what to do (streams.go).
+	// A stream sealed or reconfigured by a stranger is said now, with what to do (streams.go).
 	e.checkStreams(ctx)
 	return nil
 }

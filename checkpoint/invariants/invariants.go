@@ -260,6 +260,9 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if m.accepted[k] > 1 {
 				return violation("1", seq, "invariant 1: double commit of %s (second by %s, epoch %d, seq %d)", k, e.Owner, e.Epoch, seq)
 			}
+			if v := childBound(s, seq, e); v != nil {
+				return v
+			}
 			if e.Consume > 0 {
 				if by, ok := m.consumed[e.Consume]; ok {
 					return violation("11", seq, "invariant 11: the signal at sequence %d of %s consumed twice, by %s and by %s (seq %d)", e.Consume, e.Run, by, k, seq)
@@ -273,6 +276,9 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 			if err == nil {
 				m := c.model(e.Run)
 				m.park, m.parkWoken = seq, false
+				if v := childrenBound(s, seq, e); v != nil {
+					return v
+				}
 			}
 		case checkpoint.KindWake:
 			if err != nil {
@@ -434,6 +440,49 @@ func approvalCounts(seq uint64, run *checkpoint.Run, e checkpoint.Entry) error {
 
 // cascaded checks that a run cancelled by message seq has no child that has not ended,
 // nor has any of its children.
+// childBound checks, at a step's accepted commit, that a run under the step's child ID
+// (ChildID of its run, step and item) is that step's child: a parent takes only the
+// outputs of the run it started, never those of a run a person started under its
+// child's ID (which would skip the child's own steps and approvals). A handler run,
+// whose ID has the same form, is not a child and is not looked at.
+func childBound(s State, seq uint64, e checkpoint.Entry) error {
+	id := checkpoint.ChildID(e.Run, e.Step, e.Item)
+	r, err := s.Run(id)
+	if err != nil || r.Handler != nil {
+		return nil
+	}
+	want := checkpoint.ParentRef{Run: e.Run, Step: e.Step, Item: e.Item}
+	if r.Parent == nil || *r.Parent != want {
+		by := "started by " + r.StartedBy
+		if r.Parent != nil {
+			by = fmt.Sprintf("the child of %s", stepItem(r.Parent.Run, r.Parent.Step, r.Parent.Item))
+		}
+		return violation("child", seq, "child: %s committed while the run under its child ID, %s, is not its child (%s, trigger %s) (seq %d)",
+			stepItem(e.Run, e.Step, e.Item), id, by, r.Trigger, seq)
+	}
+	return nil
+}
+
+// childrenBound checks an accepted park on children: each run it waits for is a child
+// of the parking step (a parent waiting on a run it did not start would take its
+// outcome as its child's).
+func childrenBound(s State, seq uint64, e checkpoint.Entry) error {
+	if e.Wait == nil || e.Wait.Kind != checkpoint.WaitChild {
+		return nil
+	}
+	for _, id := range e.Wait.Children {
+		r, err := s.Run(id)
+		if err != nil {
+			continue // retired
+		}
+		if r.Parent == nil || r.Parent.Run != e.Run || r.Parent.Step != e.Step {
+			return violation("child", seq, "child: %s/%s parked waiting for %s, which is not its child (started by %q, trigger %s) (seq %d)",
+				e.Run, e.Step, id, r.StartedBy, r.Trigger, seq)
+		}
+	}
+	return nil
+}
+
 func cascaded(s State, seq uint64, id string) error {
 	r, err := s.Run(id)
 	if err != nil {

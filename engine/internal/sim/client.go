@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/base/audit"
@@ -246,6 +247,10 @@ func (c *simClient) submitAll() {
 			c.signalLater(id, at, wf == "pair")
 		case "approve":
 			c.decideLater(id, at)
+		case "parent":
+			if s.rng.IntN(2) == 0 {
+				c.squatLater(id, at+time.Duration(s.rng.Int64N(int64(time.Second))))
+			}
 		case "nap":
 			inputs = map[string]string{"nap": []string{"1s", "4s", "9s"}[s.rng.IntN(3)]}
 			if s.rng.IntN(2) == 0 {
@@ -279,6 +284,28 @@ func (c *simClient) submitAll() {
 			})
 		})
 	}
+}
+
+// squatLater has a person start a run of chain at under the ID parent's kid step gives
+// its child, before or while the parent gets there: the engine refuses IDs it derives
+// (a parent adopting the squatter's run would skip its child's own steps; invariant
+// "child").
+func (c *simClient) squatLater(parent string, at time.Duration) {
+	s := c.s
+	id := checkpoint.ChildID(parent, "kid", checkpoint.ItemWhole)
+	c.later(at, func() {
+		c.call("squat "+id, "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.StartRun(ctx, "chain", client.StartOptions{ID: id})
+			return err
+		}, func(err error) {
+			switch {
+			case errors.Is(err, engine.ErrReservedID) || isCode(err, client.CodeBadRequest):
+				s.stats.SquatsRefused++
+			case err == nil:
+				s.tracef("cl", "%s squats on the child ID of %s", id, parent)
+			}
+		})
+	})
 }
 
 // signalLater sends run id its signal at random times after at: none at all (its wait

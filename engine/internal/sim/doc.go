@@ -1,4 +1,4 @@
-// Package sim is a deterministic simulation of a flow cluster (issues 30 and 37), in the
+// Package sim is a deterministic simulation of a flow cluster, in the
 // manner of TigerBeetle's VOPR and FoundationDB's simulator: three real flowd engines
 // over a simulated NATS server, network and clocks, driven by a seed, with the
 // invariants of DESIGN.md checked after every log message and side effect. A failing

@@ -192,6 +192,8 @@ type Stats struct {
 	// reading format 2.
 	DeadLetterHandlers, UntilWakes  int
 	Raises, RaisesRefused, Upgrades int
+	// SquatsRefused: runs a person tried to start under a child's ID, refused.
+	SquatsRefused int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.

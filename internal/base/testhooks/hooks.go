@@ -18,7 +18,7 @@ type Hooks struct {
 	NoTermCheck       bool `guard:"store"` // accept scheduler entries of any term
 	NoStartCheck      bool `guard:"store"` // accept a step start of a step that is already checkpointed
 	NoClaimOnceCheck  bool `guard:"store"` // accept a claim of an epoch that was claimed before (and given up)
-	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (issue 14's spin)
+	TermFromAnyEntry  bool `guard:"store"` // raise the applied term from any entry with a term, accepted or not (a leader spinning on a term it never won)
 	StopOnUndecodable bool `guard:"store"` // an undecodable message stops the applier (an error) instead of being recorded as rejected
 	NoSignalDedup     bool `guard:"store"` // a signal whose id was applied before is applied again
 	NoConsumeOnce     bool `guard:"store"` // a commit may consume a signal another step consumed
