@@ -41,7 +41,13 @@ type loader struct {
 	file     string
 	errs     Errors
 	maxSteps int // MaxSteps; tests lift it to measure validation beyond the cap
-	ops      int // work done by validate's graph passes, for the test of linear time
+	// stepsBroken: a list of steps (the workflow's or a handler's) could not be read as
+	// a graph (a step without a sound name, needs or with), so the passes over the whole
+	// graph (validate) would judge steps that are not there. Any other error (a deadline,
+	// a timeout, a schedule, an input) leaves them to run: a file's errors are reported
+	// together, not one pass at a time.
+	stepsBroken bool
+	ops         int // work done by validate's graph passes, for the test of linear time
 }
 
 func (l *loader) errAt(line, col int, msg, hint string) *Error {
@@ -338,6 +344,7 @@ func CheckCron(spec string) (err error) {
 func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
 		l.fail(n, "each step starts with `- name: ...`", "steps must be a non-empty list")
+		l.stepsBroken = true
 		return
 	}
 	if len(n.Content) > l.maxSteps {
@@ -345,6 +352,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 		// file costs no more than its parse.
 		l.fail(key, "split it into workflows, or make many items of the same work one step with foreach",
 			"the workflow has %d steps; at most %d are allowed", len(n.Content), l.maxSteps)
+		l.stepsBroken = true
 		return
 	}
 	w.byName = map[string]*Step{}
@@ -352,7 +360,14 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 		st := &Step{Line: sn.Line, Parallelism: DefaultParallelism,
 			Retry: Retry{MaxAttempts: DefaultMaxAttempts, InitialInterval: Duration(time.Second), MaxInterval: Duration(time.Minute), Multiplier: 2}}
 		var nameNode *yaml.Node
+		var graphKeys bool // an error in name, needs or with (the rest do not break the graph)
 		l.mapping(sn, "a step", []string{"name", "uses", "with", "needs", "foreach", "parallelism", "retry", "timeout", "if"}, func(key string, _, v *yaml.Node) {
+			before := len(l.errs)
+			defer func() {
+				if len(l.errs) > before && (key == "name" || key == "needs" || key == "with") {
+					graphKeys = true
+				}
+			}()
 			switch key {
 			case "name":
 				nameNode = v
@@ -398,6 +413,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			}
 		})
 		if sn.Kind != yaml.MappingNode {
+			l.stepsBroken = true
 			continue
 		}
 		switch {
@@ -409,6 +425,9 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			l.fail(nameNode, "step names must be unique", "step %q is defined twice (first on line %d)", st.Name, w.byName[st.Name].Line)
 		default:
 			w.byName[st.Name] = st
+		}
+		if w.byName[st.Name] != st || graphKeys {
+			l.stepsBroken = true
 		}
 		if st.Uses == "" {
 			l.fail(sn, "add e.g. `uses: exec`", "step %q has no `uses`", st.Name)

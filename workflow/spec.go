@@ -175,7 +175,9 @@ func (l *loader) load(data []byte, opts Options) (*Workflow, error) {
 	}
 	w := &Workflow{Source: string(data), MaxEpochs: DefaultMaxEpochs}
 	l.workflow(doc.Content[0], w)
-	if len(l.errs) == 0 {
+	// The whole-graph checks run whenever the steps themselves were read without error,
+	// so that one bad field (a deadline, a timeout) does not hide the errors they find.
+	if !l.stepsBroken && len(w.Steps) > 0 {
 		l.validate(w, opts)
 		for _, event := range HandlerEvents {
 			if hw := w.HandlerWorkflow(event); hw != nil {

@@ -259,3 +259,42 @@ func TestAncestors(t *testing.T) {
 		t.Fatal("d and unknown steps have no ancestors")
 	}
 }
+
+// A bad `deadline:` is one error among the file's others, not a wall in front of them:
+// the loader reports every problem of the file together (issue 38). It once stopped
+// after the first pass, so the deadline hid the kind, need and template errors below it.
+func TestBadDeadlineHidesNothing(t *testing.T) {
+	yaml := "name: x\ndeadline: tomorrow\nsteps:\n" +
+		"  - name: a\n    uses: teleport\n" +
+		"  - name: b\n    uses: noop\n    timeout: soon\n" +
+		"  - name: c\n    uses: noop\n    with: {x: \"{{ inputs.date }}\"}\n" +
+		"on_failure:\n  - name: tell\n    uses: noop\n    needs: [gone]\n"
+	_, err := Load("bad.yaml", []byte(yaml), builtins)
+	var es Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("err = %v; want Errors", err)
+	}
+	for _, want := range []struct {
+		line int
+		msg  string
+	}{
+		{2, `deadline "tomorrow"`},
+		{5, `unknown kind "teleport"`},
+		{8, `"soon" is not a duration`},
+		{11, "no such input"},
+		{15, `needs unknown step "gone"`},
+	} {
+		found := false
+		for _, e := range es {
+			found = found || (e.Line == want.line && strings.Contains(e.Msg, want.msg))
+		}
+		if !found {
+			t.Errorf("want %q at line %d among the errors, got:\n%v", want.msg, want.line, err)
+		}
+	}
+	// Alone, the deadline's error is the only one, with its hint.
+	_, err = Load("bad.yaml", []byte("name: x\ndeadline: tomorrow\n"+okSteps), builtins)
+	if !errors.As(err, &es) || len(es) != 1 || es[0].Line != 2 || !strings.Contains(es[0].Hint, `"06:00"`) {
+		t.Fatalf("a lone bad deadline: %v", err)
+	}
+}

@@ -66,9 +66,10 @@ func (l *loader) checkOutputs(w *Workflow) {
 }
 
 // kindsAndNeeds checks each step's kind and needs, and reports whether the graph is
-// sound enough (every need names another step) for the passes that walk it.
+// sound enough (every need names another step) for the passes that walk it. An unknown
+// kind leaves it sound: the templates are still checked.
 func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
-	before := len(l.errs)
+	sound := true
 	names := "" // every step's name, for the hint: built once, not per error
 	for _, st := range w.Steps {
 		if kinds != nil && st.Uses != "" && !kinds(st.Uses) {
@@ -84,7 +85,9 @@ func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
 			switch {
 			case need == st.Name:
 				l.errs = append(l.errs, l.errAt(n.Line, n.Column, fmt.Sprintf("step %q needs itself", st.Name), "remove it from needs"))
+				sound = false
 			case w.byName[need] == nil:
+				sound = false
 				if names == "" {
 					names = stepNamesHint(w)
 				}
@@ -92,7 +95,7 @@ func (l *loader) kindsAndNeeds(w *Workflow, kinds KindChecker) bool {
 			}
 		}
 	}
-	return len(l.errs) == before
+	return sound
 }
 
 // topoOrder returns the indexes of w.Steps with every step after its needs (Kahn's
