@@ -64,7 +64,7 @@ const (
 // Signal is a signal entry's content.
 type Signal struct {
 	Name string          `json:"name"`
-	ID   string          `json:"id,omitempty"` // de-duplication key: a second signal with it is applied once
+	ID   string          `json:"id,omitempty"` // de-duplication key: the same signal again with it is applied once, another is a conflict
 	Data json.RawMessage `json:"data,omitempty"`
 }
 
@@ -142,6 +142,34 @@ func (r *Run) NextSignal(name string) *SignalRecord {
 		}
 	}
 	return nil
+}
+
+// Unlike says how s differs from the signal rec holds under the same ID ("" when s
+// repeats it: the same name and the same data, as JSON, spaces aside). A repeat is
+// applied once; anything else under an applied ID is a conflict, since the inbox keeps
+// the first and would drop the second without a word. Deterministic: it reads only the
+// two entries.
+func (rec *SignalRecord) Unlike(s *Signal) string {
+	switch {
+	case rec.Name != s.Name:
+		return fmt.Sprintf("id %q was applied at sequence %d to signal %s: one id is one signal; send this one under another id", rec.ID, rec.Seq, rec.Name)
+	case !sameJSON(rec.Data, s.Data):
+		return fmt.Sprintf("id %q was applied at sequence %d with other data: one id is one signal; send this one under another id", rec.ID, rec.Seq)
+	}
+	return ""
+}
+
+// sameJSON reports whether a and b are the same JSON text but for insignificant spaces
+// (none or empty: no data).
+func sameJSON(a, b json.RawMessage) bool {
+	if bytes.Equal(a, b) {
+		return true
+	}
+	var ca, cb bytes.Buffer
+	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+		return false
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
 // TimerFired reports whether step's wait timer fired.
@@ -265,10 +293,14 @@ func (tx *applyBatch) signal(c *cachedRun, e *Entry) error {
 	}
 	if e.Signal.ID != "" && !tx.s.hooks.NoSignalDedup {
 		for _, s := range r.Inbox {
-			if s.ID == e.Signal.ID {
-				tx.detail = fmt.Sprintf("signal %s: id %q was applied at sequence %d; applied once", e.Signal.Name, s.ID, s.Seq)
-				return nil
+			if s.ID != e.Signal.ID {
+				continue
 			}
+			if why := s.Unlike(e.Signal); why != "" {
+				return tx.conflict(c, e, "%s", why)
+			}
+			tx.detail = fmt.Sprintf("signal %s: id %q was applied at sequence %d; applied once", e.Signal.Name, s.ID, s.Seq)
+			return nil
 		}
 	}
 	if tx.s.hooks.NoEarlySignals && (r.Status != StatusWaiting || r.Waiting.Kind != WaitSignal || r.Waiting.Name != e.Signal.Name) {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -383,17 +385,19 @@ func (e *Engine) leadershipProblem() string {
 // SignalOptions are a signal's data and de-duplication key.
 type SignalOptions struct {
 	Data json.RawMessage // JSON, or empty
-	ID   string          // a signal with an ID that was applied before is applied once
+	// ID: the same signal (name and data) sent again with an ID applied before is applied
+	// once; another signal with that ID is refused (checkpoint.ErrConflict).
+	ID string
 }
 
 // Signal sends a signal to a run (checkpoint/wait.go): kept in its inbox until a wait
 // step consumes it; a run parked on it wakes. The sender is the server's word for who
-// asked (audit.Actor). A run that has ended is refused (checkpoint.ErrConflict).
+// asked (audit.Actor). Refused, with nothing written: a run that has ended
+// (checkpoint.ErrConflict); a name no wait step of the run's workflow waits for
+// (ErrBadInput); an ID applied before to another name or other data
+// (checkpoint.ErrConflict).
 func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions) error {
 	if err := e.running(); err != nil {
-		return err
-	}
-	if err := e.takeSignalBytes(audit.Actor(ctx), len(opts.Data)); err != nil {
 		return err
 	}
 	entry := checkpoint.Entry{Kind: checkpoint.KindSignal, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID,
@@ -401,11 +405,27 @@ func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions
 	if err := entry.Validate(); err != nil {
 		return err
 	}
-	if r, err := e.store.Run(id); err != nil {
+	r, err := e.store.Run(id)
+	if err != nil {
 		return err
-	} else if r.Status.Terminal() {
+	}
+	if r.Status.Terminal() {
 		return fmt.Errorf("%w: run %s has ended (%s): a signal reaches only a run that has not", checkpoint.ErrConflict, id, r.Status)
-	} else if !resentSignal(r, opts.ID) {
+	}
+	if err := e.signalTaken(r, name); err != nil {
+		return err
+	}
+	resent := resentSignal(r, opts.ID)
+	if resent != nil {
+		if why := resent.Unlike(entry.Signal); why != "" {
+			return fmt.Errorf("%w: run %s: %s", checkpoint.ErrConflict, id, why)
+		}
+	}
+	// Judged after the checks above, so that a refused signal costs its sender nothing.
+	if err := e.takeSignalBytes(audit.Actor(ctx), len(opts.Data)); err != nil {
+		return err
+	}
+	if resent == nil {
 		// The log refuses a signal past the inbox's bounds; refused here first, it costs
 		// no log write: 900 KB signals written and then refused slowed every other
 		// user's runs 80x.
@@ -419,18 +439,47 @@ func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions
 	return e.clog.Writer.Write(ctx, entry).Await(ctx)
 }
 
-// resentSignal reports whether a signal with this de-duplication key is in the run's
-// inbox already: the log applies it once, whatever its size.
-func resentSignal(r *checkpoint.Run, key string) bool {
-	if key == "" {
-		return false
+// signalTaken refuses (ErrBadInput) a signal name that no wait step of the run's
+// workflow waits for: kept in the inbox, it would wait there for good, and its sender,
+// told it was sent, would wait for a run that never moves. A wait step whose signal is a
+// template may wait for any name, so a workflow with one takes every name. Checked at
+// the API, not by the log: the log's rule stays what older nodes judge.
+func (e *Engine) signalTaken(r *checkpoint.Run, name string) error {
+	wf, err := e.specs.OfRun(r)
+	if err != nil {
+		return err
 	}
-	for _, s := range r.Inbox {
-		if s.ID == key {
-			return true
+	var names []string
+	for _, st := range wf.Steps {
+		if st.Uses != steps.KindWait {
+			continue
+		}
+		s, _ := st.With["signal"].(string)
+		if s == name || steps.IsTemplate(st.With["signal"]) {
+			return nil
+		}
+		if !slices.Contains(names, s) {
+			names = append(names, s)
 		}
 	}
-	return false
+	if len(names) == 0 {
+		return fmt.Errorf("%w: run %s: no step of workflow %s waits for a signal, so signal %q would never be taken", ErrBadInput, r.ID, wf.Name, name)
+	}
+	return fmt.Errorf("%w: run %s: no step of workflow %s waits for signal %q, so it would never be taken; its wait steps wait for %s (check the name)", ErrBadInput, r.ID, wf.Name, name, strings.Join(names, ", "))
+}
+
+// resentSignal is the signal with this de-duplication key in the run's inbox already
+// (nil: none): the log applies the same signal once, whatever its size.
+func resentSignal(r *checkpoint.Run, key string) *checkpoint.SignalRecord {
+	if key == "" {
+		return nil
+	}
+	for i := range r.Inbox {
+		if r.Inbox[i].ID == key {
+			return &r.Inbox[i]
+		}
+	}
+	return nil
 }
 
 // ErrNoIdentity: an approval or rejection from someone the server gave no name, or whose

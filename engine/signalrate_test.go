@@ -47,7 +47,7 @@ func TestSignalDataPerPersonRate(t *testing.T) {
 // the wire.
 func TestSignalFloodIsRefusedBeforeTheLog(t *testing.T) {
 	e := startEngine(t, nil)
-	apply(t, e, "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n")
+	apply(t, e, "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n  - {name: j, needs: [w], uses: wait, with: {signal: junk}}\n")
 	ctx := ctxT(t, 30*time.Second)
 	id, err := e.StartRun(ctx, "gate", nil, RunOptions{})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
@@ -439,7 +440,9 @@ func TestInboxIsBoundedInBytes(t *testing.T) {
 	for _, control := range []bool{false, true} {
 		t.Run(map[bool]string{false: "bounded", true: "control-no-byte-limit"}[control], func(t *testing.T) {
 			e := startEngineWith(t, &testhooks.Hooks{NoInboxBytes: control}, nil)
-			apply(t, e, "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n")
+			// Parked on never; the signals it is sent are for its later steps.
+			apply(t, e, "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: never}}\n"+
+				"  - {name: b, needs: [w], uses: wait, with: {signal: big}}\n  - {name: s, needs: [w], uses: wait, with: {signal: small}}\n")
 			ctx := ctxT(t, 30*time.Second)
 			id, err := e.StartRun(ctx, "gate", nil, RunOptions{})
 			if err != nil {
@@ -481,5 +484,66 @@ func TestInboxIsBoundedInBytes(t *testing.T) {
 				t.Fatalf("inbox %d signals, %d bytes", len(r.Inbox), r.InboxBytes())
 			}
 		})
+	}
+}
+
+// Issue 38: a signal that no step could ever take is refused, with nothing written: a
+// name no wait step of the run's workflow waits for (a typo would sit in the inbox for
+// good), and a signal ID applied before with other data or another name (the store keeps
+// the first, so the second would be lost without a word). The same signal again under
+// its ID stays harmless: a client retrying after a timeout.
+func TestSignalsNoStepCanTakeAreRefused(t *testing.T) {
+	e := startEngine(t, nil)
+	apply(t, e, `
+name: close
+steps:
+  - {name: one, uses: wait, with: {signal: go}}
+  - {name: two, needs: [one], uses: wait, with: {signal: stop}}
+`)
+	ctx := ctxT(t, 30*time.Second)
+	id, err := e.StartRun(ctx, "close", nil, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRun(t, e, id, 15*time.Second, "waiting", isStatus(checkpoint.StatusWaiting))
+	applied := e.store.Applied()
+	unchanged := func(what string) {
+		t.Helper()
+		if e.store.Applied() != applied {
+			t.Fatalf("%s was written to the log (applied %d -> %d)", what, applied, e.store.Applied())
+		}
+	}
+
+	err = e.Signal(ctx, id, "og", SignalOptions{})
+	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), `signal "og"`) || !strings.Contains(err.Error(), "go, stop") {
+		t.Fatalf("a signal no step waits for: %v; want bad input naming the signal and the names the steps wait for", err)
+	}
+	if ce := (*client.Error)(nil); !errors.As(wireError(err), &ce) || ce.Code != client.CodeBadRequest {
+		t.Fatalf("on the wire: %v; want %s", wireError(err), client.CodeBadRequest)
+	}
+	unchanged("a signal no step waits for")
+
+	if err := e.Signal(ctx, id, "stop", SignalOptions{ID: "k1", Data: json.RawMessage(`{"n":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Signal(ctx, id, "stop", SignalOptions{ID: "k1", Data: json.RawMessage(`{ "n": 1 }`)}); err != nil {
+		t.Fatalf("the same signal again under its ID: %v; want it applied once, harmlessly", err)
+	}
+	applied = e.store.Applied()
+	err = e.Signal(ctx, id, "stop", SignalOptions{ID: "k1", Data: json.RawMessage(`{"n":2}`)})
+	if !errors.Is(err, checkpoint.ErrConflict) || !strings.Contains(err.Error(), `"k1"`) || !strings.Contains(err.Error(), "other data") {
+		t.Fatalf("the ID again with other data: %v; want a conflict saying the ID holds other data", err)
+	}
+	if ce := (*client.Error)(nil); !errors.As(wireError(err), &ce) || ce.Code != client.CodeConflict {
+		t.Fatalf("on the wire: %v; want %s", wireError(err), client.CodeConflict)
+	}
+	unchanged("the ID again with other data")
+	err = e.Signal(ctx, id, "go", SignalOptions{ID: "k1", Data: json.RawMessage(`{"n":1}`)})
+	if !errors.Is(err, checkpoint.ErrConflict) || !strings.Contains(err.Error(), `"k1"`) {
+		t.Fatalf("the ID again for another signal: %v; want a conflict", err)
+	}
+	unchanged("the ID again for another signal")
+	if r, _ := e.store.Run(id); r.Status != checkpoint.StatusWaiting || len(r.Inbox) != 1 || string(r.Inbox[0].Data) != `{"n":1}` {
+		t.Fatalf("run %s, inbox %+v: want it waiting with the first signal only", r.Status, r.Inbox)
 	}
 }

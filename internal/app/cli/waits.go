@@ -20,7 +20,7 @@ func (a *app) waitCommands() []*cobra.Command {
 	signal := &cobra.Command{Use: "signal RUN NAME", Short: "Send a signal to a run that has not ended (a run waiting for it wakes)",
 		Args: exactArgs(2, "RUN and NAME"), RunE: func(_ *cobra.Command, args []string) error { return a.signal(args[0], args[1], data, key) }}
 	signal.Flags().StringVar(&data, "data", "", "the signal's data: JSON, or @FILE to read it from FILE")
-	signal.Flags().StringVar(&key, "id", "", "the signal's key: a signal with a key already applied is applied once")
+	signal.Flags().StringVar(&key, "id", "", "the signal's key: the same signal sent again with it is applied once; another signal under a key already applied is refused")
 	decide := func(use, short string, op func(*client.Client, context.Context, string, client.DecideOptions) (client.Decided, error)) *cobra.Command {
 		var opts client.DecideOptions
 		cmd := &cobra.Command{Use: use + " RUN", Short: short, Args: exactArgs(1, "RUN"),

@@ -80,6 +80,14 @@ func TestSignalApproveCommands(t *testing.T) {
 	if r, _ := e.d.Engine().API().Run("gate-1"); len(r.Inbox) != 0 || r.Status != "waiting" {
 		t.Fatalf("bad data wrote %+v (%s)", r.Inbox, r.Status)
 	}
+	// Issue 38: a name no wait step waits for is refused, nothing sent.
+	code, _, errOut = e.flowctl("run", "signal", "gate-1", "og")
+	if code != ExitUsage || !strings.Contains(errOut, `no step of workflow gate waits for signal "og"`) || !strings.Contains(errOut, "wait for go") {
+		t.Fatalf("a signal no step waits for: %d %q; want exit 2 naming the signal and the names waited for", code, errOut)
+	}
+	if r, _ := e.d.Engine().API().Run("gate-1"); len(r.Inbox) != 0 || r.Status != "waiting" {
+		t.Fatalf("a refused signal wrote %+v (%s)", r.Inbox, r.Status)
+	}
 	code, out, errOut = e.flowctl("run", "signal", "gate-1", "go", "--data", "@"+e.file("data.json", `{"ledger": "closed"}`+"\n"), "--id", "k1", "-o", "json")
 	var sig client.Signalled
 	if code != 0 || json.Unmarshal([]byte(out), &sig) != nil || sig != (client.Signalled{ID: "gate-1", Signal: "go", SignalID: "k1"}) {

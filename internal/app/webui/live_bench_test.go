@@ -128,7 +128,9 @@ func BenchmarkOtherUsersRunBesideSignalFlood(b *testing.B) {
 			n, _ := startLiveNode(b, false)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			for _, wf := range []string{gateWorkflow, shortWorkflow} {
+			// The sink parks on go; a later step waits for the junk it is flooded with (a
+			// signal no step waits for is refused before the log).
+			for _, wf := range []string{gateWorkflow + "  - {name: j, needs: [b], uses: wait, with: {signal: junk}}\n", shortWorkflow} {
 				if _, err := n.e.ApplyWorkflow(ctx, "wf.yaml", []byte(wf)); err != nil {
 					b.Fatal(err)
 				}

@@ -309,7 +309,9 @@ func TestLiveStreamsShareOneReader(t *testing.T) {
 			n, api := startLiveNode(t, false)
 			n.ui.hooks.perStreamReads = control
 			ctx := ctxT(t)
-			n.apply(t, gateWorkflow)
+			// A second wait takes the nudge that changes the parked run (a signal no step
+			// waits for is refused).
+			n.apply(t, gateWorkflow+"  - {name: n, needs: [w], uses: wait, with: {signal: nudge}}\n")
 			startParked(t, n, ctx, "g1")
 			c := streamClient(t)
 			var streams []*liveStream
