@@ -161,9 +161,10 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	validate := &cobra.Command{Use: "validate -f FILE", Short: "Check a workflow file (offline, no server needed)", Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error { return a.validate(file) }}
 	validate.Flags().StringVarP(&file, "file", "f", "", "workflow YAML file")
-	apply := &cobra.Command{Use: "apply -f FILE|DIR", Short: "Apply workflow files (a changed file makes a new version)", Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error { return a.apply(file) }}
-	apply.Flags().StringVarP(&file, "file", "f", "", "workflow YAML file or directory")
+	var applyFiles []string
+	apply := &cobra.Command{Use: "apply -f FILE|DIR [-f FILE|DIR]...", Short: "Apply workflow files (a changed file makes a new version)", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return a.apply(applyFiles) }}
+	apply.Flags().StringArrayVarP(&applyFiles, "file", "f", nil, "workflow YAML file or directory (repeat for several: all are checked before any is applied)")
 	wf.AddCommand(validate, apply,
 		&cobra.Command{Use: "list", Short: "List workflows", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
 			ws, err := ask(a, (*client.Client).Workflows)
@@ -315,55 +316,133 @@ func (a *app) validate(file string) error {
 	})
 }
 
-func (a *app) apply(path string) error {
-	if path == "" {
-		return usage("workflow apply needs -f FILE|DIR")
+// apply applies the workflow files of paths (each a file or a directory of .yaml and
+// .yml files), in the order given. Every file is checked before any is applied, here
+// and then by the server (the step kinds and their with are the server's to judge: it
+// may have Go steps registered), so that bad input changes nothing; two files of one
+// workflow are refused (the second would silently replace the first).
+func (a *app) apply(paths []string) error {
+	if len(paths) == 0 {
+		return usage("workflow apply needs -f FILE|DIR (repeat -f for several)")
 	}
-	st, err := os.Stat(path)
-	if err != nil {
-		return usage("%v", err)
-	}
-	files := []string{path}
-	if st.IsDir() {
-		files = nil
-		for _, pat := range []string{"*.yaml", "*.yml"} {
-			m, _ := filepath.Glob(filepath.Join(path, pat))
-			files = append(files, m...)
+	var files []string
+	seen := map[string]bool{}
+	for _, path := range paths {
+		st, err := os.Stat(path)
+		if err != nil {
+			return usage("-f %v; nothing was applied", err)
 		}
-		sort.Strings(files)
-		if len(files) == 0 {
-			return usage("%s holds no .yaml or .yml file", path)
+		found := []string{path}
+		if st.IsDir() {
+			found = nil
+			for _, pat := range []string{"*.yaml", "*.yml"} {
+				m, _ := filepath.Glob(filepath.Join(path, pat))
+				found = append(found, m...)
+			}
+			sort.Strings(found)
+			if len(found) == 0 {
+				return usage("-f %s: the directory holds no .yaml or .yml file; nothing was applied", path)
+			}
+		}
+		for _, f := range found {
+			if key := filepath.Clean(f); !seen[key] {
+				seen[key] = true
+				files = append(files, f)
+			}
 		}
 	}
-	// Validate everything before applying anything: bad input changes nothing. (Step
-	// kinds are the server's to judge: it may have Go steps registered.)
 	datas := map[string][]byte{}
+	var problems []string
+	byName := map[string]string{} // workflow name -> the file that defines it
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			return usage("%v", err)
+			problems = append(problems, err.Error())
+			continue
 		}
-		if _, err := workflow.Load(f, data, func(string) bool { return true }); err != nil {
-			return usage("%v", err)
+		w, err := workflow.Load(f, data, func(string) bool { return true })
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
 		}
+		if other, ok := byName[w.Name]; ok {
+			problems = append(problems, fmt.Sprintf("%s and %s both define workflow %q: the second would replace the first; apply one of them", other, f, w.Name))
+			continue
+		}
+		byName[w.Name] = f
 		datas[f] = data
 	}
-	var applied []client.Workflow
-	for _, f := range files {
+	if len(problems) > 0 {
+		return usage("%s; nothing was applied", strings.Join(problems, "\n"))
+	}
+	if len(files) > 1 {
+		// The server's checks too (kinds, with) before the first apply: otherwise a
+		// file it refuses would stop the apply half way.
+		for _, f := range files {
+			_, err := ask(a, func(c *client.Client, ctx context.Context) (client.Workflow, error) {
+				return c.ValidateWorkflow(ctx, f, datas[f])
+			})
+			var ae *client.Error
+			switch {
+			case errors.As(err, &ae) && ae.Code == client.CodeBadRequest:
+				problems = append(problems, ae.Message)
+			case err != nil:
+				return fmt.Errorf("checking %s: %w; nothing was applied", f, err)
+			}
+		}
+		if len(problems) > 0 {
+			return usage("%s; nothing was applied", strings.Join(problems, "\n"))
+		}
+	}
+	applied := []client.Workflow{}
+	for i, f := range files {
 		w, err := ask(a, func(c *client.Client, ctx context.Context) (client.Workflow, error) {
 			return c.ApplyWorkflow(ctx, f, datas[f])
 		})
 		if err != nil {
-			return err
+			// Said with what was applied before it and what was not: a retry of the
+			// same command applies the rest (an unchanged file makes no new version).
+			_ = a.printApplied(applied)
+			msg := err.Error()
+			if !strings.HasPrefix(msg, f+":") {
+				msg = f + ": " + msg
+			}
+			if i > 0 {
+				msg += fmt.Sprintf("; applied before it: %s", strings.Join(files[:i], ", "))
+			}
+			if i+1 < len(files) {
+				msg += fmt.Sprintf("; not applied: %s", strings.Join(files[i+1:], ", "))
+			}
+			return withMessage(err, msg)
 		}
 		applied = append(applied, w)
-	}
-	return a.print(applied, func(out io.Writer) {
-		for _, w := range applied {
-			fmt.Fprintf(out, "workflow %s applied: version %d\n", w.Name, w.Version)
+		if a.output == "table" {
+			fmt.Fprintf(a.out, "%s: workflow %s applied: version %d\n", f, w.Name, w.Version)
 		}
-	})
+	}
+	return a.printApplied(applied)
 }
+
+// printApplied prints the workflows applied, with -o json or yaml (the table's lines
+// were printed as each was applied).
+func (a *app) printApplied(applied []client.Workflow) error {
+	if a.output == "table" {
+		return nil
+	}
+	return a.print(applied, func(io.Writer) {})
+}
+
+// withMessage is err (its exit code kept: the same errors.As and errors.Is answer) with
+// msg as its text.
+func withMessage(err error, msg string) error { return &messageError{msg: msg, err: err} }
+
+type messageError struct {
+	msg string
+	err error
+}
+
+func (e *messageError) Error() string { return e.msg }
+func (e *messageError) Unwrap() error { return e.err }
 
 func (a *app) cronList() error {
 	return show(a, (*client.Client).Schedules, cronTable)

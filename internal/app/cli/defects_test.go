@@ -2,6 +2,8 @@ package cli
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -82,5 +84,71 @@ func TestNodeIDRule(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "node-id") {
 			t.Errorf("--node-id %q: %v, want an error naming --node-id", id, err)
 		}
+	}
+}
+
+// `workflow apply -f a.yaml -f b.yaml` applies both, in order, each file's outcome
+// printed; it once applied only b.yaml, silently (issue 38). Any file that is not valid
+// (here or on the server: an unknown kind is the server's to judge), and two files of
+// one workflow, are refused with the file named, and nothing is applied.
+func TestApplyRepeatedFile(t *testing.T) {
+	e := startFlowd(t)
+	a := e.file("a.yaml", "name: wf-a\nsteps:\n  - name: s\n    uses: noop\n")
+	b := e.file("b.yaml", "name: wf-b\nsteps:\n  - name: s\n    uses: noop\n")
+	code, out, errOut := e.flowctl("workflow", "apply", "-f", a, "-f", b)
+	if code != 0 {
+		t.Fatalf("apply -f a -f b: exit %d %s", code, errOut)
+	}
+	ia, ib := strings.Index(out, "a.yaml: workflow wf-a applied: version 1"), strings.Index(out, "b.yaml: workflow wf-b applied: version 1")
+	if ia < 0 || ib < ia {
+		t.Fatalf("apply -f a -f b printed, want a's line then b's:\n%s", out)
+	}
+	for _, name := range []string{"wf-a", "wf-b"} {
+		if code, _, errOut := e.flowctl("workflow", "show", name); code != 0 {
+			t.Fatalf("workflow show %s after apply -f a -f b: exit %d %s", name, code, errOut)
+		}
+	}
+
+	c := e.file("c.yaml", "name: wf-c\nsteps:\n  - name: s\n    uses: noop\n")
+	kind := e.file("kind.yaml", "name: wf-k\nsteps:\n  - name: s\n    uses: teleport\n")
+	broken := e.file("broken.yaml", "name: wf-x\nsteps: [\n")
+	twin := e.file("twin.yaml", "name: wf-c\nsteps:\n  - name: t\n    uses: noop\n")
+	dir := filepath.Join(e.dir, "more")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	applied := e.d.Engine().Applied()
+	for _, tc := range []struct {
+		files []string
+		want  []string
+	}{
+		{[]string{c, kind}, []string{`kind.yaml:4:11: step "s" uses unknown kind "teleport"`}},
+		{[]string{broken, c}, []string{"broken.yaml:", "not valid YAML"}},
+		{[]string{c, twin}, []string{"c.yaml and", `twin.yaml both define workflow "wf-c"`}},
+		{[]string{c, filepath.Join(e.dir, "nope.yaml")}, []string{"nope.yaml"}},
+		{[]string{c, dir}, []string{"more: the directory holds no .yaml or .yml file"}},
+	} {
+		args := []string{"workflow", "apply"}
+		for _, f := range tc.files {
+			args = append(args, "-f", f)
+		}
+		code, out, errOut := e.flowctl(args...)
+		if code != 2 || out != "" {
+			t.Errorf("apply %v: exit %d, stdout %q; want 2 and nothing printed", tc.files, code, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("apply %v: %q does not say %q", tc.files, errOut, w)
+			}
+		}
+		if !strings.Contains(errOut, "nothing was applied") {
+			t.Errorf("apply %v: %q does not say that nothing was applied", tc.files, errOut)
+		}
+	}
+	if got := e.d.Engine().Applied(); got != applied {
+		t.Fatalf("refused applies wrote to the log: applied %d -> %d", applied, got)
+	}
+	if code, _, _ := e.flowctl("workflow", "show", "wf-c"); code != 2 {
+		t.Fatalf("wf-c was applied beside a refused file: workflow show exit %d", code)
 	}
 }
