@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -20,41 +19,6 @@ import (
 
 // ErrTooOld: this flowd cannot read the cluster's log format (gate.ErrTooOld).
 var ErrTooOld = gate.ErrTooOld
-
-// version, set at link time (-X github.com/flowrun/flow/engine.version=...; the image's
-// build sets `git describe`), names this build in Binary.
-var version string
-
-// Binary names this flowd build: the version it was linked with, its module version, or
-// its commit (and "-dirty" when built from changed files), as the build recorded them.
-func Binary() string {
-	if version != "" {
-		return "flowd " + version
-	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "flowd (unknown build)"
-	}
-	version := info.Main.Version
-	var rev, dirty string
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value[:min(len(s.Value), 12)]
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "-dirty"
-			}
-		}
-	}
-	switch {
-	case version != "" && version != "(devel)":
-		return "flowd " + version
-	case rev != "":
-		return "flowd " + rev + dirty
-	}
-	return "flowd (devel)"
-}
 
 // register records this node in the roster, refused when the cluster's version is past
 // what this binary reads.
