@@ -80,7 +80,9 @@ func (e *Engine) clusterRoster(ctx context.Context) (gate.Roster, int, error) {
 }
 
 // ForgetNode removes a node that is gone for good from the roster, so that the
-// cluster version can move past what it read. A live node is refused.
+// cluster version can move past what it read. A live node is refused: one whose report
+// has not lapsed and did not say goodbye (nodes.Live), as cluster status's LIVE, which
+// asks the running nodes, would have it but for a killed node's last minute.
 func (o Ops) ForgetNode(ctx context.Context, node string) error {
 	e := o.e
 	live, err := nodes.Live(ctx, e.ports.Nodes)

@@ -1,11 +1,16 @@
 package engine
 
 import (
+	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/gate"
+	"github.com/flowrun/flow/engine/internal/nodes"
+	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/logstream"
 )
 
@@ -111,5 +116,44 @@ func TestAHeldClusterStaysAtFormat1(t *testing.T) {
 	r, applied, err := e.clusterRoster(ctxT(t, 5*time.Second))
 	if _, why := r.Next(applied); err != nil || !strings.Contains(why, "--hold-cluster-version") {
 		t.Fatalf("roster %+v, why %q, %v", r, why, err)
+	}
+}
+
+// Issue 38: a node stopped cleanly (SIGTERM in flowd) says goodbye in its report, so
+// that cluster forget takes it at once, as cluster status (LIVE false) suggests, instead
+// of refusing it as alive until its report lapses a minute later; and the leader's look
+// at the roster does not record it again from its goodbye. A node that runs is refused.
+func TestForgetANodeThatStoppedCleanly(t *testing.T) {
+	srv, err := natsnode.Start(natsnode.Config{DataDir: filepath.Join(t.TempDir(), "nats"), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	a := startEngine(t, func(c *Config) { c.NATSURL = srv.ClientURL() })
+	pollUntil(t, 20*time.Second, "node-a leads", a.isLeader)
+	b := startEngine(t, func(c *Config) { c.NodeID = "node-b"; c.NATSURL = srv.ClientURL() })
+	ctx := ctxT(t, 30*time.Second)
+	pollUntil(t, 20*time.Second, "node-b's report", func() bool { // its first is written at its start, but not waited for
+		live, err := nodes.Live(ctx, a.ports.Nodes)
+		_, ok := live["node-b"]
+		return err == nil && ok
+	})
+	if err := a.Ops().ForgetNode(ctx, "node-b"); !errors.Is(err, gate.ErrLive) {
+		t.Fatalf("forget a running node: %v; want it refused as live", err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ops().ForgetNode(ctx, "node-b"); err != nil {
+		t.Fatalf("forget a node right after its clean stop: %v", err)
+	}
+	passes := a.gatePasses.Load()
+	pollUntil(t, 20*time.Second, "two more looks of the leader at the roster", func() bool { return a.gatePasses.Load() >= passes+2 })
+	r, _, err := a.clusterRoster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Members["node-b"]; ok || len(r.Members) != 1 {
+		t.Fatalf("members %v: the forgotten node was recorded again from its goodbye", r.IDs())
 	}
 }

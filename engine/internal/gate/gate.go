@@ -307,7 +307,7 @@ func (g *Gate) Promise(ctx context.Context, applied int) (Roster, int, error) {
 // live node is refused (it would be recorded again at once).
 func (g *Gate) Forget(ctx context.Context, node string, live bool) (Roster, error) {
 	if live {
-		return Roster{}, fmt.Errorf("%w: node %s reports itself alive: stop it (or wait a minute after it stopped) before forgetting it", ErrLive, node)
+		return Roster{}, fmt.Errorf("%w: node %s reports itself alive: stop it before forgetting it (a clean stop, SIGTERM, says goodbye: it can be forgotten at once; a node killed says none: its report lapses a minute after its last)", ErrLive, node)
 	}
 	return g.update(ctx, func(r *Roster) error {
 		if _, ok := r.Members[node]; !ok {

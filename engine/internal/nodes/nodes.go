@@ -1,8 +1,10 @@
 // Package nodes is what each live node says of itself where the others can read it:
 // its applied log sequence, in the FLOW_NODES bucket, renewed every few seconds and
-// lapsing a minute after the node stops. The leader's compaction keeps every message a
-// live node still needs; a node that was away longer restores a snapshot when it
-// comes back.
+// lapsing a minute after the node stops. A node that stops cleanly says goodbye (its
+// last report, Stopped set): it is not live from then on, so it can be forgotten at once
+// (cluster forget), while its report still keeps what it needs from compaction until it
+// lapses, as for a restart. The leader's compaction keeps every message a live node
+// still needs; a node that was away longer restores a snapshot when it comes back.
 package nodes
 
 import (
@@ -36,6 +38,9 @@ type Report struct {
 	At      time.Time `json:"at"`
 	Binary  string    `json:"binary,omitempty"`
 	Formats []int     `json:"formats,omitempty"`
+	// Stopped is when the node stopped cleanly (its goodbye; zero while it runs). Older
+	// readers ignore it, and count the node live until the report lapses, as before.
+	Stopped time.Time `json:"stopped,omitzero"`
 }
 
 // Reporter puts this node's report in the bucket now and every ReportEvery.
@@ -59,12 +64,20 @@ func NewReporter(kv port.KV, node string, about Report, applied func() uint64, c
 }
 
 // Report puts the report once.
-func (r *Reporter) Report(ctx context.Context) {
-	b, _ := json.Marshal(Report{Applied: r.applied(), At: r.clock.Now().UTC(), Binary: r.about.Binary, Formats: r.about.Formats})
+func (r *Reporter) Report(ctx context.Context) { r.put(ctx, false) }
+
+// put puts the report, a goodbye when stopped.
+func (r *Reporter) put(ctx context.Context, stopped bool) {
+	now := r.clock.Now().UTC()
+	rep := Report{Applied: r.applied(), At: now, Binary: r.about.Binary, Formats: r.about.Formats}
+	if stopped {
+		rep.Stopped = now
+	}
+	b, _ := json.Marshal(rep)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := r.kv.Put(pctx, r.node, b); err != nil {
-		r.log.Debug("report the applied sequence", "err", err)
+		r.log.Debug("report the applied sequence", "err", err, "goodbye", stopped)
 	}
 }
 
@@ -92,22 +105,27 @@ func (r *Reporter) Start(ctx context.Context) {
 	}()
 }
 
-// Stop stops the reports and waits. Safe twice and before Start.
+// Stop stops the reports, waits, and says goodbye: a last report with Stopped set (a
+// clean stop; a node killed says none, and is live until its report lapses). Safe twice
+// and before Start.
 func (r *Reporter) Stop() {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
+	r.cancel = nil
 	r.mu.Unlock()
 	if cancel == nil {
 		return
 	}
 	cancel()
 	<-done
+	r.put(context.Background(), true)
 }
 
-// LiveApplied is the lowest applied sequence a live node other than self reported,
-// and whether any did.
+// LiveApplied is the lowest applied sequence a node other than self reported, and
+// whether any did: a node that said goodbye counts until its report lapses, so that a
+// node restarted within a minute finds the log it needs.
 func LiveApplied(ctx context.Context, kv port.KV, self string) (uint64, bool, error) {
-	live, err := Live(ctx, kv)
+	live, err := reports(ctx, kv)
 	if err != nil {
 		return 0, false, err
 	}
@@ -123,8 +141,23 @@ func LiveApplied(ctx context.Context, kv port.KV, self string) (uint64, bool, er
 	return low, any, nil
 }
 
-// Live are the live nodes' reports, by node ID.
+// Live are the live nodes' reports, by node ID: those that have not lapsed, but for a
+// node's goodbye (a clean stop).
 func Live(ctx context.Context, kv port.KV) (map[string]Report, error) {
+	all, err := reports(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
+	for id, r := range all {
+		if !r.Stopped.IsZero() {
+			delete(all, id)
+		}
+	}
+	return all, nil
+}
+
+// reports are the reports that have not lapsed, goodbyes included, by node ID.
+func reports(ctx context.Context, kv port.KV) (map[string]Report, error) {
 	keys, err := kv.Keys(ctx)
 	if err != nil {
 		return nil, err
