@@ -83,6 +83,11 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		return nil, err
 	}
 	if err := e.Start(ctx); err != nil {
+		var le *natsnode.ListenError
+		if errors.As(err, &le) {
+			// Said as the HTTP port's is below: what is taken and the flag to change.
+			return nil, fmt.Errorf("flowd: %w (is another flowd or NATS server running? stop it, or give --nats-listen another HOST:PORT)", err)
+		}
 		return nil, err
 	}
 	d.engine = e

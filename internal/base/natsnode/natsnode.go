@@ -25,7 +25,26 @@ const (
 	DefaultMaxMemory  int64 = 64 << 20 // 64 MiB of JetStream memory storage (flow uses none)
 	DefaultMaxPayload int32 = 8 << 20  // 8 MiB: room for a batch of 1 MiB step outputs
 	readyTimeout            = 10 * time.Second
+	// readyPoll: how long one look at the server's readiness lasts, between looks at
+	// whether it failed to listen (the server says so only in its log, and would
+	// otherwise be waited for the whole readyTimeout).
+	readyPoll = 50 * time.Millisecond
 )
+
+// ListenError: the embedded server could not listen on Addr (a port another process
+// holds, an address not of this host, a privileged port). errors.Is(err,
+// syscall.EADDRINUSE) tells a port in use. Start returns it as soon as the server says
+// so, not after waiting for it to be ready.
+type ListenError struct {
+	Addr string // host:port
+	Err  error  // net.Listen's
+}
+
+func (e *ListenError) Error() string {
+	return fmt.Sprintf("natsnode: embedded NATS cannot listen on %s: %v", e.Addr, e.Err)
+}
+
+func (e *ListenError) Unwrap() error { return e.Err }
 
 // Config of an embedded server.
 type Config struct {
@@ -101,14 +120,31 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	if cfg.Logger != nil {
-		srv.SetLoggerV2(slogAdapter{cfg.Logger}, false, false, false)
+	// The server reports a listener it cannot open only as a fatal line of its log, and
+	// carries on without it: the adapter hands that error to the wait below, which would
+	// otherwise wait out readyTimeout (issue 38: a taken port cost 10 s).
+	fatal := make(chan error, 1)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
+	srv.SetLoggerV2(slogAdapter{l: logger, fatal: fatal}, false, false, false)
 	go srv.Start() // Start returns quickly; the server owns its goroutines until Shutdown.
-	if !srv.ReadyForConnections(readyTimeout) {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		return nil, fmt.Errorf("natsnode: embedded NATS not ready within %s (is %q in use?)", readyTimeout, cfg.Listen)
+	deadline := time.Now().Add(readyTimeout)
+	for !srv.ReadyForConnections(readyPoll) {
+		var err error
+		select {
+		case err = <-fatal:
+		default:
+			if time.Now().After(deadline) {
+				err = fmt.Errorf("natsnode: embedded NATS not ready within %s (is %q in use?)", readyTimeout, cfg.Listen)
+			}
+		}
+		if err != nil {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			return nil, err
+		}
 	}
 	if cfg.Auth {
 		// With a second account the server no longer enables JetStream for its global
@@ -287,14 +323,45 @@ func Redact(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-type slogAdapter struct{ l *slog.Logger }
+// slogAdapter is the server's logger: its lines into l, and its fatal ones (a listener
+// it could not open) also into fatal, for Start, which keeps the first.
+type slogAdapter struct {
+	l     *slog.Logger
+	fatal chan<- error
+}
 
 // Notices are debug: the server narrates its start and stop at length.
 func (a slogAdapter) Noticef(f string, v ...any) {
 	a.l.Debug(fmt.Sprintf(f, v...), "component", "nats")
 }
-func (a slogAdapter) Warnf(f string, v ...any)  { a.l.Warn(fmt.Sprintf(f, v...), "component", "nats") }
-func (a slogAdapter) Fatalf(f string, v ...any) { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Warnf(f string, v ...any) { a.l.Warn(fmt.Sprintf(f, v...), "component", "nats") }
+func (a slogAdapter) Fatalf(f string, v ...any) {
+	a.l.Error(fmt.Sprintf(f, v...), "component", "nats")
+	if le := listenError(f, v); le != nil && a.fatal != nil {
+		select {
+		case a.fatal <- le:
+		default:
+		}
+	}
+}
+
+// listenError is the *ListenError of a fatal line of the server's log about a listener
+// it could not open (the client port's, "Error listening on port: HOST:PORT, ERR", and
+// the routes'), whose arguments carry net.Listen's error itself; nil for other lines
+// (those are logged only, as before: the start goes on as the server does).
+func listenError(f string, v []any) error {
+	var cause error
+	for _, x := range v {
+		if err, ok := x.(error); ok {
+			cause = err
+		}
+	}
+	var op *net.OpError
+	if strings.Contains(strings.ToLower(f), "listen") && errors.As(cause, &op) && op.Addr != nil {
+		return &ListenError{Addr: op.Addr.String(), Err: cause}
+	}
+	return nil
+}
 func (a slogAdapter) Errorf(f string, v ...any) { a.l.Error(fmt.Sprintf(f, v...), "component", "nats") }
 func (a slogAdapter) Debugf(f string, v ...any) { a.l.Debug(fmt.Sprintf(f, v...), "component", "nats") }
 func (a slogAdapter) Tracef(string, ...any)     {}
