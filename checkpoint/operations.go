@@ -365,6 +365,11 @@ type HandlerRef struct {
 	Event      string `json:"event"` // on_failure | on_dead_letter | on_deadline
 	Error      string `json:"error,omitempty"`
 	FailedStep string `json:"failed_step,omitempty"`
+	// RunCreatedAt is when the handled run was created: a run started by hand has no
+	// tick, and its data interval is the schedule's at its start (workflow.Interval), so
+	// its handler's templates read that, not one at the handler's own, later, creation.
+	// Zero in a handler run recorded before it was kept.
+	RunCreatedAt time.Time `json:"run_created_at,omitzero"`
 }
 
 // TriggerHandler is a handler run's trigger.
@@ -389,7 +394,7 @@ func (tx *applyBatch) startHandler(c *cachedRun, idx int, e *Entry, event string
 	} else if existing != nil {
 		return nil // a run of that ID exists (given by hand): the event's handler is not started twice
 	}
-	ref := &HandlerRef{Run: r.ID, Event: event, Error: r.Error, FailedStep: r.FailedStep}
+	ref := &HandlerRef{Run: r.ID, Event: event, Error: r.Error, FailedStep: r.FailedStep, RunCreatedAt: r.CreatedAt}
 	if event == OnDeadLetterEvent {
 		ref.Error = r.DeadLetter
 	}

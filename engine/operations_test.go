@@ -451,3 +451,52 @@ func TestOnGridCountsFromTheSchedulesStart(t *testing.T) {
 		}
 	}
 }
+
+// Issue 38: the on_deadline handler of a run started by hand sees the run's own data
+// interval (the schedule's latest fire time at or before the run's start, as the run's
+// templates saw it), not one that came after the run started: its handler run is
+// created later, at the deadline, and a tick in between is no tick of the run.
+func TestHandlerOfAManualRunSeesTheRunsInterval(t *testing.T) {
+	e := startEngine(t, nil)
+	dir := t.TempDir()
+	apply(t, e, fmt.Sprintf(`
+name: by-hand
+schedule: {cron: "* * * * * *", catchup: none}
+deadline: 2s
+steps:
+  - {name: w, uses: wait, with: {signal: never}}
+on_deadline:
+  - name: tell
+    uses: exec
+    with: {command: [sh, -c, "echo '{{ schedule.tick }}' > %s/{{ run.id }}"]}
+`, dir))
+	ctx := ctxT(t, 60*time.Second)
+	if err := e.Ops().PauseSchedule(ctx, "by-hand", "only the run by hand"); err != nil {
+		t.Fatal(err)
+	}
+	id, err := e.StartRun(ctx, "by-hand", nil, RunOptions{ID: "by-hand-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr, err := e.WaitRun(ctx, id+".on-deadline.0")
+	if err != nil || hr.Status != checkpoint.StatusSucceeded {
+		t.Fatalf("the on_deadline handler run: %v %+v", err, hr)
+	}
+	r, err := e.store.Run(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, err := e.specs.OfRun(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.TrimSpace(string(b))
+	if want := workflow.Interval(wf, time.Time{}, r.CreatedAt)["tick"]; got != want {
+		t.Fatalf("the handler saw schedule.tick %s; want the run's own, %v (the run started at %s, its handler run at %s)",
+			got, want, r.CreatedAt.Format(time.RFC3339Nano), hr.CreatedAt.Format(time.RFC3339Nano))
+	}
+}

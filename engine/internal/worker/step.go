@@ -32,10 +32,20 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 		"steps":  stepsScope,
 		"run":    runScope(x.run, x.epoch),
 	}
-	if iv := workflow.Interval(x.wf, x.run.ScheduledAt, x.run.CreatedAt); iv != nil {
+	if iv := workflow.Interval(x.wf, x.run.ScheduledAt, intervalStart(x.run)); iv != nil {
 		scope["schedule"] = iv
 	}
 	return scope
+}
+
+// intervalStart is the start a run's data interval is read at when it has no tick (a run
+// started by hand): its creation, or for a handler run, the handled run's (it handles
+// that run's interval: a tick that came after the handled run started is none of its).
+func intervalStart(r *checkpoint.Run) time.Time {
+	if r.Handler != nil && !r.Handler.RunCreatedAt.IsZero() {
+		return r.Handler.RunCreatedAt
+	}
+	return r.CreatedAt
 }
 
 // runStep runs one step (all its items) and checkpoints it.
