@@ -65,7 +65,7 @@ func (x *runExec) runStep(st *workflow.Step) error {
 		}
 	}
 	if st.Uses == steps.KindWorkflow {
-		return x.runChild(st, scope)
+		return x.traced(st, func() error { return x.runChild(st, scope) })
 	}
 	if st.Foreach != "" {
 		return x.runForeach(st, scope)
@@ -76,7 +76,7 @@ func (x *runExec) runStep(st *workflow.Step) error {
 			return x.failStep(st, checkpoint.ItemWhole, 1, steps.Permanent(err))
 		}
 		if x.waits(st, with) {
-			return x.runWait(st, with)
+			return x.traced(st, func() error { return x.runWait(st, with) })
 		}
 	}
 	x.note(checkpoint.Entry{Kind: checkpoint.KindStart, Step: st.Name, Item: checkpoint.ItemWhole})

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -9,14 +10,18 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/tracing"
+	"github.com/flowrun/flow/workflow"
 )
 
 // Traces (internal/base/tracing; docs/operations.md, "Traces"): an epoch of a run is a
 // span, a child of the run's submit span (its context is in the run, from the log), so
 // every epoch on every node is in the run's one trace; each step attempt (and foreach
 // item) is a span under it, whose context the step gets (an http step's traceparent
-// header, an exec step's TRACEPARENT). Fenced commits, a stolen epoch, a hand-back, a
-// park and retries are events.
+// header, an exec step's TRACEPARENT). The steps the engine carries out itself (a wait,
+// an approval, a sleep that parks, a child workflow) get one span per epoch that takes
+// them up (traced): the epoch that parks on one ends it "parked", the resumed one that
+// completes it "succeeded". Fenced commits, a stolen epoch, a hand-back, a park and
+// retries are events.
 
 // startSpan starts the epoch's span under the run's trace and returns its context.
 func (x *runExec) startSpan(ctx context.Context) context.Context {
@@ -110,4 +115,41 @@ func endStepSpan(span trace.Span, err error, retrying bool) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// traced runs a step the engine carries out itself (run: a wait, an approval, a parking
+// sleep, a child workflow) under a span like an attempt's: outcome succeeded, parked (an
+// event says what it waits for), failed, or ended with the epoch.
+func (x *runExec) traced(st *workflow.Step, run func() error) error {
+	_, span := x.startStepSpan(x.ctx, st.Name, st.Uses, checkpoint.ItemWhole, 1)
+	err := run()
+	if !span.IsRecording() {
+		return err
+	}
+	p := asPark(err)
+	switch {
+	case err == nil:
+		span.SetAttributes(attribute.String("flow.step.outcome", "succeeded"))
+	case p != nil:
+		span.SetAttributes(attribute.String("flow.step.outcome", "parked"))
+		attrs := []attribute.KeyValue{attribute.String("flow.wait.kind", p.wait.Kind)}
+		if p.wait.Name != "" {
+			attrs = append(attrs, attribute.String("flow.wait.signal", p.wait.Name))
+		}
+		if !p.wait.Until.IsZero() {
+			attrs = append(attrs, attribute.String("flow.wait.until", p.wait.Until.UTC().Format(time.RFC3339)))
+		}
+		if len(p.wait.Children) > 0 {
+			attrs = append(attrs, attribute.Int("flow.wait.children", len(p.wait.Children)))
+		}
+		span.AddEvent("parked", trace.WithAttributes(attrs...))
+	case x.isStolen() || x.ctx.Err() != nil:
+		span.SetAttributes(attribute.String("flow.step.outcome", "epoch-ended"))
+		span.SetStatus(codes.Error, err.Error())
+	default:
+		span.SetAttributes(attribute.String("flow.step.outcome", "failed"))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	return err
 }

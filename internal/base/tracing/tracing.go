@@ -33,6 +33,11 @@ var enabled atomic.Bool
 // SetEnabled records that an exporter was installed (for tracing/otlp.Setup).
 func SetEnabled() { enabled.Store(true) }
 
+// SetEnabledTo sets what Enabled says and returns what it said before: for a test that
+// installs an in-memory exporter (go.opentelemetry.io/otel/sdk/trace/tracetest) as the
+// global provider and puts things back at its end.
+func SetEnabledTo(on bool) (was bool) { return enabled.Swap(on) }
+
 // Traceparent is the W3C traceparent of the span in ctx ("" when it has none).
 func Traceparent(ctx context.Context) string {
 	carrier := propagation.MapCarrier{}
