@@ -507,8 +507,12 @@ func printRound(out io.Writer, r *round) {
 	fmt.Fprintf(out, "drivers paid:      %d (owed: %d)\n", r.Ledger.Drivers, r.Expected.Drivers)
 	fmt.Fprintf(out, "total paid:        %s (owed: %s)\n", money(r.Ledger.TotalCents), money(r.Expected.TotalCents))
 	fmt.Fprintf(out, "epoch changes:     %d\n", v.EpochChanges)
-	for _, e := range v.Epochs {
-		fmt.Fprintf(out, "  epoch %d: %s (%s)\n", e.Epoch, e.Owner, e.Reason)
+	for i, e := range v.Epochs {
+		var prev *client.Epoch
+		if i > 0 {
+			prev = &v.Epochs[i-1]
+		}
+		fmt.Fprintf(out, "  epoch %d: %s (%s)\n", e.Epoch, e.Owner, epochCause(prev, e))
 	}
 	fmt.Fprintf(out, "fenced commits:    %d\n", len(v.Fenced))
 	for i, f := range v.Fenced {
@@ -522,6 +526,19 @@ func printRound(out io.Writer, r *round) {
 		fmt.Fprintf(out, "lock-stolen-mid-run logged: %d\n", r.LockStolen)
 	}
 	fmt.Fprintf(out, "wallet: stale credits refused %d, repeated credits applied once %d\n", r.Ledger.Rejected, r.Ledger.Duplicates)
+}
+
+// epochCause says why epoch e began, after prev (nil: the first). The log records
+// "reconciled" for an epoch whose predecessor's lease lapsed when the leader's reconcile
+// pass, not its lease watcher, found the lapse (a leader elected after it, as when the
+// chaos kills the leader during the pause: docs/checkpoint.md): what happened is still
+// that the owner's lease expired, which is what the summary says, naming how it was
+// found. A reconciled epoch after one nobody claimed (a lost task) is what it says.
+func epochCause(prev *client.Epoch, e client.Epoch) string {
+	if e.Reason == "reconciled" && prev != nil && prev.Owner != "" {
+		return fmt.Sprintf("lease-expired: %s's lease of epoch %d lapsed, found by the leader's reconcile pass", prev.Owner, prev.Epoch)
+	}
+	return e.Reason
 }
 
 func progress(v client.Run) string {

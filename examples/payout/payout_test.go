@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/examples/payout/wallet"
 )
 
@@ -241,6 +242,28 @@ func TestSmallDataSetsHaveTrips(t *testing.T) {
 			if len(paid) < n/2 {
 				t.Errorf("%s, %d drivers: only %d have trips", date, n, len(paid))
 			}
+		}
+	}
+}
+
+// Issue 38: the summary names the takeover after a pause by what happened, the owner's
+// lease expiring, also when the log records the new epoch as reconciled (a new leader's
+// reconcile pass found the lapse); an epoch after one nobody claimed stays reconciled.
+func TestSummaryNamesTheTakeoversCause(t *testing.T) {
+	var out bytes.Buffer
+	printRound(&out, &round{Run: client.Run{ID: "payout-x", Status: "succeeded", EpochChanges: 1, Epochs: []client.Epoch{
+		{Epoch: 2, Owner: "", Reason: "assigned"}, // its task was lost: nobody claimed it
+		{Epoch: 5, Owner: "node-a", Reason: "reconciled"},
+		{Epoch: 9, Owner: "node-b", Reason: "reconciled"}, // node-a was paused past its lease
+		{Epoch: 12, Owner: "node-c", Reason: "lease-expired"},
+	}}})
+	for _, want := range []string{
+		"epoch 5: node-a (reconciled)\n",
+		"epoch 9: node-b (lease-expired: node-a's lease of epoch 5 lapsed, found by the leader's reconcile pass)\n",
+		"epoch 12: node-c (lease-expired)\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the summary lacks %q:\n%s", want, out.String())
 		}
 	}
 }
