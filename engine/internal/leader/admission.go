@@ -29,8 +29,10 @@ type Admission struct {
 	// admitting counts assigns written and not yet applied: the state counts them
 	// from then on.
 	admitting atomic.Int64
-	// backlogged: the assigner's last pass left runs waiting for room.
+	// backlogged: the assigner's last pass left runs waiting for room; queuedLeft: how
+	// many runs needed an assign when it ended (those its limits held back, or none).
 	backlogged atomic.Bool
+	queuedLeft atomic.Int64
 }
 
 // NewAdmission keeps queueAhead runs assigned ahead of the workers. hooks may be nil.
@@ -70,19 +72,27 @@ func (a *Admission) Writing(n int) (done func()) {
 	return func() { a.admitting.Add(-int64(n)) }
 }
 
-// SetBacklogged records whether the assigner's last pass left runs waiting for room.
-func (a *Admission) SetBacklogged(b bool) { a.backlogged.Store(b) }
+// PassEnded records what the assigner's last pass left: whether runs wait for room
+// (backlogged), and how many runs needed an assign when it ended (queued).
+func (a *Admission) PassEnded(backlogged bool, queued int) {
+	a.queuedLeft.Store(int64(queued))
+	a.backlogged.Store(backlogged)
+}
 
 // Admit reserves room for the first assign of a run started on the leader (the API's
 // short path), which may not jump the queue: it is refused while older runs wait for
 // room. Runs held back by their workflow's concurrency limit do not wait for room and do
-// not close the short path to others. Admitted releases the reservation.
-func (a *Admission) Admit(assigned func() int) bool {
+// not close the short path to others. Nor may it pass runs submitted since the last
+// pass, which no pass has looked at yet: while queued (the runs needing an assign now)
+// is above what the last pass left, it is refused too (on a busy node the pass lags the
+// submits; a run started then went ahead of a hundred that waited: TestAdmissionBoundsEpochs).
+// Admitted releases the reservation.
+func (a *Admission) Admit(assigned, queued func() int) bool {
 	if a.hooks.NoAdmission.Load() {
 		a.admitting.Add(1)
 		return true
 	}
-	if a.backlogged.Load() && !a.hooks.AdmitPastWaiting.Load() {
+	if (a.backlogged.Load() || int64(queued()) > a.queuedLeft.Load()) && !a.hooks.AdmitPastWaiting.Load() {
 		return false
 	}
 	for {

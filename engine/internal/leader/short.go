@@ -53,7 +53,7 @@ func (s *Service) admit() bool {
 	if s.cfg.Admission == nil {
 		return false
 	}
-	return s.cfg.Admission.Admit(func() int { assigned, _ := s.cfg.State.Held(); return assigned })
+	return s.cfg.Admission.Admit(func() int { assigned, _ := s.cfg.State.Held(); return assigned }, s.cfg.State.QueuedRuns)
 }
 
 func (s *Service) submitAndAssign(ctx context.Context, submit checkpoint.Entry, term *epoch.Term, own OwnSlots) error {

@@ -169,7 +169,11 @@ func (t *termServices) assignPending(ctx context.Context) {
 	}
 	// Runs left when this pass ran out of room wait for it: the API's short path may not
 	// pass them (Admission.Admit). Runs skipped for their concurrency limit do not count.
-	s.cfg.Admission.SetBacklogged(room-planned <= 0 && s.cfg.State.QueuedRuns() > 0)
+	// What it left queued: the runs it planned leave the queue when their assigns apply
+	// (some may have already: then fewer are counted, and the short path waits for the
+	// next pass, never the other way).
+	queued := s.cfg.State.QueuedRuns()
+	s.cfg.Admission.PassEnded(room-planned <= 0 && queued > 0, max(0, queued-planned))
 }
 
 // assignAll assigns runs together: the assigns share one log message (each judged on its
