@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -78,6 +79,13 @@ func (tx *applyBatch) commit() error {
 			}
 			continue
 		}
+		if c.origStatus != c.run.Status && c.origStatus != "" {
+			// The run's end is the time of the entry that ended it (touch set UpdatedAt).
+			c.run.EndedAt = time.Time{}
+			if c.run.Status.Terminal() {
+				c.run.EndedAt = c.run.UpdatedAt
+			}
+		}
 		if c.runDirty {
 			c.run.UpdatedSeq = tx.seq
 			if err := tx.putJSON(keyRun(id), c.run); err != nil {
@@ -104,13 +112,11 @@ func (tx *applyBatch) commit() error {
 			if c.origStatus != "" {
 				_ = tx.b.Delete(keyByStatus(c.origStatus, id), nil)
 				_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, c.origStatus, id), nil)
-				setNewestStatus(tx.b, c.run, c.origStatus, true)
 			} else {
 				setNewestCreated(tx.b, c.run) // a new run (submit, or a tick that fired)
 			}
 			_ = tx.b.Set(keyByStatus(c.run.Status, id), nil, nil)
 			_ = tx.b.Set(keyByWorkflow(c.run.Workflow, c.run.Status, id), nil, nil)
-			setNewestStatus(tx.b, c.run, c.run.Status, false)
 		}
 	}
 	_ = tx.b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, tx.seq), nil)

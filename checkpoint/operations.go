@@ -187,6 +187,7 @@ func (tx *applyBatch) resetSteps(c *cachedRun, e *Entry) error {
 			delete(c.items, name)
 		}
 		st.Status, st.Output, st.Error, st.Seq = StepPending, nil, "", 0
+		st.StartedAt, st.EndedAt = time.Time{}, time.Time{}
 		st.Items, st.ItemsDone, st.Attempts = 0, 0, 0
 		c.dirtySteps[name] = true
 		delete(r.Timers, name)

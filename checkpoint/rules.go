@@ -210,6 +210,9 @@ func (tx *applyBatch) claim(c *cachedRun, e *Entry) error {
 	r.Status = StatusRunning
 	r.Owner = e.Owner
 	r.Epochs[len(r.Epochs)-1].Owner = e.Owner
+	if r.StartedAt.IsZero() {
+		r.StartedAt = e.At
+	}
 	return nil
 }
 
@@ -267,6 +270,9 @@ func (tx *applyBatch) start(c *cachedRun, e *Entry) error {
 	c.dirtySteps[st.Name] = true
 	st.Status = StepRunning
 	st.Epoch = e.Epoch
+	if st.StartedAt.IsZero() {
+		st.StartedAt = e.At
+	}
 	st.Attempts = max(e.Attempt, st.Attempts+1)
 	if st.Foreach && e.Items > 0 {
 		st.Items = e.Items
@@ -307,6 +313,7 @@ func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
 		st.Epoch = e.Epoch
 		if e.Final {
 			st.Status = StepFailed
+			st.EndedAt = e.At
 		}
 		return nil
 	}
@@ -332,6 +339,7 @@ func (tx *applyBatch) commitStep(c *cachedRun, idx int, e *Entry) error {
 		st.Status = StepSkipped
 	}
 	st.Output, st.Epoch, st.Seq, st.Error = e.Output, e.Epoch, tx.seq, ""
+	st.EndedAt = e.At
 	return nil
 }
 
@@ -490,6 +498,7 @@ func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 	for _, name := range r.Steps {
 		if st := c.steps[name]; st.Status == StepFailed {
 			st.Status, st.Error = StepPending, ""
+			st.StartedAt, st.EndedAt = time.Time{}, time.Time{}
 			c.dirtySteps[name] = true
 			delete(r.Timers, name) // a retried wait waits again for its whole timeout
 			// and a retried approval asks again: its decisions stay in the history only
@@ -552,7 +561,7 @@ func (tx *applyBatch) deleteRun(c *cachedRun) error {
 			_ = tx.b.Delete(keyByWorkflow(c.run.Workflow, st, id), nil)
 		}
 	}
-	deleteNewest(tx.b, c.run, c.origStatus, c.run.Status)
+	deleteNewest(tx.b, c.run)
 	tx.s.counters.Retired.Add(1)
 	return nil
 }

@@ -138,6 +138,11 @@ type Run struct {
 	UpdatedSeq uint64    `json:"updated_seq"`
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`
+	// StartedAt is when its first epoch was claimed (zero: it never ran); EndedAt when it
+	// last ended (succeeded, failed, cancelled or dead-lettered; zero while it has not,
+	// and again after a retry). Times of the entries that did it, the writers' clocks.
+	StartedAt time.Time `json:"started_at,omitzero"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
 }
 
 // NeedsAssign reports a pending run without a usable epoch: never assigned, handed back
@@ -167,6 +172,11 @@ type Step struct {
 	Output    json.RawMessage `json:"output,omitempty"`
 	Error     string          `json:"error,omitempty"`
 	Seq       uint64          `json:"seq,omitempty"` // the commit's sequence
+	// StartedAt is its first accepted start (of every attempt and epoch since it was last
+	// reset); EndedAt its checkpoint or its final failure (zero until then). Epoch above
+	// is the epoch that ended it.
+	StartedAt time.Time `json:"started_at,omitzero"`
+	EndedAt   time.Time `json:"ended_at,omitzero"`
 }
 
 // Item is the checkpoint of one foreach item.
@@ -268,16 +278,15 @@ type WorkflowVersion struct {
 //	v/<workflow>/<version:8>      WorkflowVersion
 //	x/<status>/<run>              index: runs by status
 //	w/<workflow>/<status>/<run>   index: runs by workflow and status
-//	m/index-newest                applied sequence the n/ o/ p/ q/ indexes are current at
-//	n/<seq:8><run>                index: runs by submit sequence (CreatedSeq), newest last
-//	o/<status>/<seq:8><run>       index: the same, by status
-//	p/<workflow>/<seq:8><run>     index: the same, by workflow
-//	q/<workflow>/<status>/<seq:8><run>  index: the same, by workflow and status
+//	m/index-newest-2              applied sequence the b/ d/ g/ indexes are current at
+//	b/<at:8><seq:8><run>          index: runs by creation time (CreatedAt, then CreatedSeq)
+//	d/<at:8><seq:8><run>          index: the same, top-level runs only
+//	g/<workflow>/<at:8><seq:8><run>  index: the same, by workflow
 //	a/<unixnano:8><run>           index: parked runs by the time their timer is due (wait.go)
 //	l/<unixnano:8><run>           index: runs by deadline, until they succeed or miss it (operations.go)
 //	k/<workflow>                  ScheduleState: a schedule's pause (operations.go)
 //
-// (The n/ o/ p/ q/ indexes serve RunsNewest: newest.go says why and how.)
+// (The b/ d/ g/ indexes serve QueryRuns: newest.go and listing.go say why and how.)
 var (
 	keyApplied = []byte("m/applied")
 	keyTerm    = []byte("m/term")

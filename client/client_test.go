@@ -392,20 +392,20 @@ func TestRuns(t *testing.T) {
 		o.Limit = 2
 		var paged []string
 		for page := 0; ; page++ {
-			runs, err := c.Runs(ctx, o)
-			if err != nil || len(runs) > 2 || page > 10 {
-				t.Fatalf("page %d of %+v: %v %v", page, o, ids(runs), err)
+			p, err := c.RunsPage(ctx, o)
+			if err != nil || len(p.Runs) > 2 || page > 10 {
+				t.Fatalf("page %d of %+v: %v %v", page, o, ids(p.Runs), err)
 			}
-			if len(runs) == 0 {
-				break
-			}
-			for _, id := range ids(runs) {
+			for _, id := range ids(p.Runs) {
 				if slices.Contains(paged, id) {
 					t.Fatalf("page %d of %+v repeats %s (pages so far %v)", page, o, id, paged)
 				}
 				paged = append(paged, id)
 			}
-			o.After = runs[len(runs)-1].ID
+			if p.Next == "" {
+				break
+			}
+			o.After = p.Next
 		}
 		o.After, o.Limit = "", 0
 		whole, err := c.Runs(ctx, o)
@@ -818,10 +818,10 @@ func TestTimeouts(t *testing.T) {
 	}
 }
 
-// Runs lists in the order of run IDs (generated IDs are time-ordered: oldest first),
-// and 100 of them when ListOptions.Limit is zero, as its documentation says. (The
-// documentation first said newest first and 50: this test found it wrong.)
-func TestRunsInIDOrderAndAHundredByDefault(t *testing.T) {
+// Runs lists newest first by creation time (not in the order of IDs, which people
+// choose), and 100 of them when ListOptions.Limit is zero, as its documentation says;
+// Oldest lists the other way.
+func TestRunsNewestFirstAndAHundredByDefault(t *testing.T) {
 	n := startNode(t)
 	c := dial(t, n.url)
 	ctx := ctxT(t, 60*time.Second)
@@ -834,9 +834,14 @@ func TestRunsInIDOrderAndAHundredByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ids(runs); !slices.Equal(got, started[:100]) {
-		t.Fatalf("Runs with the zero ListOptions: %d runs, first %v; want the first 100 in ID order (%v ...)",
-			len(got), got[:min(3, len(got))], started[:3])
+	newest := slices.Clone(started)
+	slices.Reverse(newest)
+	if got := ids(runs); !slices.Equal(got, newest[:100]) {
+		t.Fatalf("Runs with the zero ListOptions: %d runs, first %v; want the newest 100 (%v ...)",
+			len(got), got[:min(3, len(got))], newest[:3])
+	}
+	if runs, err = c.Runs(ctx, client.ListOptions{Oldest: true, Limit: 3}); err != nil || !slices.Equal(ids(runs), started[:3]) {
+		t.Fatalf("the oldest 3: %v %v; want %v", ids(runs), err, started[:3])
 	}
 }
 

@@ -3,7 +3,10 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/flowrun/flow/internal/base/resend"
@@ -77,24 +80,71 @@ func (c *Client) Run(ctx context.Context, id string) (Run, error) {
 	return r, err
 }
 
-// ListOptions select runs. The zero value lists the first 100 runs of every workflow.
+// ListOptions select runs, newest first by creation time (oldest first with Oldest).
+// The zero value lists the newest 100 runs.
 type ListOptions struct {
-	Workflow string // only this workflow
-	Status   string // only this status (pending, running, waiting, succeeded, failed, cancelled, dead_lettered)
-	Limit    int    // at most this many (default 100, at most 10000)
-	After    string // the run ID the previous page ended with
+	Workflow string            // only this workflow
+	Status   string            // only this status (pending, running, waiting, succeeded, failed, cancelled, dead_lettered)
+	Statuses []string          // or any of these
+	Since    time.Time         // created at or after (zero: no bound)
+	Until    time.Time         // created before (zero: no bound)
+	Trigger  string            // only this trigger (manual, cron, backfill, retry, event, child, handler)
+	Inputs   map[string]string // only runs with these input values (a non-string value as its JSON)
+	Parent   string            // only this run's children and handler runs
+	TopLevel bool              // no child runs, no handler runs
+	Oldest   bool              // oldest first
+	Limit    int               // at most this many (default 100, at most 10000)
+	After    string            // the cursor of the previous page (RunPage.Next)
 }
 
 func (o ListOptions) request() Request {
-	return Request{Workflow: o.Workflow, Status: o.Status, Limit: o.Limit, After: o.After}
+	r := Request{Workflow: o.Workflow, Status: o.Status, Statuses: o.Statuses, Trigger: o.Trigger, Inputs: o.Inputs,
+		Parent: o.Parent, TopLevel: o.TopLevel, Oldest: o.Oldest, Limit: o.Limit, After: o.After}
+	if !o.Since.IsZero() {
+		r.Since = o.Since.Format(time.RFC3339Nano)
+	}
+	if !o.Until.IsZero() {
+		r.Until = o.Until.Format(time.RFC3339Nano)
+	}
+	return r
 }
 
-// Runs lists runs without their steps, in the order of their IDs: generated IDs begin
-// with the run's start time, so oldest first. Page with ListOptions.After.
+// Runs lists a page of runs without their steps, newest first by creation time. Use
+// RunsPage to go on to the next page.
 func (c *Client) Runs(ctx context.Context, opts ListOptions) ([]Run, error) {
-	var runs []Run
-	err := c.call(ctx, "run.list", opts.request(), &runs)
-	return runs, err
+	p, err := c.RunsPage(ctx, opts)
+	return p.Runs, err
+}
+
+// RunsPage lists a page of runs without their steps, and the cursor of the next page
+// ("" when no run is left). A page may hold fewer runs than the limit and still have a
+// next one.
+func (c *Client) RunsPage(ctx context.Context, opts ListOptions) (RunPage, error) {
+	req := opts.request()
+	req.Paged = true
+	var raw json.RawMessage
+	err := c.call(ctx, "run.list", req, &raw)
+	var ce *Error
+	if errors.As(err, &ce) && ce.Code == CodeBadRequest && strings.Contains(ce.Message, `unknown field "paged"`) {
+		// A flowd from before pages refuses the fields it does not know: without them
+		// (and without the filters it cannot apply) it answers its array of runs.
+		old := Request{Workflow: opts.Workflow, Status: opts.Status, Limit: opts.Limit}
+		if req.Since != "" || req.Until != "" || req.Trigger != "" || len(req.Statuses) > 0 || len(req.Inputs) > 0 ||
+			req.Parent != "" || req.TopLevel || req.Oldest || req.After != "" {
+			return RunPage{}, fmt.Errorf("%w (this flowd lists runs by workflow and status only: upgrade it for the other filters)", err)
+		}
+		err = c.call(ctx, "run.list", old, &raw)
+	}
+	if err != nil {
+		return RunPage{}, err
+	}
+	var p RunPage
+	if len(raw) > 0 && raw[0] == '[' { // a flowd from before pages: the array alone
+		err := json.Unmarshal(raw, &p.Runs)
+		return p, err
+	}
+	err = json.Unmarshal(raw, &p)
+	return p, err
 }
 
 // WaitRun waits on the server, at most wait (0: the server's 30s; at most one minute),

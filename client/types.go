@@ -67,6 +67,27 @@ type Request struct {
 	DryRun      bool   `json:"dry_run,omitempty"`
 	// Traceparent is run.start's caller's trace context (W3C traceparent).
 	Traceparent string `json:"traceparent,omitempty"`
+	// run.list's filters (ListOptions): Since and Until (RFC 3339) bound the creation
+	// time, Statuses add to Status, Inputs are input values the runs must have, Parent
+	// lists one run's children and handler runs, TopLevel none of those. Oldest lists
+	// oldest first; Paged asks for {"runs", "next"} instead of the bare array (After, the
+	// cursor, implies it).
+	Since    string   `json:"since,omitempty"`
+	Until    string   `json:"until,omitempty"`
+	Trigger  string   `json:"trigger,omitempty"`
+	Statuses []string `json:"statuses,omitempty"`
+	Parent   string   `json:"parent,omitempty"`
+	TopLevel bool     `json:"top_level,omitempty"`
+	Oldest   bool     `json:"oldest,omitempty"`
+	Paged    bool     `json:"paged,omitempty"`
+}
+
+// RunPage is a page of run.list: the runs and, when more may follow, the cursor to
+// pass as ListOptions.After for the next page. A page may hold fewer runs than asked
+// for and still have a next one (the server bounds the runs it looks at per request).
+type RunPage struct {
+	Runs []Run  `json:"runs"`
+	Next string `json:"next,omitempty"`
 }
 
 // Run is the contract's JSON shape of a run.
@@ -104,6 +125,14 @@ type Run struct {
 	Parent   *Parent         `json:"parent,omitempty"`
 	Children []string        `json:"children,omitempty"`
 	Outputs  json.RawMessage `json:"outputs,omitempty"`
+	// StartedAt is when its first epoch was claimed, EndedAt when it last ended (RFC
+	// 3339; null: not yet, or not since a retry).
+	StartedAt *string `json:"started_at"`
+	EndedAt   *string `json:"ended_at"`
+	// Deadline is its workflow's deadline for it (null: none); Handlers the handler runs
+	// its failures, dead letter and missed deadline started.
+	Deadline *Deadline `json:"deadline"`
+	Handlers []string  `json:"handlers"`
 }
 
 // Parent names what started a child run: the parent run, its step and foreach item (-1:
@@ -172,6 +201,16 @@ type Step struct {
 	ItemsDone int             `json:"items_done"`
 	Output    json.RawMessage `json:"output,omitempty"`
 	Error     string          `json:"error,omitempty"`
+	// StartedAt is its first start since it was last reset, EndedAt its checkpoint or
+	// final failure (RFC 3339; null until then).
+	StartedAt *string `json:"started_at"`
+	EndedAt   *string `json:"ended_at"`
+}
+
+// Deadline is when a run should have succeeded, and whether it was recorded as missed.
+type Deadline struct {
+	At     string `json:"at"`
+	Missed bool   `json:"missed"`
 }
 
 // Epoch is one epoch of a run.

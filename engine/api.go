@@ -232,9 +232,10 @@ func (e *Engine) ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string
 	return e.store.ListRuns(opts)
 }
 
-// RunsNewest returns a page of runs, newest first (the web UI's list).
-func (e *Engine) RunsNewest(opts checkpoint.NewestOptions) ([]checkpoint.Run, string, error) {
-	return e.store.RunsNewest(opts)
+// QueryRuns returns a page of runs by creation time, filtered, and the next page's
+// cursor (run list, the web UI's runs page).
+func (e *Engine) QueryRuns(q checkpoint.RunQuery) ([]checkpoint.Run, string, error) {
+	return e.store.QueryRuns(q)
 }
 
 // RunsWithIDPrefix returns runs whose ID starts with prefix.

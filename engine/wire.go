@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -276,25 +277,21 @@ func (a *API) Verify(id string) (client.Verification, error) {
 	return VerifyRun(v), nil
 }
 
-// Runs lists runs without their steps, in the order of their IDs (ListRuns); opts.Status
-// must be a run status or "".
-func (a *API) Runs(opts client.ListOptions) ([]client.Run, error) {
-	runs, _, err := a.e.ListRuns(checkpoint.ListOptions{Workflow: opts.Workflow, Status: checkpoint.RunStatus(opts.Status),
-		After: opts.After, Limit: opts.Limit})
-	if err != nil {
-		return nil, wireError(err)
+// Runs is a page of runs without their steps, newest first by creation time (oldest
+// with opts.Oldest), filtered by opts, and the next page's cursor (QueryRuns).
+func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
+	q := checkpoint.RunQuery{Since: opts.Since, Until: opts.Until, Workflow: opts.Workflow, Trigger: opts.Trigger,
+		Inputs: opts.Inputs, Parent: opts.Parent, TopLevel: opts.TopLevel, Oldest: opts.Oldest, After: opts.After, Limit: opts.Limit}
+	for _, st := range append([]string{opts.Status}, opts.Statuses...) {
+		if st != "" && !slices.Contains(q.Statuses, checkpoint.RunStatus(st)) {
+			q.Statuses = append(q.Statuses, checkpoint.RunStatus(st))
+		}
 	}
-	return wireRuns(runs), nil
-}
-
-// RunsNewest is a page of runs newest first, filtered by workflow and status ("" for
-// any), after the cursor before; and the next page's cursor ("" at the end).
-func (a *API) RunsNewest(workflow, status, before string, limit int) ([]client.Run, string, error) {
-	runs, next, err := a.e.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
+	runs, next, err := a.e.QueryRuns(q)
 	if err != nil {
-		return nil, "", wireError(err)
+		return client.RunPage{}, wireError(err)
 	}
-	return wireRuns(runs), next, nil
+	return client.RunPage{Runs: wireRuns(runs), Next: next}, nil
 }
 
 // RunsWithIDPrefix are the runs whose ID starts with prefix.
@@ -501,6 +498,16 @@ func wireError(err error) error {
 	return err
 }
 
+// tsOrNull is tsNano (a step can take less than a second), or nil (JSON null) for the
+// zero time.
+func tsOrNull(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := tsNano(t)
+	return &s
+}
+
 // tsNano is ts with the fraction of the second (history events: steps take less than one).
 func tsNano(t time.Time) string {
 	if t.IsZero() {
@@ -528,6 +535,11 @@ func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 		out.Parent = &client.Parent{Run: p.Run, Step: p.Step, Item: p.Item}
 	}
 	out.Children = r.Children
+	out.StartedAt, out.EndedAt = tsOrNull(r.StartedAt), tsOrNull(r.EndedAt)
+	if !r.Deadline.IsZero() {
+		out.Deadline = &client.Deadline{At: ts(r.Deadline), Missed: r.DeadlineMissed}
+	}
+	out.Handlers = append([]string{}, r.HandlerRuns...)
 	if len(r.Outputs) > 0 && json.Valid(r.Outputs) {
 		out.Outputs = r.Outputs
 	}
@@ -547,7 +559,7 @@ func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 		out.Steps = []client.Step{}
 		for _, s := range v.Steps {
 			out.Steps = append(out.Steps, client.Step{Name: s.Name, Status: string(s.Status), Attempts: s.Attempts, Epoch: s.Epoch,
-				Items: s.Items, ItemsDone: s.ItemsDone, Output: s.Output, Error: s.Error})
+				Items: s.Items, ItemsDone: s.ItemsDone, Output: s.Output, Error: s.Error, StartedAt: tsOrNull(s.StartedAt), EndedAt: tsOrNull(s.EndedAt)})
 		}
 		for _, f := range v.Fenced {
 			out.Fenced = append(out.Fenced, client.Fenced{Step: f.Step, Item: f.Item, Epoch: f.Epoch, CurrentEpoch: f.CurrentEpoch,

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -123,17 +124,43 @@ func (s *Server) runGet(_ context.Context, r *client.Request) (any, error) {
 var runStatuses = []string{"pending", "running", "waiting", "succeeded", "failed", "cancelled", "dead_lettered"}
 
 func (s *Server) runList(_ context.Context, r *client.Request) (any, error) {
-	if r.Status != "" && !slices.Contains(runStatuses, r.Status) {
-		return nil, badRequest("status %q: use pending, running, waiting, succeeded, failed, cancelled or dead_lettered", r.Status)
+	for _, st := range append([]string{r.Status}, r.Statuses...) {
+		if st != "" && !slices.Contains(runStatuses, st) {
+			return nil, badRequest("status %q: use pending, running, waiting, succeeded, failed, cancelled or dead_lettered", st)
+		}
+	}
+	if len(r.Statuses) > len(runStatuses) {
+		return nil, badRequest("%d statuses: there are %d", len(r.Statuses), len(runStatuses))
 	}
 	if r.Limit < 0 || r.Limit > 10000 {
 		return nil, badRequest("limit %d: use 1 to 10000", r.Limit)
 	}
-	runs, err := s.n.Runs(client.ListOptions{Workflow: r.Workflow, Status: r.Status, After: r.After, Limit: r.Limit})
+	if len(r.Inputs) > 32 {
+		return nil, badRequest("%d input filters: at most 32", len(r.Inputs))
+	}
+	opts := client.ListOptions{Workflow: r.Workflow, Status: r.Status, Statuses: r.Statuses, Trigger: r.Trigger, Inputs: r.Inputs,
+		Parent: r.Parent, TopLevel: r.TopLevel, Oldest: r.Oldest, After: r.After, Limit: cmp.Or(r.Limit, 100)}
+	for _, b := range []struct {
+		name, text string
+		t          *time.Time
+	}{{"since", r.Since, &opts.Since}, {"until", r.Until, &opts.Until}} {
+		if b.text == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, b.text)
+		if err != nil {
+			return nil, badRequest("%s %q: give an RFC 3339 time (flowctl takes dates and durations too, and sends RFC 3339)", b.name, b.text)
+		}
+		*b.t = t
+	}
+	p, err := s.n.Runs(opts)
 	if err != nil {
 		return nil, err
 	}
-	return runs, nil
+	if r.Paged || r.After != "" {
+		return p, nil
+	}
+	return p.Runs, nil // the bare array, as before pages
 }
 
 func (s *Server) runHistory(_ context.Context, r *client.Request) (any, error) {

@@ -59,11 +59,9 @@ type Node interface {
 	Run(id string) (client.Run, error)
 	History(id string) ([]client.Event, error)
 	Verify(id string) (client.Verification, error)
-	// Runs are runs without their steps, in the order of their IDs; opts.Status is a
-	// run status or "".
-	Runs(opts client.ListOptions) ([]client.Run, error)
-	// RunsNewest is a page of runs newest first and the next page's cursor.
-	RunsNewest(workflow, status, before string, limit int) ([]client.Run, string, error)
+	// Runs is a page of runs without their steps, newest first by creation time (or
+	// oldest), filtered, and the next page's cursor.
+	Runs(opts client.ListOptions) (client.RunPage, error)
 	RunsWithIDPrefix(prefix string, limit int) ([]client.Run, error)
 	// WaitRun returns nil once the run has ended, an error if ctx ends first.
 	WaitRun(ctx context.Context, id string) error

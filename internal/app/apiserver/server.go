@@ -236,17 +236,17 @@ func clientError(err error) error {
 	return &client.Error{Code: code, Message: msg}
 }
 
-// RunsPage is a page of runs newest first, filtered by workflow and status ("" for
-// any), after the cursor before; and the next page's cursor ("" at the end).
-func (s *Server) RunsPage(ctx context.Context, workflow, status, before string, limit int) ([]client.Run, string, error) {
+// RunsPage is a page of runs newest first (run.list's selection), and the next page's
+// cursor ("" at the end).
+func (s *Server) RunsPage(ctx context.Context, opts client.ListOptions) (client.RunPage, error) {
 	if err := s.caughtUp(ctx); err != nil {
-		return nil, "", err
+		return client.RunPage{}, err
 	}
-	runs, next, err := s.n.RunsNewest(workflow, status, before, limit)
+	p, err := s.n.Runs(opts)
 	if err != nil {
-		return nil, "", clientError(err)
+		return client.RunPage{}, clientError(err)
 	}
-	return runs, next, nil
+	return p, nil
 }
 
 // RunsWithIDPrefix are the runs whose ID starts with prefix (the UI's search).

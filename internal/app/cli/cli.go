@@ -199,15 +199,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	start.Flags().StringArrayVar(&inputs, "input", nil, "an input as KEY=VALUE (repeat for several)")
 	start.Flags().BoolVar(&wait, "wait", false, "wait for the run to end; exit 1 unless it succeeded")
 	start.Flags().StringVar(&runID, "id", "", "the run's ID (default: generated)")
-	var lw, ls string
-	var limit int
-	list := &cobra.Command{Use: "list", Short: "List runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-		return a.listRuns((*client.Client).Runs, client.ListOptions{Workflow: lw, Status: ls, Limit: limit})
-	}}
-	list.Flags().StringVar(&lw, "workflow", "", "only this workflow")
-	list.Flags().StringVar(&ls, "status", "", "only this status (pending running waiting succeeded failed cancelled dead_lettered)")
-	list.Flags().IntVar(&limit, "limit", 50, "at most this many runs")
-	run.AddCommand(start, list,
+	run.AddCommand(start, a.runListCommand(),
 		&cobra.Command{Use: "get RUN", Short: "Show a run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get((*client.Client).Run, args[0]) }},
 		&cobra.Command{Use: "watch RUN", Short: "Follow a run until it ends; exit 1 unless it succeeded", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.watch(args[0]) }},
 		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
@@ -220,7 +212,9 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	dlq := group("dlq", "The dead-letter queue")
 	dlq.AddCommand(
 		&cobra.Command{Use: "list", Short: "List dead-lettered runs", Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error {
-			return a.listRuns((*client.Client).DeadLetters, client.ListOptions{Limit: 1000})
+			return show(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) {
+				return c.DeadLetters(ctx, client.ListOptions{Limit: 1000})
+			}, listTable)
 		}},
 		&cobra.Command{Use: "show RUN", Short: "Show a dead-lettered run with its epoch history", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.get((*client.Client).DeadLetter, args[0]) }},
 		&cobra.Command{Use: "retry RUN", Short: "Retry a dead-lettered run (new epoch, epoch changes reset)", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error {

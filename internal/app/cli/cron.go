@@ -271,13 +271,9 @@ func (a *app) retry(id, from string, inputs []string) error {
 	if len(inputs) > 0 && from == "" {
 		return usage("--input needs --from STEP: a retry without it resumes from the checkpoints, whose inputs are fixed")
 	}
-	in := map[string]string{}
-	for _, kv := range inputs {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return usage("--input %q: use KEY=VALUE", kv)
-		}
-		in[k] = v
+	in, err := keyValues("--input", inputs)
+	if err != nil {
+		return err
 	}
 	if from == "" {
 		return a.change((*client.Client).RetryRun, id)

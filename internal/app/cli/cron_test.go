@@ -131,7 +131,7 @@ func TestCronBackfill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return rs
+		return rs.Runs
 	}
 
 	for _, c := range []struct{ flag, args string }{{"--from", "--from yesterday --to " + to}, {"--to", "--from " + from + " --to 2026-13-01"}, {"--to", "--from " + from},

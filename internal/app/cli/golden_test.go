@@ -16,11 +16,14 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The table forms, rendered from fixed data, against golden files (go test -update).
 func TestTableGolden(t *testing.T) {
+	at := func(s string) *string { return &s }
 	run := client.Run{ID: "20261129-020000.000-abc123", Workflow: "nightly-payout", Version: 3, Status: "running",
 		Trigger: "cron", ScheduledAt: "2026-11-29T02:00:00Z", Epoch: 1234, EpochChanges: 1, MaxEpochs: 5,
+		CreatedAt: "2026-11-29T02:00:00Z", StartedAt: at("2026-11-29T02:00:01.25Z"),
+		Deadline: &client.Deadline{At: "2026-11-29T06:00:00Z"}, Handlers: []string{"20261129-020000.000-abc123.on-failure.0"},
 		Steps: []client.Step{
-			{Name: "collect", Status: "succeeded", Attempts: 1, Epoch: 1200},
-			{Name: "transfer", Status: "running", Attempts: 1, Epoch: 1234, Items: 1000, ItemsDone: 617},
+			{Name: "collect", Status: "succeeded", Attempts: 1, Epoch: 1200, StartedAt: at("2026-11-29T02:00:01.3Z"), EndedAt: at("2026-11-29T02:00:01.712Z")},
+			{Name: "transfer", Status: "running", Attempts: 1, Epoch: 1234, Items: 1000, ItemsDone: 617, StartedAt: at("2026-11-29T02:00:01.75Z")},
 			{Name: "report", Status: "pending"},
 		},
 		Epochs: []client.Epoch{{Epoch: 1200, Owner: "node-a", Reason: "assigned", At: "2026-11-29T02:00:01Z"},
@@ -38,7 +41,9 @@ func TestTableGolden(t *testing.T) {
 	}
 	until := "2026-11-30T02:00:00Z"
 	waiting := client.Run{ID: "20261129-020000.000-def456", Workflow: "nightly-payout", Version: 3, Status: "waiting",
-		Trigger: "manual", Epoch: 1240, MaxEpochs: 5, StartedBy: "otto",
+		Trigger: "manual", Epoch: 1240, MaxEpochs: 5, StartedBy: "otto", CreatedAt: "2026-11-29T02:00:00Z",
+		StartedAt: at("2026-11-29T02:00:00.5Z"), EndedAt: at("2026-11-29T02:31:07.04Z"),
+		Deadline:  &client.Deadline{At: "2026-11-29T02:30:00Z", Missed: true},
 		Waiting:   &client.Waiting{Kind: "approval", Step: "approve", Until: &until, Need: 2, ApprovedBy: []string{"ann"}, Role: "operator"},
 		Steps:     []client.Step{{Name: "ledger-closed", Status: "succeeded", Attempts: 1, Epoch: 1239}, {Name: "approve", Status: "pending"}},
 		Epochs:    []client.Epoch{{Epoch: 1240, Owner: "node-a", Reason: "resumed", At: "2026-11-29T02:10:00Z"}},

@@ -20,13 +20,9 @@ func (a *app) start(wf, id, traceparent string, inputs []string, wait bool) erro
 	if err := tracing.ValidTraceparent(traceparent); err != nil {
 		return usage("--traceparent: %v", err)
 	}
-	in := map[string]string{}
-	for _, kv := range inputs {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return usage("--input %q: use KEY=VALUE", kv)
-		}
-		in[k] = v
+	in, err := keyValues("--input", inputs)
+	if err != nil {
+		return err
 	}
 	started, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
 		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in, Traceparent: traceparent})
@@ -77,6 +73,43 @@ func (a *app) watch(id string) error {
 	return nil
 }
 
+// utcTime is an RFC 3339 time of the wire as the tables show it: to the second, in UTC,
+// saying so.
+func utcTime(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return dash(s)
+	}
+	return t.UTC().Format("2006-01-02 15:04:05") + " UTC"
+}
+
+// clock is the time of day of an RFC 3339 time, in UTC (the column says so).
+func clock(s string) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return "-"
+	}
+	return t.UTC().Format("15:04:05")
+}
+
+// took is how long from start to end: to the millisecond under a second, else to the
+// tenth of a second; "-" without both.
+func took(start, end *string) string {
+	if start == nil || end == nil {
+		return "-"
+	}
+	a, err1 := time.Parse(time.RFC3339Nano, *start)
+	b, err2 := time.Parse(time.RFC3339Nano, *end)
+	if err1 != nil || err2 != nil || b.Before(a) {
+		return "-"
+	}
+	d := b.Sub(a)
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
 func suffix(s string) string {
 	if s == "" {
 		return ""
@@ -115,14 +148,35 @@ func runTable(w io.Writer, r client.Run) {
 	if r.ScheduledAt != "" {
 		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)
 	}
+	fmt.Fprintf(w, "CREATED\t%s\n", utcTime(r.CreatedAt))
+	if r.StartedAt != nil {
+		fmt.Fprintf(w, "STARTED\t%s\n", utcTime(*r.StartedAt))
+	}
+	if r.EndedAt != nil {
+		fmt.Fprintf(w, "ENDED\t%s (took %s)\n", utcTime(*r.EndedAt), took(r.StartedAt, r.EndedAt))
+	}
+	if d := r.Deadline; d != nil {
+		missed := ""
+		if d.Missed {
+			missed = " (missed)"
+		}
+		fmt.Fprintf(w, "DEADLINE\t%s%s\n", utcTime(d.At), missed)
+	}
+	if len(r.Handlers) > 0 {
+		fmt.Fprintf(w, "HANDLERS\t%s\n", strings.Join(r.Handlers, ", "))
+	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "STEP\tSTATUS\tATTEMPTS\tITEMS\tEPOCH")
+	fmt.Fprintln(w, "STEP\tSTATUS\tATTEMPTS\tITEMS\tEPOCH\tSTARTED (UTC)\tTOOK")
 	for _, s := range r.Steps {
 		items := "-"
 		if s.Items > 0 {
 			items = fmt.Sprintf("%d/%d", s.ItemsDone, s.Items)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", s.Name, s.Status, s.Attempts, items, s.Epoch)
+		started := "-"
+		if s.StartedAt != nil {
+			started = clock(*s.StartedAt)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, s.Status, s.Attempts, items, s.Epoch, started, took(s.StartedAt, s.EndedAt))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "EPOCH\tOWNER\tREASON\tAT")
@@ -139,19 +193,16 @@ func runTable(w io.Writer, r client.Run) {
 	waitsTable(w, r)
 }
 
-func (a *app) listRuns(op func(*client.Client, context.Context, client.ListOptions) ([]client.Run, error), opts client.ListOptions) error {
-	return show(a, func(c *client.Client, ctx context.Context) ([]client.Run, error) { return op(c, ctx, opts) }, listTable)
-}
-
-// listTable fits 80 columns: CHG is epoch_changes, CREATED is UTC month-day time.
+// listTable: CHG is epoch_changes, CREATED the month-day time in UTC (the header says
+// so).
 func listTable(w io.Writer, runs []client.Run) {
-	fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tEPOCH\tCHG\tCREATED")
+	fmt.Fprintln(w, "RUN\tWORKFLOW\tSTATUS\tTRIGGER\tCHG\tCREATED UTC")
 	for _, r := range runs {
 		created := "-"
 		if t, err := time.Parse(time.RFC3339, r.CreatedAt); err == nil {
 			created = t.UTC().Format("01-02 15:04")
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", r.ID, r.Workflow, r.Status, r.Epoch, r.EpochChanges, created)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Workflow, r.Status, dash(r.Trigger), r.EpochChanges, created)
 	}
 }
 

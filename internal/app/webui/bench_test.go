@@ -25,14 +25,18 @@ func (b storeBackend) Do(_ context.Context, op string, _ client.Request) (any, e
 	return nil, &client.Error{Code: client.CodeBadRequest, Message: "not in the benchmark: " + op}
 }
 
-func (b storeBackend) RunsPage(_ context.Context, workflow, status, before string, limit int) ([]client.Run, string, error) {
-	runs, next, err := b.s.RunsNewest(checkpoint.NewestOptions{Workflow: workflow, Status: checkpoint.RunStatus(status), Before: before, Limit: limit})
+func (b storeBackend) RunsPage(_ context.Context, opts client.ListOptions) (client.RunPage, error) {
+	q := checkpoint.RunQuery{Workflow: opts.Workflow, TopLevel: opts.TopLevel, After: opts.After, Limit: opts.Limit}
+	for _, st := range opts.Statuses {
+		q.Statuses = append(q.Statuses, checkpoint.RunStatus(st))
+	}
+	runs, next, err := b.s.QueryRuns(q)
 	out := make([]client.Run, 0, len(runs))
 	for _, r := range runs {
 		out = append(out, client.Run{ID: r.ID, Workflow: r.Workflow, Version: r.Version, Status: string(r.Status), Epoch: r.Epoch,
 			EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs, CreatedAt: r.CreatedAt.Format(time.RFC3339)})
 	}
-	return out, next, err
+	return client.RunPage{Runs: out, Next: next}, err
 }
 
 func (b storeBackend) RunsWithIDPrefix(context.Context, string, int) ([]client.Run, error) {

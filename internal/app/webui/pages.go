@@ -132,28 +132,99 @@ func badInput(format string, args ...any) error {
 var runStatuses = []string{"pending", "running", "waiting", "succeeded", "failed", "cancelled", "dead_lettered"}
 
 type runsView struct {
-	Runs       []client.Run
+	Runs       []runRow
 	Workflows  []string
 	Workflow   string
 	Status     string
 	Statuses   []string
+	Trigger    string
+	Triggers   []string
+	Since      string // as typed: RFC 3339, a date (midnight UTC) or a duration back (24h)
+	Until      string
+	Show       string // "" (top-level runs), "all", or a run's children (Parent)
+	Parent     string
 	Query      string
 	Next       string // cursor of the next (older) page
 	NextURL    string
 	FirstURL   string
 	SearchNote string
+	Filtered   bool
+}
+
+// runRow is a run of the runs table, with its times as the table shows them.
+type runRow struct {
+	client.Run
+	Created, Ended timeView
+	Duration       string
+}
+
+// timeView is a time as the UI shows it: the UTC time to the second in the page (the
+// script shows it in the viewer's zone), RFC 3339 in the datetime attribute.
+type timeView struct {
+	Attr, Text string
+}
+
+func uiTime(s string) timeView {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil || s == "" {
+		return timeView{}
+	}
+	return timeView{Attr: t.UTC().Format(time.RFC3339), Text: t.UTC().Format("2006-01-02 15:04:05") + " UTC"}
+}
+
+func strOr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// duration is how long from start to end (to now for a run that has not ended), to the
+// second, or "" without a start.
+func duration(start, end string, now time.Time) string {
+	a, err := time.Parse(time.RFC3339Nano, start)
+	if err != nil || start == "" {
+		return ""
+	}
+	b := now
+	if end != "" {
+		if b, err = time.Parse(time.RFC3339Nano, end); err != nil {
+			return ""
+		}
+	}
+	d := b.Sub(a)
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
 }
 
 const pageSize = 50
 
+// The UI's triggers filter (checkpoint.Triggers).
+var runTriggers = []string{"manual", "cron", "backfill", "retry", "event", "child", "handler"}
+
 func (s *Server) runsPage(r *http.Request) (string, string, any, error) {
 	q := r.URL.Query()
-	v := runsView{Workflow: q.Get("workflow"), Status: q.Get("status"), Query: strings.TrimSpace(q.Get("q")), Statuses: runStatuses}
+	v := runsView{Workflow: q.Get("workflow"), Status: q.Get("status"), Query: strings.TrimSpace(q.Get("q")), Statuses: runStatuses,
+		Trigger: q.Get("trigger"), Triggers: runTriggers, Since: strings.TrimSpace(q.Get("since")), Until: strings.TrimSpace(q.Get("until")),
+		Show: q.Get("show"), Parent: strings.TrimSpace(q.Get("parent"))}
 	if v.Status != "" && !slices.Contains(runStatuses, v.Status) {
 		return "", "", nil, badInput("status %q: use one of %s", v.Status, strings.Join(runStatuses, ", "))
 	}
-	if len(v.Query) > 256 || len(v.Workflow) > 256 || len(q.Get("before")) > 512 {
-		return "", "", nil, badInput("a filter of at most 256 characters is expected")
+	if v.Trigger != "" && !slices.Contains(runTriggers, v.Trigger) {
+		return "", "", nil, badInput("trigger %q: use one of %s", v.Trigger, strings.Join(runTriggers, ", "))
+	}
+	if v.Show != "" && v.Show != "all" {
+		return "", "", nil, badInput("show %q: use all, or leave it out for the top-level runs", v.Show)
+	}
+	for _, f := range []string{v.Query, v.Workflow, v.Since, v.Until, v.Parent} {
+		if len(f) > 256 {
+			return "", "", nil, badInput("a filter of at most 256 characters is expected")
+		}
+	}
+	if len(q.Get("before")) > 512 {
+		return "", "", nil, badInput("a cursor of at most 512 characters is expected")
 	}
 	ctx := r.Context()
 	ws, err := do[[]client.Workflow](ctx, s.cfg.Backend, "workflow.list", client.Request{})
@@ -168,24 +239,54 @@ func (s *Server) runsPage(r *http.Request) (string, string, any, error) {
 		}
 	}
 	sort.Strings(v.Workflows)
+	now := time.Now()
+	rows := func(runs []client.Run) []runRow {
+		out := make([]runRow, 0, len(runs))
+		for _, run := range runs {
+			out = append(out, runRow{Run: run, Created: uiTime(run.CreatedAt), Ended: uiTime(strOr(run.EndedAt)),
+				Duration: duration(strOr(run.StartedAt), strOr(run.EndedAt), now)})
+		}
+		return out
+	}
 	if v.Query != "" {
-		v.Runs, err = s.cfg.Backend.RunsWithIDPrefix(ctx, v.Query, pageSize)
+		runs, err := s.cfg.Backend.RunsWithIDPrefix(ctx, v.Query, pageSize)
 		if err != nil {
 			return "", "", nil, err
 		}
+		v.Runs = rows(runs)
 		v.SearchNote = fmt.Sprintf("runs whose ID starts with %q", v.Query)
 		return "runs", "Runs", v, nil
 	}
-	v.Runs, v.Next, err = s.cfg.Backend.RunsPage(ctx, v.Workflow, v.Status, q.Get("before"), pageSize)
+	// The list is run.list's: the UI's default is the top-level runs (no children, no
+	// handler runs); times typed as dates are midnight UTC.
+	opts := client.ListOptions{Workflow: v.Workflow, Trigger: v.Trigger, Parent: v.Parent, TopLevel: v.Show == "" && v.Parent == "",
+		After: q.Get("before"), Limit: pageSize}
+	if v.Status != "" {
+		opts.Statuses = []string{v.Status}
+	}
+	for _, b := range []struct {
+		name, text string
+		t          *time.Time
+	}{{"since", v.Since, &opts.Since}, {"until", v.Until, &opts.Until}} {
+		if b.text == "" {
+			continue
+		}
+		if *b.t, err = client.ParseTime(b.text, now, time.UTC); err != nil {
+			return "", "", nil, badInput("%s: %v", b.name, err)
+		}
+	}
+	page, err := s.cfg.Backend.RunsPage(ctx, opts)
 	if err != nil {
 		return "", "", nil, err
 	}
+	v.Runs, v.Next = rows(page.Runs), page.Next
 	filter := url.Values{}
-	if v.Workflow != "" {
-		filter.Set("workflow", v.Workflow)
-	}
-	if v.Status != "" {
-		filter.Set("status", v.Status)
+	for k, val := range map[string]string{"workflow": v.Workflow, "status": v.Status, "trigger": v.Trigger, "since": v.Since,
+		"until": v.Until, "show": v.Show, "parent": v.Parent} {
+		if val != "" {
+			filter.Set(k, val)
+			v.Filtered = v.Filtered || k != "show"
+		}
 	}
 	if q.Get("before") != "" {
 		v.FirstURL = "/ui/?" + filter.Encode()
@@ -213,11 +314,17 @@ type runView struct {
 	History  []client.Event
 	Terminal bool
 	Verify   client.Verification
+	Timeline *timeline
+	// The run's times as the page shows them, and how long it took (so far).
+	Created, Started, Ended, Deadline timeView
+	Took                              string
 }
 
 type stepView struct {
 	client.Step
-	Output string // pretty JSON
+	Output  string // pretty JSON
+	Started timeView
+	Took    string
 }
 
 func (s *Server) runPage(r *http.Request) (string, string, any, error) {
@@ -237,8 +344,16 @@ func (s *Server) runPage(r *http.Request) (string, string, any, error) {
 		return "", "", nil, err
 	}
 	v.Graph = layout(needs, run.Steps)
+	now := time.Now()
 	for _, st := range run.Steps {
-		v.Steps = append(v.Steps, stepView{Step: st, Output: prettyJSON(st.Output)})
+		v.Steps = append(v.Steps, stepView{Step: st, Output: prettyJSON(st.Output), Started: uiTime(strOr(st.StartedAt)),
+			Took: duration(strOr(st.StartedAt), strOr(st.EndedAt), now)})
+	}
+	v.Timeline = buildTimeline(run, now)
+	v.Created, v.Started, v.Ended = uiTime(run.CreatedAt), uiTime(strOr(run.StartedAt)), uiTime(strOr(run.EndedAt))
+	v.Took = duration(strOr(run.StartedAt), strOr(run.EndedAt), now)
+	if run.Deadline != nil {
+		v.Deadline = uiTime(run.Deadline.At)
 	}
 	return "run", "Run " + run.ID, v, nil
 }

@@ -42,9 +42,9 @@ func (b *countingBackend) Do(context.Context, string, client.Request) (any, erro
 	b.calls.Add(1)
 	return nil, &client.Error{Code: client.CodeNotFound, Message: "nothing here"}
 }
-func (b *countingBackend) RunsPage(context.Context, string, string, string, int) ([]client.Run, string, error) {
+func (b *countingBackend) RunsPage(context.Context, client.ListOptions) (client.RunPage, error) {
 	b.calls.Add(1)
-	return nil, "", nil
+	return client.RunPage{}, nil
 }
 func (b *countingBackend) RunsWithIDPrefix(context.Context, string, int) ([]client.Run, error) {
 	b.calls.Add(1)

@@ -30,7 +30,7 @@ import (
 // (the same answers flowctl gets) and a few reads of its own.
 type Backend interface {
 	Do(ctx context.Context, op string, req client.Request) (any, error)
-	RunsPage(ctx context.Context, workflow, status, before string, limit int) ([]client.Run, string, error)
+	RunsPage(ctx context.Context, opts client.ListOptions) (client.RunPage, error)
 	RunsWithIDPrefix(ctx context.Context, prefix string, limit int) ([]client.Run, error)
 	StepNeeds(workflow string, version int) ([]apiserver.StepNeeds, error)
 	Versions(workflow string) ([]client.Workflow, error)

@@ -397,3 +397,42 @@ func TestClusterPageShowsTheVersion(t *testing.T) {
 		}
 	}
 }
+
+// The runs page: newest first by creation time, the time range, trigger and show
+// filters (top-level by default), the trigger, started-by, end and duration columns,
+// times in UTC to the second with their RFC 3339 in datetime (the script shows them in
+// the viewer's zone), and bad filters refused with 400.
+func TestRunsPageFiltersAndColumns(t *testing.T) {
+	n := startNode(t, Config{})
+	n.apply(t, "name: one\nsteps:\n  - name: a\n    uses: noop\n")
+	n.runToEnd(t, "one", "b-first")
+	n.runToEnd(t, "one", "a-second")
+	c := browser(t)
+	_, body := get(t, c, n.srv.URL+"/ui/")
+	first, second := strings.Index(body, `href="/ui/runs/b-first"`), strings.Index(body, `href="/ui/runs/a-second"`)
+	if first < 0 || second < 0 || second > first {
+		t.Fatalf("the runs page is not newest first (a-second at %d, b-first at %d)", second, first)
+	}
+	for _, want := range []string{"<th scope=\"col\">Trigger</th>", "<th scope=\"col\">Duration</th>", "<td>manual</td>", " UTC</time>", `<time datetime="20`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the runs page lacks %q", want)
+		}
+	}
+	if regexp.MustCompile(`<time[^>]*>[^<]*\.\d{3,}`).MatchString(body) {
+		t.Errorf("a time with a fraction of a second on the runs page")
+	}
+	if _, body := get(t, c, n.srv.URL+"/ui/?since=1h&trigger=manual"); !strings.Contains(body, "b-first") {
+		t.Errorf("the last hour's manual runs miss b-first")
+	}
+	if _, body := get(t, c, n.srv.URL+"/ui/?until=1h"); strings.Contains(body, "b-first") || !strings.Contains(body, "match this filter") {
+		t.Errorf("the runs before an hour ago show b-first, or no note")
+	}
+	if _, body := get(t, c, n.srv.URL+"/ui/?trigger=cron"); strings.Contains(body, "b-first") {
+		t.Errorf("the cron runs show a manual one")
+	}
+	for _, bad := range []string{"since=yesterday", "trigger=timer", "show=some", "until=2026-13-01"} {
+		if code, _ := get(t, c, n.srv.URL+"/ui/?"+bad); code != 400 {
+			t.Errorf("/ui/?%s: %d, want 400", bad, code)
+		}
+	}
+}

@@ -409,6 +409,28 @@ steps:
 		if n := b.count(t, `ol.timeline li`); n != len(drill.Run.Epochs) || n < 2 {
 			t.Fatalf("the epochs' timeline has %d entries, the run %d", n, len(drill.Run.Epochs))
 		}
+		// The Gantt: a bar per step that ran, in the steps' order and starting no earlier
+		// than the one before; a line per epoch; the fenced commit marked on its step's row.
+		bars := js[[][]float64](t, b, `Array.from(document.querySelectorAll(".gantt g.row"), g => { const r = g.querySelector("rect"); return r ? [r.x.baseVal.value, r.width.baseVal.value, g.querySelector("text").y.baseVal[0].value] : [-1, 0, 0]; })`)
+		names := js[[]string](t, b, `Array.from(document.querySelectorAll(".gantt g.row text.name"), e => e.textContent)`)
+		var stepNames []string
+		for _, st := range drill.Run.Steps {
+			stepNames = append(stepNames, st.Name)
+		}
+		if !slices.Equal(names, stepNames) {
+			t.Fatalf("the timeline's rows are %q, the run's steps %q", names, stepNames)
+		}
+		for i, bar := range bars {
+			if bar[0] < 0 || bar[1] <= 0 || i > 0 && bar[0] < bars[i-1][0] {
+				t.Fatalf("the timeline's bars (x, width, y): %v: step %d has no bar or starts before the one before", bars, i)
+			}
+		}
+		if n := b.count(t, `.gantt g.epoch`); n != len(drill.Run.Epochs) {
+			t.Fatalf("the timeline draws %d epochs, the run has %d", n, len(drill.Run.Epochs))
+		}
+		if n := b.count(t, `.gantt g.fenced-mark`); n != len(drill.Run.Fenced) {
+			t.Fatalf("the timeline marks %d fenced commits, the run has %d", n, len(drill.Run.Fenced))
+		}
 		b.screenshot(t, "run")
 		b.open(t, "/ui/")
 		b.screenshot(t, "runs")

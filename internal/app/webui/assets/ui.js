@@ -39,6 +39,7 @@
             if (open.indexOf(s.textContent) >= 0) s.parentElement.open = true;
           });
           refocus(focus);
+          localTimes();
           follow();
         })
         .catch(function () {
@@ -59,5 +60,20 @@
       setTimeout(function () { refresh({ type: "poll" }); }, 5000);
     });
   }
-  document.addEventListener("DOMContentLoaded", follow);
+  // Times come in UTC, to the second (the page reads the same without the script); shown
+  // in the viewer's zone, with the UTC time on hover.
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function localTimes() {
+    document.querySelectorAll("time[datetime]").forEach(function (el) {
+      var d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d.getTime()) || el.dataset.local) return;
+      var zone = "";
+      try { zone = " " + (Intl.DateTimeFormat().resolvedOptions().timeZone || ""); } catch (e) { zone = ""; }
+      el.title = el.textContent;
+      el.textContent = d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+        pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + zone;
+      el.dataset.local = "1";
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { localTimes(); follow(); });
 })();
