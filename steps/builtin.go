@@ -166,7 +166,9 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		return nil, Permanentf("exec: %s wrote more than %d bytes to stdout: write large results elsewhere and print a reference", argv[0], x.MaxOutput)
 	}
 	if o.exit != nil {
-		return nil, fmt.Errorf("exec: %s: %v: %s", argv[0], o.exit, strings.TrimSpace(stderr.String()))
+		// %w: the exit carries ErrTrustDeadline when the step's init stopped it, which the
+		// worker must see (a stop at the trust deadline is not the step's failure).
+		return nil, fmt.Errorf("exec: %s: %w: %s", argv[0], o.exit, strings.TrimSpace(stderr.String()))
 	}
 	out := bytes.TrimSpace(stdout.Bytes())
 	if len(out) > 0 && out[0] == '{' && json.Valid(out) {

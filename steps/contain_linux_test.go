@@ -242,3 +242,32 @@ func TestContainedStepsStopAtTheirTrustDeadline(t *testing.T) {
 		})
 	}
 }
+
+// A step its init stops at the trust deadline returns an error that says so to the
+// worker (errors.Is ErrTrustDeadline), whatever the exec step adds to it: the worker
+// then runs it again while its lease holds, or ends the epoch, instead of failing the
+// step (worker.DecideAttempt). The exec step once formatted the exit with %v, which
+// dropped the mark: on a busy machine a renewal that came late failed a run whose lease
+// never lapsed (clustertest TestWholeClusterRestart beside a CI run).
+func TestTrustDeadlineStopIsMarked(t *testing.T) {
+	for _, m := range modes(t) {
+		if m == ModeProcessGroup {
+			continue // no init, no trust deadline
+		}
+		t.Run(modeName(m), func(t *testing.T) {
+			input := in(map[string]any{"command": list("sleep", "30")})
+			deadline := time.Now().Add(200 * time.Millisecond)
+			input.TrustUntil = func() time.Time { return deadline } // no renewal comes
+			input.StopGrace = 100 * time.Millisecond
+			done := make(chan error, 1)
+			go func() {
+				_, err := Exec{MaxOutput: 1 << 10, mode: m}.Run(context.Background(), input)
+				done <- err
+			}()
+			err := within.Recv(t, 30*time.Second, done, "the step past its trust deadline")
+			if !errors.Is(err, ErrTrustDeadline) {
+				t.Fatalf("the step returned %v; want an error that is ErrTrustDeadline", err)
+			}
+		})
+	}
+}
