@@ -47,13 +47,8 @@ func TestQueryRunsMatchesAScan(t *testing.T) {
 	t.Cleanup(func() { scanBudget = old })
 	rapid.Check(t, func(t *rapid.T) {
 		scanBudget = rapid.IntRange(1, 8).Draw(t, "budget")
-		s, err := OpenStore("state", StoreOptions{FS: memFS()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, runs := randomRuns(t)
 		defer s.Close()
-		newestLog(t, s)
-		runs := allRuns(t, s)
 		for range 8 {
 			q := RunQuery{Oldest: rapid.Bool().Draw(t, "oldest"), TopLevel: rapid.Bool().Draw(t, "top-level")}
 			if rapid.Bool().Draw(t, "ranged") {

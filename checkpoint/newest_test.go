@@ -114,6 +114,16 @@ func newestLog(t *rapid.T, s *Store) [][]byte {
 	return msgs
 }
 
+// randomRuns is a store that applied a random log (newestLog), and its runs (allRuns).
+func randomRuns(t *rapid.T) (*Store, []Run) {
+	s, err := OpenStore("state", StoreOptions{FS: memFS()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newestLog(t, s)
+	return s, allRuns(t, s)
+}
+
 // allRuns reads every run from the run table, newest first by the naive rule: submit
 // sequence, then ID, descending.
 func allRuns(t interface{ Fatal(...any) }, s *Store) []Run {
@@ -177,13 +187,8 @@ func checkNewestKeys(t interface{ Fatalf(string, ...any) }, s *Store) {
 // (QueryRuns has its own property: listing_test.go.)
 func TestRunsWithIDPrefixMatchesAScan(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		s, err := OpenStore("state", StoreOptions{FS: memFS()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, runs := randomRuns(t)
 		defer s.Close()
-		newestLog(t, s)
-		runs := allRuns(t, s)
 		prefix := rapid.SampledFrom([]string{"", "r", "r1", "r10", "r2", "x"}).Draw(t, "id prefix")
 		limit := rapid.IntRange(0, 5).Draw(t, "id limit")
 		var want []string

@@ -68,20 +68,8 @@ func (a *app) listRuns(f runListFlags) error {
 	if opts.Inputs, err = keyValues("--input", f.inputs); err != nil {
 		return err
 	}
-	now := time.Now()
-	for _, b := range []struct {
-		flag, text string
-		t          *time.Time
-	}{{"--since", f.since, &opts.Since}, {"--until", f.until, &opts.Until}} {
-		if b.text == "" {
-			continue
-		}
-		if *b.t, err = client.ParseTime(b.text, now, time.Local); err != nil {
-			return usage("%s: %v", b.flag, err)
-		}
-	}
-	if !opts.Since.IsZero() && !opts.Until.IsZero() && !opts.Since.Before(opts.Until) {
-		return usage("--since %s is not before --until %s", opts.Since.Format(time.RFC3339), opts.Until.Format(time.RFC3339))
+	if opts.Since, opts.Until, err = client.ParseRange(f.since, f.until, "--since", "--until", time.Now(), time.Local); err != nil {
+		return usage("%v", err)
 	}
 	page, err := ask(a, func(c *client.Client, ctx context.Context) (client.RunPage, error) {
 		// A page of the server's may end short (it bounds what one request looks at):

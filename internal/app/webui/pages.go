@@ -264,16 +264,8 @@ func (s *Server) runsPage(r *http.Request) (string, string, any, error) {
 	if v.Status != "" {
 		opts.Statuses = []string{v.Status}
 	}
-	for _, b := range []struct {
-		name, text string
-		t          *time.Time
-	}{{"since", v.Since, &opts.Since}, {"until", v.Until, &opts.Until}} {
-		if b.text == "" {
-			continue
-		}
-		if *b.t, err = client.ParseTime(b.text, now, time.UTC); err != nil {
-			return "", "", nil, badInput("%s: %v", b.name, err)
-		}
+	if opts.Since, opts.Until, err = client.ParseRange(v.Since, v.Until, "since", "until", now, time.UTC); err != nil {
+		return "", "", nil, badInput("%v", err)
 	}
 	page, err := s.cfg.Backend.RunsPage(ctx, opts)
 	if err != nil {
