@@ -472,16 +472,21 @@ func (a *app) drillZombie() error {
 	return nil
 }
 
-// cronTable fits 80 columns: NEXT in the schedule's timezone, LAST TICK in UTC.
+// cronTable fits 80 columns: NEXT and LAST TICK both in the schedule's timezone (TZ:
+// the TIMEZONE column; the header says so).
 func cronTable(w io.Writer, cs []client.CronEntry) {
-	fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT\tLAST TICK")
-	short := func(s string) string {
-		if t, err := time.Parse(time.RFC3339, s); err == nil {
-			return t.Format("01-02 15:04")
-		}
-		return s
-	}
+	fmt.Fprintln(w, "WORKFLOW\tCRON\tTIMEZONE\tNEXT (TZ)\tLAST TICK (TZ)")
 	for _, c := range cs {
+		loc, err := time.LoadLocation(c.Timezone)
+		if err != nil {
+			loc = time.UTC
+		}
+		short := func(s string) string {
+			if t, err := time.Parse(time.RFC3339, s); err == nil {
+				return t.In(loc).Format("01-02 15:04")
+			}
+			return s
+		}
 		next, last := "-", "-"
 		if len(c.Next) > 0 {
 			next = short(c.Next[0])

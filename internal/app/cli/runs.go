@@ -126,7 +126,11 @@ func runTable(w io.Writer, r client.Run) {
 	fmt.Fprintf(w, "WORKFLOW\t%s v%d (%s)\n", r.Workflow, r.Version, r.Trigger)
 	fmt.Fprintf(w, "STATUS\t%s%s\n", r.Status, suffix(r.Error))
 	if r.Waiting != nil {
-		fmt.Fprintf(w, "WAITING\t%s\n", waitingLine(r))
+		since := ""
+		if r.Waiting.Since != "" {
+			since = " since " + utcTime(r.Waiting.Since)
+		}
+		fmt.Fprintf(w, "WAITING\t%s%s\n", waitingLine(r), since)
 		if a := r.Waiting.ApprovedBy; len(a) > 0 {
 			fmt.Fprintf(w, "APPROVED BY\t%s\n", strings.Join(a, ", ")) // only those who count
 		}
@@ -146,7 +150,7 @@ func runTable(w io.Writer, r client.Run) {
 	}
 	fmt.Fprintf(w, "EPOCH\t%d (changes %d of max %d)\n", r.Epoch, r.EpochChanges, r.MaxEpochs)
 	if r.ScheduledAt != "" {
-		fmt.Fprintf(w, "SCHEDULED\t%s\n", r.ScheduledAt)
+		fmt.Fprintf(w, "SCHEDULED\t%s\n", utcTime(r.ScheduledAt))
 	}
 	fmt.Fprintf(w, "CREATED\t%s\n", utcTime(r.CreatedAt))
 	if r.StartedAt != nil {
@@ -179,9 +183,9 @@ func runTable(w io.Writer, r client.Run) {
 		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, s.Status, s.Attempts, items, s.Epoch, started, took(s.StartedAt, s.EndedAt))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "EPOCH\tOWNER\tREASON\tAT")
+	fmt.Fprintln(w, "EPOCH\tOWNER\tREASON\tAT (UTC)")
 	for _, e := range r.Epochs {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", e.Epoch, dash(e.Owner), e.Reason, e.At)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", e.Epoch, dash(e.Owner), e.Reason, shortTime(e.At))
 	}
 	if len(r.Fenced) > 0 {
 		fmt.Fprintln(w)
@@ -218,11 +222,8 @@ func historyTable(w io.Writer, evs []client.Event) {
 			item = fmt.Sprint(e.Item)
 		}
 		outcome := e.Outcome
-		switch e.Kind {
-		case "signal", "decide", "park", "wake": // what was sent, decided or waited for
-			if e.Detail != "" {
-				outcome += ": " + e.Detail
-			}
+		if e.Detail != "" { // what was sent, decided, waited for, retried, missed, started
+			outcome += ": " + e.Detail
 		}
 		// BY: the user who asked for it, as the NATS server said (with auth: docs/security.md).
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Seq, e.Kind, dash(e.Step), item, e.Epoch, dash(e.Owner), outcome, dash(e.Actor))

@@ -106,21 +106,25 @@ func untilLine(w *client.Waiting) string {
 	if w.Until == nil {
 		return "no timeout"
 	}
-	return *w.Until
+	return utcTime(*w.Until)
 }
 
 // waitsTable is run get's inbox and decisions, when it has some.
 func waitsTable(w io.Writer, r client.Run) {
 	if len(r.Inbox) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "SIGNAL\tSEQ\tSENDER\tTAKEN BY\tAT")
+		fmt.Fprintln(w, "SIGNAL\tSEQ\tSENDER\tTAKEN BY\tAT (UTC)")
 		for _, s := range r.Inbox {
-			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Seq, dash(s.Sender), dash(s.ConsumedBy), shortTime(s.At))
+			taken := s.ConsumedBy
+			if taken == "" {
+				taken = "not yet"
+			}
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Seq, dash(s.Sender), taken, shortTime(s.At))
 		}
 	}
 	if len(r.Decisions) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "DECISION\tSTEP\tBY\tAT\tCOMMENT")
+		fmt.Fprintln(w, "DECISION\tSTEP\tBY\tAT (UTC)\tCOMMENT")
 		for _, d := range r.Decisions {
 			word := "reject"
 			if d.Approve {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ func TestSignalApproveCommands(t *testing.T) {
 		t.Fatalf("run list --status waiting: %d %q %q", code, out, errOut)
 	}
 	code, out, _ = e.flowctl("run", "get", "gate-1")
-	if code != 0 || !strings.Contains(out, "WAITING") || !strings.Contains(out, "signal go (step w)\nUNTIL     20") {
+	if code != 0 || !strings.Contains(out, "WAITING") || !regexp.MustCompile(`WAITING +signal go \(step w\) since 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC\nUNTIL +20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC\n`).MatchString(out) {
 		t.Fatalf("run get: %d\n%s", code, out)
 	}
 	code, out, _ = e.flowctl("run", "get", "gate-1", "-o", "json")

@@ -57,7 +57,7 @@ func TestCronPagePauseResume(t *testing.T) {
 		t.Fatalf("the pause: %d, paused %v", code, paused())
 	}
 	_, page = get(t, otto, n.srv.URL+"/ui/cron")
-	if !strings.Contains(page, "<b>Paused</b> by otto since <time>") || !strings.Contains(page, ": incident &lt;42&gt;.") || !strings.Contains(page, `action="/ui/cron/nightly/resume"`) {
+	if !strings.Contains(page, "<b>Paused</b> by otto since <time datetime=") || !strings.Contains(page, ": incident &lt;42&gt;.") || !strings.Contains(page, `action="/ui/cron/nightly/resume"`) {
 		t.Fatalf("the cron page of a paused schedule:\n%s", page)
 	}
 	_, vpage := get(t, vera, n.srv.URL+"/ui/cron")

@@ -172,6 +172,17 @@ func uiTime(s string) timeView {
 	return timeView{Attr: t.UTC().Format(time.RFC3339), Text: t.UTC().Format("2006-01-02 15:04:05") + " UTC"}
 }
 
+// timeTag is a time of the wire as a <time> element: UTC to the second, RFC 3339 in its
+// datetime (the script shows it in the viewer's zone, the UTC on hover). A string that
+// is not a time is shown as it is, escaped.
+func timeTag(s string) template.HTML {
+	v := uiTime(s)
+	if v.Attr == "" {
+		return template.HTML(template.HTMLEscapeString(s))
+	}
+	return template.HTML(`<time datetime="` + v.Attr + `" title="` + v.Text + `">` + v.Text + `</time>`)
+}
+
 func strOr(p *string) string {
 	if p == nil {
 		return ""
@@ -307,6 +318,7 @@ type runView struct {
 	Terminal bool
 	Verify   client.Verification
 	Timeline *timeline
+	Pending  []client.Signal // signals in the inbox no step took yet
 	// The run's times as the page shows them, and how long it took (so far).
 	Created, Started, Ended, Deadline timeView
 	Took                              string
@@ -342,6 +354,11 @@ func (s *Server) runPage(r *http.Request) (string, string, any, error) {
 			Took: duration(strOr(st.StartedAt), strOr(st.EndedAt), now)})
 	}
 	v.Timeline = buildTimeline(run, now)
+	for _, sg := range run.Inbox {
+		if sg.ConsumedBy == "" {
+			v.Pending = append(v.Pending, sg)
+		}
+	}
 	v.Created, v.Started, v.Ended = uiTime(run.CreatedAt), uiTime(strOr(run.StartedAt)), uiTime(strOr(run.EndedAt))
 	v.Took = duration(strOr(run.StartedAt), strOr(run.EndedAt), now)
 	if run.Deadline != nil {
@@ -480,6 +497,7 @@ const streamWriteTimeout = 30 * time.Second
 // funcs for the templates.
 var funcs = template.FuncMap{
 	"pathEscape": url.PathEscape,
+	"when":       timeTag,
 	"statusWord": func(s string) string { return strings.ReplaceAll(s, "_", " ") },
 	"add":        func(a, b int) int { return a + b },
 }

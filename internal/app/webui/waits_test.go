@@ -80,7 +80,7 @@ func TestRunPageWaitsSignalAndApproval(t *testing.T) {
 	otto, vera := signIn("otto", "o-pw"), signIn("vera", "v-pw")
 
 	_, page := get(t, otto, n.srv.URL+"/ui/runs/g1")
-	if !strings.Contains(page, "for the signal <b>go</b>") || !strings.Contains(page, "until <time>") || !strings.Contains(page, `action="/ui/runs/g1/signal"`) {
+	if !strings.Contains(page, "for the signal <b>go</b>") || !strings.Contains(page, "until <time datetime=") || !strings.Contains(page, `action="/ui/runs/g1/signal"`) {
 		t.Fatalf("an operator's page of a waiting run:\n%s", page)
 	}
 	if _, list := get(t, otto, n.srv.URL+"/ui/?status=waiting"); !strings.Contains(list, "g1") {
@@ -101,7 +101,16 @@ func TestRunPageWaitsSignalAndApproval(t *testing.T) {
 	}
 	n.waitUntil(t, "g1", func(r client.Run) bool { return r.Waiting != nil && r.Waiting.Kind == client.WaitApproval })
 
+	// A second signal: no step is left to take it; the page lists it as not yet taken.
+	if code, _ := post(t, otto, signal, url.Values{"csrf": {csrfOf(t, page)}, "name": {"go"}, "data": {`{"again": true}`}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("the second signal: %d", code)
+	}
+	n.waitUntil(t, "g1", func(r client.Run) bool { return len(r.Inbox) == 2 })
+
 	_, vpage := get(t, vera, n.srv.URL+"/ui/runs/g1")
+	if !strings.Contains(vpage, "<h2>Signals not yet taken</h2>") || !strings.Contains(vpage, "<b>go</b> from otto") || !strings.Contains(vpage, `in step <a href="#step-ok">ok</a>, since <time datetime="`) {
+		t.Fatalf("the page of a run waiting for an approval lacks the signal not yet taken, or since when it waits:\n%s", vpage)
+	}
 	if !strings.Contains(vpage, `action="/ui/runs/g1/approve"`) || !strings.Contains(vpage, "/ui/runs/g1/reject") || !strings.Contains(vpage, "for 1 approval (operator or above): 0 of 1 so far") {
 		t.Fatalf("the page of a run waiting for an approval:\n%s", vpage)
 	}

@@ -646,5 +646,21 @@ steps:
 		if by := js[bool](t, a, `Array.from(document.querySelectorAll("table.history tbody tr"), r => r.cells[5].innerText.trim()).includes("otto")`); !by {
 			t.Errorf("the history does not name otto as who cancelled:\n%s", a.mainText(t))
 		}
+
+		// A run waiting for two approvals, approved by ann: the page says 1 of 2 so far,
+		// by ann, with her approval's time in the viewer's zone (the UTC on hover).
+		applyYAML(t, aurl, dir, "two", "name: two\nsteps:\n  - {name: ok, uses: approval, with: {approvers: {role: operator, count: 2}}}\n", otto...)
+		mustFlowctl(t, aurl, append(otto, "run", "start", "two", "--id", "two-1")...)
+		WaitFor(t, 60*time.Second, "two-1 waiting", func() bool { return runOf(t, aurl, "two-1", otto...).Status == "waiting" })
+		mustFlowctl(t, aurl, "--user", "ann", "--password", authPasswords["ann"], "run", "approve", "two-1", "--comment", "totals match")
+		WaitFor(t, 30*time.Second, "ann's approval applied", func() bool { return len(runOf(t, aurl, "two-1", otto...).Decisions) == 1 })
+		a.open(t, "/ui/runs/two-1")
+		if s := a.text(t, "section.waiting"); !strings.Contains(s, "1 of 2 so far, by ann") || !strings.Contains(s, "approved by ann") || !strings.Contains(s, "totals match") {
+			t.Fatalf("the waiting run's page says %q; want its approvals so far, who and when", s)
+		}
+		if hover := js[string](t, a, `document.querySelector("ul.decisions time").title`); !strings.HasSuffix(hover, " UTC") {
+			t.Fatalf("the approval's time has %q on hover; want the UTC time", hover)
+		}
+		a.screenshot(t, "waiting-approval")
 	})
 }
