@@ -349,7 +349,9 @@ func (b *bucket) initial(key string) ([]port.Entry, uint64) {
 		if key != "" && ev.Key != key {
 			continue
 		}
-		if e := b.keys[ev.Key]; e.live && e.rev == ev.Revision {
+		// A key raise purged (the leader bucket's term raise) has no entry, only its old
+		// events: it is gone, not a value (a nil entry here once crashed seed 1 in 3,000).
+		if e := b.keys[ev.Key]; e != nil && e.live && e.rev == ev.Revision {
 			out = append(out, ev)
 		}
 	}
