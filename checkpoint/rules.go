@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -494,6 +495,9 @@ func (tx *applyBatch) retry(c *cachedRun, e *Entry) error {
 		if len(e.Output) > 0 {
 			tx.detail += ", inputs " + string(e.Output)
 		}
+	}
+	if e.Reason != "" { // who asked, and as part of what (a bulk operation's name)
+		tx.detail = strings.TrimPrefix(tx.detail+"; "+e.Reason, "; ")
 	}
 	for _, name := range r.Steps {
 		if st := c.steps[name]; st.Status == StepFailed {

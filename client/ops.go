@@ -213,6 +213,14 @@ func (c *Client) CancelRun(ctx context.Context, id string) (Change, error) {
 	return c.change(ctx, "run.cancel", id)
 }
 
+// CancelRunFor cancels a pending or running run for reason (recorded as its error and in
+// its history).
+func (c *Client) CancelRunFor(ctx context.Context, id, reason string) (Change, error) {
+	var ch Change
+	err := c.call(ctx, "run.cancel", Request{ID: id, Reason: reason}, &ch)
+	return ch, err
+}
+
 // SignalOptions are a signal's optional data and de-duplication key.
 type SignalOptions struct {
 	// Data is the signal's data: JSON, or empty.
@@ -265,12 +273,14 @@ func (c *Client) decide(ctx context.Context, op, id string, opts DecideOptions) 
 type RetryOptions struct {
 	From   string
 	Inputs map[string]string
+	// Reason is recorded with the retry, in the run's history (a bulk operation's name).
+	Reason string
 }
 
 // RetryRunFrom retries a run that ended from a step, with inputs changed.
 func (c *Client) RetryRunFrom(ctx context.Context, id string, opts RetryOptions) (Change, error) {
 	var ch Change
-	err := c.call(ctx, "run.retry", Request{ID: id, From: opts.From, Inputs: opts.Inputs}, &ch)
+	err := c.call(ctx, "run.retry", Request{ID: id, From: opts.From, Inputs: opts.Inputs, Reason: opts.Reason}, &ch)
 	return ch, err
 }
 

@@ -291,11 +291,13 @@ func (e *Engine) Cancel(ctx context.Context, id, reason string) error {
 
 // Retry sends a failed, dead-lettered or cancelled run back to pending; it resumes from
 // its checkpoints with a new epoch and epoch_changes reset.
-func (e *Engine) Retry(ctx context.Context, id string) error {
+func (e *Engine) Retry(ctx context.Context, id string) error { return e.retry(ctx, id, "") }
+
+func (e *Engine) retry(ctx context.Context, id, reason string) error {
 	if err := e.running(); err != nil {
 		return err
 	}
-	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID}).Await(ctx)
+	return e.clog.Writer.Write(ctx, checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Reason: reason}).Await(ctx)
 }
 
 // Purge takes a dead-lettered run out of the dead-letter queue for good (it ends

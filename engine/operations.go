@@ -143,6 +143,9 @@ func offset(sec int) string {
 type RetryOptions struct {
 	From   string
 	Inputs map[string]any
+	// Reason is recorded with the retry (in the run's history): a bulk operation's
+	// name, say.
+	Reason string
 }
 
 // RetryFrom retries a run that ended from a step: the step and its dependents, directly
@@ -155,7 +158,7 @@ func (e *Engine) RetryFrom(ctx context.Context, id string, opts RetryOptions) er
 		if len(opts.Inputs) > 0 {
 			return fmt.Errorf("%w: --input needs --from (a retry without it resumes from the checkpoints, whose inputs are fixed)", ErrBadInput)
 		}
-		return e.Retry(ctx, id)
+		return e.retry(ctx, id, opts.Reason)
 	}
 	r, err := e.store.Run(id)
 	if err != nil {
@@ -179,7 +182,7 @@ func (e *Engine) RetryFrom(ctx context.Context, id string, opts RetryOptions) er
 			reset = append(reset, st.Name)
 		}
 	}
-	entry := checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Steps: reset}
+	entry := checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Steps: reset, Reason: opts.Reason}
 	if len(opts.Inputs) > 0 {
 		typed, err := workflow.ResolveInputs(w, opts.Inputs, r.ScheduledAt)
 		if err != nil {

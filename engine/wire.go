@@ -312,9 +312,9 @@ func (a *API) WaitRun(ctx context.Context, id string) error {
 // Retry sends a failed, dead-lettered or cancelled run back to pending (Retry).
 func (a *API) Retry(ctx context.Context, id string) error { return wireError(a.e.Retry(ctx, id)) }
 
-// Cancel cancels a pending or running run, for the default reason (Cancel).
-func (a *API) Cancel(ctx context.Context, id string) error {
-	return wireError(a.e.Cancel(ctx, id, ""))
+// Cancel cancels a pending or running run, for reason ("": the default, Cancel).
+func (a *API) Cancel(ctx context.Context, id, reason string) error {
+	return wireError(a.e.Cancel(ctx, id, reason))
 }
 
 // RetryFrom retries a run that ended from a step with inputs changed (RetryFrom), the
@@ -327,7 +327,7 @@ func (a *API) RetryFrom(ctx context.Context, id string, opts client.RetryOptions
 			inputs[k] = v
 		}
 	}
-	return wireError(a.e.RetryFrom(ctx, id, RetryOptions{From: opts.From, Inputs: inputs}))
+	return wireError(a.e.RetryFrom(ctx, id, RetryOptions{From: opts.From, Inputs: inputs, Reason: opts.Reason}))
 }
 
 // PauseSchedule pauses a workflow's schedule for ctx's actor (PauseSchedule).

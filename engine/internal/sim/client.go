@@ -349,7 +349,7 @@ func (c *simClient) decideLater(id string, at time.Duration) {
 func (c *simClient) cancelLater(id string, at time.Duration) {
 	c.later(at, func() {
 		c.call("cancel "+id, "ops", func(ctx context.Context, api *engine.API) error {
-			return api.Cancel(ctx, id)
+			return api.Cancel(ctx, id, "")
 		}, func(error) {})
 	})
 }

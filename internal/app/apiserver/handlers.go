@@ -192,11 +192,14 @@ func (s *Server) runRetry(ctx context.Context, r *client.Request) (any, error) {
 	if r.From == "" && len(r.Inputs) > 0 {
 		return nil, badRequest("inputs need a step to retry from (a retry without one resumes from the checkpoints, whose inputs are fixed)")
 	}
+	if len(r.Reason) > 1000 {
+		return nil, badRequest("the reason is %d bytes: at most 1000", len(r.Reason))
+	}
 	var err error
-	if r.From == "" {
+	if r.From == "" && r.Reason == "" {
 		err = s.n.Retry(ctx, r.ID)
 	} else {
-		err = s.n.RetryFrom(ctx, r.ID, client.RetryOptions{From: r.From, Inputs: r.Inputs})
+		err = s.n.RetryFrom(ctx, r.ID, client.RetryOptions{From: r.From, Inputs: r.Inputs, Reason: r.Reason})
 	}
 	if err != nil {
 		return nil, err
@@ -208,7 +211,10 @@ func (s *Server) runCancel(ctx context.Context, r *client.Request) (any, error) 
 	if err := needID(r); err != nil {
 		return nil, err
 	}
-	if err := s.n.Cancel(ctx, r.ID); err != nil {
+	if len(r.Reason) > 1000 {
+		return nil, badRequest("the reason is %d bytes: at most 1000", len(r.Reason))
+	}
+	if err := s.n.Cancel(ctx, r.ID, r.Reason); err != nil {
 		return nil, err
 	}
 	return map[string]string{"id": r.ID, "status": "cancelled"}, nil

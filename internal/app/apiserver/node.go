@@ -66,7 +66,7 @@ type Node interface {
 	// WaitRun returns nil once the run has ended, an error if ctx ends first.
 	WaitRun(ctx context.Context, id string) error
 	Retry(ctx context.Context, id string) error
-	Cancel(ctx context.Context, id string) error
+	Cancel(ctx context.Context, id, reason string) error
 	Purge(ctx context.Context, id string) error
 	// Signal sends a signal to a run that has not ended (a conflict if it has); the
 	// sender is ctx's actor (internal/base/audit).

@@ -205,7 +205,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
 		&cobra.Command{Use: "verify RUN", Short: "Re-check a run's invariants from the state; exit 1 on a violation", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.verify(args[0]) }},
 		a.retryCommand(),
-		&cobra.Command{Use: "cancel RUN", Short: "Cancel a pending or running run", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.change((*client.Client).CancelRun, args[0]) }},
+		a.cancelCommand(),
 	)
 	run.AddCommand(a.waitCommands()...)
 

@@ -260,10 +260,24 @@ func backfillTable(w io.Writer, ticks []client.BackfillTick) {
 func (a *app) retryCommand() *cobra.Command {
 	var from string
 	var inputs []string
-	cmd := &cobra.Command{Use: "retry RUN", Short: "Retry a run that ended: from its checkpoints, or --from a step (it and its dependents run again)",
-		Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.retry(args[0], from, inputs) }}
+	var many bulkFlags
+	cmd := &cobra.Command{Use: "retry RUN | retry --workflow W [--status S]... [--since T] [--until T] [--dry-run] [--max-parallel N]",
+		Short: "Retry a run that ended: from its checkpoints, or --from a step (it and its dependents run again); or many runs at once",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) == 1 && many.set(cmd):
+				return usage("run retry: give RUN or --workflow and its selection, not both")
+			case len(args) == 0 && (from != "" || len(inputs) > 0):
+				return usage("run retry --from and --input need RUN: a bulk retry resumes each run from its checkpoints")
+			case len(args) == 0:
+				return a.bulk("retry", many)
+			}
+			return a.retry(args[0], from, inputs)
+		}}
 	cmd.Flags().StringVar(&from, "from", "", "run this step and every step that depends on it again; the others keep their checkpoints")
 	cmd.Flags().StringArrayVar(&inputs, "input", nil, "an input changed, as KEY=VALUE (repeat for several; needs --from)")
+	many.add(cmd, "retry")
 	return cmd
 }
 
