@@ -41,6 +41,13 @@ const (
 // one could be made.
 var containment string
 
+// noTrustDeadline is empty in every build but one negative control: -ldflags "-X
+// github.com/flowrun/flow/steps.noTrustDeadline=1" runs exec steps contained as ever
+// but gives their init no trust deadline (none at the start, no renewals forwarded, no
+// watchdog of flowd's own), so that the trust deadline's control switches off that
+// guard alone (clustertest TestFrozenOwnersStepsStopBeforeTheTakeover).
+var noTrustDeadline string
+
 var probed struct {
 	once sync.Once
 	mode Mode

@@ -396,8 +396,12 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 	spec := &initSpec{Mode: m, Path: p.path, Args: p.args, Env: p.env, Dir: p.dir, User: p.user, Grace: p.grace,
 		PrivateProc: m == ModePIDNamespace && privateProc.err == nil && p.user != nil, Dumpable: keepInitDumpable}
 	var last time.Time
-	if p.trust != nil {
-		if last = p.trust(); !last.IsZero() {
+	trust := p.trust
+	if noTrustDeadline != "" {
+		trust = nil // the control: no deadline for the init, none watched by flowd
+	}
+	if trust != nil {
+		if last = trust(); !last.IsZero() {
 			spec.Trust = monotonicOf(last)
 		}
 	}
@@ -413,7 +417,7 @@ func (p *process) runContained(ctx context.Context, m Mode) outcome {
 	trustDone := make(chan struct{})
 	go func() {
 		defer close(trustDone)
-		c.forwardTrust(p.trust, last, p.grace, stopTrust)
+		c.forwardTrust(trust, last, p.grace, stopTrust)
 	}()
 	defer func() { close(stopTrust); <-trustDone }()
 	var r startReport

@@ -79,7 +79,7 @@ type Config struct {
 
 // hooks switch the UI's guards off for the negative controls of docs/testing.md, or
 // replace its clock. The zero value is production; only this package's tests set them,
-// and a flowd linked with unsafeAnyHost set (clustertest) turns the host guards off.
+// and a flowd linked with unsafeAnyHost set (clustertest) turns the Host allow-list off.
 type hooks struct {
 	anyHost          bool // the Host allow-list is not checked
 	originIsHost     bool // a POST's Origin is compared with its own Host (as before the allow-list), not with the names
@@ -92,9 +92,9 @@ type hooks struct {
 }
 
 // unsafeAnyHost, set at link time (-ldflags "-X
-// github.com/flowrun/flow/internal/app/webui.unsafeAnyHost=1"), switches the host guards off
-// as before the host allow-list: any Host is answered and a POST's Origin is compared with
-// the request's own Host. Only clustertest's negative control builds such a flowd.
+// github.com/flowrun/flow/internal/app/webui.unsafeAnyHost=1"), switches the Host
+// allow-list off, alone: any Host is answered (a POST's Origin must still be one of the
+// UI's names). Only clustertest's negative control builds such a flowd.
 var unsafeAnyHost string
 
 // Server serves the UI under /ui/.
@@ -161,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, hosts: hosts, pages: pages, static: static, signIn: si, sessions: map[string]*session{}}
 	if unsafeAnyHost != "" {
-		s.hooks.anyHost, s.hooks.originIsHost = true, true
+		s.hooks.anyHost = true // the Host allow-list alone: the Origin check stays
 	}
 	_, _ = rand.Read(s.key[:])
 	s.ctx, s.cancel = context.WithCancel(context.Background())

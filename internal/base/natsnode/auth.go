@@ -117,13 +117,15 @@ func ServerPermissions(p client.Permissions) (*server.Permissions, error) {
 	return sp, nil
 }
 
-// oldPermissions, set at link time (-ldflags "-X .../natsnode.oldPermissions=1") and
-// empty in every build of flowd, gives the users the permissions from before per-user
-// inboxes and the narrowed node role: people subscribe to every "_INBOX.>" and a node may
-// publish anything (">"), the API included. Only the negative controls of
-// docs/testing.md set it (a viewer reads an operator's answers; a node's forged request
-// names a person in the history).
-var oldPermissions string
+// oldInboxes and oldNodeRole, set at link time (-ldflags "-X
+// .../natsnode.oldInboxes=1") and empty in every build of flowd, each give back one part
+// of the permissions from before per-user inboxes and the narrowed node role, so that
+// each guard has a control of its own: oldInboxes lets people subscribe to every
+// "_INBOX.>" (a viewer reads an operator's answers); oldNodeRole lets a node publish and
+// subscribe to anything (">"), the API included (a node's forged request names a person
+// in the history; it deletes flow's streams). Only the negative controls of
+// docs/testing.md set them.
+var oldInboxes, oldNodeRole string
 
 // oldNodeUpdates, set at link time (-ldflags "-X .../natsnode.oldNodeUpdates=1") and
 // empty in every build of flowd, gives the node role back only the update and purge
@@ -139,11 +141,16 @@ var revokedNodeUpdates = []string{
 	"$JS.API.STREAM.UPDATE.KV_FLOW_NODES", "$JS.API.STREAM.PURGE.KV_FLOW_LEADER", "$JS.API.STREAM.PURGE.OBJ_FLOW_SNAPSHOTS",
 }
 
-// permissionsOf is client.PermissionsOf, or the old permissions of oldPermissions (or
-// of oldNodeUpdates).
+// permissionsOf is client.PermissionsOf, or the old permissions of oldInboxes,
+// oldNodeRole or oldNodeUpdates.
 func permissionsOf(role, user string) (client.Permissions, error) {
-	if oldPermissions != "" {
-		return oldPermissionsOf(role)
+	if role == client.RoleNode && oldNodeRole != "" {
+		return client.Permissions{Publish: client.SubjectPermission{Allow: []string{">"}}, Subscribe: client.SubjectPermission{Allow: []string{">"}}}, nil
+	}
+	if role != client.RoleNode && oldInboxes != "" {
+		p, err := client.PermissionsOf(role, "old")
+		p.Subscribe.Allow = []string{"_INBOX.>"}
+		return p, err
 	}
 	p, err := client.PermissionsOf(role, user)
 	if err == nil && role == client.RoleNode && oldNodeUpdates != "" {
@@ -154,21 +161,6 @@ func permissionsOf(role, user string) (client.Permissions, error) {
 		}
 	}
 	return p, err
-}
-
-// oldPermissionsOf are role's permissions before per-user inboxes and the narrowed node
-// role, for the negative controls only: a person could read everyone's answers
-// (_INBOX.>), a node publish anything.
-func oldPermissionsOf(role string) (client.Permissions, error) {
-	p, err := client.PermissionsOf(role, "old")
-	if err != nil {
-		return p, err
-	}
-	if role == client.RoleNode {
-		return client.Permissions{Publish: client.SubjectPermission{Allow: []string{">"}}, Subscribe: client.SubjectPermission{Allow: []string{">"}}}, nil
-	}
-	p.Subscribe.Allow = []string{"_INBOX.>"}
-	return p, nil
 }
 
 // label names a user in errors, never with its password.

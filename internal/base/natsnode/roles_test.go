@@ -18,11 +18,12 @@ import (
 	"github.com/flowrun/flow/internal/testkit/testcerts"
 )
 
-// withOldPermissions gives the users of the servers the test starts the permissions from
-// before issue 24 (the negative controls).
-func withOldPermissions(t *testing.T) {
-	oldPermissions = "1"
-	t.Cleanup(func() { oldPermissions = "" })
+// withOld gives the users of the servers the test starts one part of the permissions
+// from before per-user inboxes and the narrowed node role (oldInboxes or oldNodeRole):
+// each negative control switches off its guard alone.
+func withOld(t *testing.T, v *string) {
+	*v = "1"
+	t.Cleanup(func() { *v = "" })
 }
 
 // A person reads only the answers to their own requests: a viewer's subscriptions to
@@ -32,9 +33,9 @@ func withOldPermissions(t *testing.T) {
 // client's answers came), the viewer reads the operator's answer.
 func TestAnswersReachOnlyTheirUser(t *testing.T) {
 	for _, old := range []bool{false, true} {
-		t.Run(map[bool]string{false: "own-inboxes", true: "control-old-permissions"}[old], func(t *testing.T) {
+		t.Run(map[bool]string{false: "own-inboxes", true: "control-old-inboxes"}[old], func(t *testing.T) {
 			if old {
-				withOldPermissions(t)
+				withOld(t, &oldInboxes)
 			}
 			s := startAuth(t, User{Name: "vera", Password: "v-secret", Role: "viewer"}, User{Name: "otto", Password: "o-secret", Role: "operator"})
 			own, err := s.Connect()
@@ -109,7 +110,7 @@ func TestNodeRoleCannotDeleteFlowsStreams(t *testing.T) {
 	for _, old := range []bool{false, true} {
 		t.Run(map[bool]string{false: "narrowed", true: "control-old-node-role"}[old], func(t *testing.T) {
 			if old {
-				withOldPermissions(t)
+				withOld(t, &oldNodeRole)
 			}
 			s := startAuth(t, User{Name: "nora", Password: "n-secret", Role: "node"})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

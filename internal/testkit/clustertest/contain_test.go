@@ -244,13 +244,17 @@ func TestKilledFlowdTakesEscapedProcessesWithIt(t *testing.T) {
 // cannot fire, its steps' processes go on), its lease lapses and another node takes the
 // run over with a new epoch. The step's init holds the lease's trust deadline and stops
 // the tree when it passes unrenewed, before the lease can lapse: no process of the old
-// epoch acts after the new epoch began. In the control the old epoch's escaped processes
-// go on after the takeover, beside the new epoch's.
+// epoch acts after the new epoch began. In the controls the old epoch's escaped processes
+// go on after the takeover, beside the new epoch's: without containment, and with
+// containment but no trust deadline (steps.noTrustDeadline: that guard alone off).
 func TestFrozenOwnersStepsStopBeforeTheTakeover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and freezes flowd processes")
 	}
-	for _, v := range containFlowds {
+	noDeadline := containFlowd{"control-no-trust-deadline", func(t *testing.T) string {
+		return FlowdLinkedWith(t, "github.com/flowrun/flow/steps.noTrustDeadline=1")
+	}, "", true}
+	for _, v := range append(append([]containFlowd{}, containFlowds...), noDeadline) {
 		t.Run(v.name, func(t *testing.T) {
 			url := startNATSServer(t)
 			c := &Cluster{URLs: []string{url}}

@@ -20,10 +20,15 @@ import (
 // Issue 24, parts 3 and 5: TLS on the embedded server, each person's answers under an
 // inbox only they read, a node that cannot speak for a person, with real processes.
 
-// oldPermissionsFlowd is flowd linked with the users' permissions from before issue 24
-// (people read every "_INBOX.>", a node publishes anything): the negative controls.
-func oldPermissionsFlowd(t *testing.T) string {
-	return FlowdLinkedWith(t, "github.com/flowrun/flow/internal/base/natsnode.oldPermissions=1")
+// oldInboxesFlowd and oldNodeRoleFlowd are flowd linked with one part each of the
+// permissions from before per-user inboxes and the narrowed node role (natsnode's
+// oldInboxes, oldNodeRole): each control switches off its guard alone.
+func oldInboxesFlowd(t *testing.T) string {
+	return FlowdLinkedWith(t, "github.com/flowrun/flow/internal/base/natsnode.oldInboxes=1")
+}
+
+func oldNodeRoleFlowd(t *testing.T) string {
+	return FlowdLinkedWith(t, "github.com/flowrun/flow/internal/base/natsnode.oldNodeRole=1")
 }
 
 // usersFile writes the tests' --auth file (authUsers) and returns its path.
@@ -182,13 +187,13 @@ func TestPlaintextAuthOnAReachableListenIsRefused(t *testing.T) {
 func TestViewerCannotReadAnOperatorsAnswers(t *testing.T) {
 	t.Parallel() // no timing assertion: it runs beside the others (docs/testing.md, "How the suite is run")
 	for _, old := range []bool{false, true} {
-		t.Run(map[bool]string{false: "own-inboxes", true: "control-old-permissions"}[old], func(t *testing.T) {
+		t.Run(map[bool]string{false: "own-inboxes", true: "control-old-inboxes"}[old], func(t *testing.T) {
 			if testing.Short() {
 				t.Skip("starts flowd processes")
 			}
 			bin, opInbox := filepath.Join(Binaries(t), "flowd"), []nats.Option(nil)
 			if old {
-				bin, opInbox = oldPermissionsFlowd(t), []nats.Option{nats.CustomInboxPrefix("_INBOX")}
+				bin, opInbox = oldInboxesFlowd(t), []nats.Option{nats.CustomInboxPrefix("_INBOX")}
 			}
 			_, url, _ := embeddedFlowdBin(t, bin, "--auth", usersFile(t))
 			violations := make(chan error, 8)
@@ -284,8 +289,8 @@ func TestNodeCannotSpeakForAPerson(t *testing.T) {
 				t.Skip("starts flowd processes")
 			}
 			bin, inbox := filepath.Join(Binaries(t), "flowd"), []nats.Option(nil)
-			if old { // people's clients on the old inbox too: the old permissions allow no other
-				bin, inbox = oldPermissionsFlowd(t), []nats.Option{nats.CustomInboxPrefix("_INBOX")}
+			if old { // the node role alone as before: people keep their own inboxes
+				bin = oldNodeRoleFlowd(t)
 			}
 			_, url, _ := embeddedFlowdBin(t, bin, "--auth", usersFile(t))
 			as := func(user string) *client.Client {
