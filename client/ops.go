@@ -355,6 +355,9 @@ func (c *Client) NextTicks(ctx context.Context, workflow string, n int) ([]NextT
 type BackfillOptions struct {
 	From, To    string
 	OnlyMissed  bool
+	// IncludeFailed retries the run of a tick that failed or was dead-lettered (keeping
+	// its run ID) instead of counting the tick as ran.
+	IncludeFailed bool
 	Order       string
 	MaxParallel int
 	DryRun      bool
@@ -365,7 +368,7 @@ type BackfillOptions struct {
 func (c *Client) Backfill(ctx context.Context, workflow string, opts BackfillOptions) ([]BackfillTick, error) {
 	var out []BackfillTick
 	err := c.call(ctx, "cron.backfill", Request{Workflow: workflow, From: opts.From, To: opts.To, OnlyMissed: opts.OnlyMissed,
-		Order: opts.Order, MaxParallel: opts.MaxParallel, DryRun: opts.DryRun}, &out)
+		IncludeFailed: opts.IncludeFailed, Order: opts.Order, MaxParallel: opts.MaxParallel, DryRun: opts.DryRun}, &out)
 	return out, err
 }
 

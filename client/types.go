@@ -62,6 +62,8 @@ type Request struct {
 	To   string `json:"to,omitempty"`
 	// OnlyMissed, MaxParallel, Order (oldest or newest) and DryRun are cron.backfill's.
 	OnlyMissed  bool   `json:"only_missed,omitempty"`
+	// IncludeFailed is cron.backfill's: a tick whose run failed is retried.
+	IncludeFailed bool `json:"include_failed,omitempty"`
 	MaxParallel int    `json:"max_parallel,omitempty"`
 	Order       string `json:"order,omitempty"`
 	DryRun      bool   `json:"dry_run,omitempty"`
@@ -391,12 +393,16 @@ type NextTick struct {
 // Tick outcomes of a backfill (cron.backfill): a run started with the tick's run ID
 // (backfilled), what a dry run would start (would-run), a tick that already has its
 // run (ran: fired, caught up or backfilled before), and, with only_missed, a tick the
-// schedule never recorded (not-missed).
+// schedule never recorded (not-missed); with include_failed, a tick whose run failed
+// (or was dead-lettered) is retried, keeping its run ID (retried; a dry run's
+// would-retry).
 const (
 	BackfillBackfilled = "backfilled"
 	BackfillWouldRun   = "would-run"
 	BackfillRan        = "ran"
 	BackfillNotMissed  = "not-missed"
+	BackfillRetried    = "retried"
+	BackfillWouldRetry = "would-retry"
 )
 
 // BackfillTick is one tick of a backfill's range and what became of it.

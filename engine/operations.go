@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/workflow"
@@ -234,8 +236,11 @@ func Dependents(w *workflow.Workflow, step string) []string {
 type BackfillOptions struct {
 	From, To   time.Time
 	OnlyMissed bool
-	Newest     bool // newest first (default: oldest first)
-	DryRun     bool
+	// IncludeFailed retries the run of a tick that failed or was dead-lettered (its run
+	// ID kept: the tick still has one run) instead of counting the tick as ran.
+	IncludeFailed bool
+	Newest        bool // newest first (default: oldest first)
+	DryRun        bool
 	// Ticks, if set, are the fire times to backfill, instead of those of [From, To]: a
 	// plan's ticks, one at a time (--max-parallel). A schedule's fire times are not
 	// always found again from a range around one of them: an @every schedule's are
@@ -328,7 +333,24 @@ func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([
 			bt.RunID = NewRunID()
 		}
 		rec, seen := byTime[t.UnixNano()]
+		failedRun := ""
+		if opts.IncludeFailed && seen && checkpoint.TickRan(rec.Outcome) {
+			failedRun = e.failedTickRun(rec, bt.RunID)
+		}
 		switch {
+		case failedRun != "" && opts.DryRun:
+			bt.RunID, bt.Outcome = failedRun, client.BackfillWouldRetry
+		case failedRun != "":
+			bt.RunID = failedRun
+			reason := fmt.Sprintf("cron backfill --include-failed: the tick of %s at %s", name, t.UTC().Format(time.RFC3339))
+			switch err := e.RetryFrom(ctx, failedRun, RetryOptions{Reason: reason}); {
+			case err == nil:
+				bt.Outcome = client.BackfillRetried
+			case errors.Is(err, checkpoint.ErrConflict):
+				bt.Outcome = "ran" // retried meanwhile (another backfill), or no longer failed
+			default:
+				return out, err
+			}
 		case seen && checkpoint.TickRan(rec.Outcome):
 			bt.Outcome = "ran"
 		case opts.OnlyMissed && !seen:
@@ -357,6 +379,17 @@ func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([
 		out = append(out, bt)
 	}
 	return out, nil
+}
+
+// failedTickRun is the run of a tick that ran, if it failed or was dead-lettered (""
+// otherwise, or if it was retired): the run an --include-failed backfill retries.
+func (e *Engine) failedTickRun(rec checkpoint.Tick, tickRunID string) string {
+	id := cmp.Or(rec.RunID, tickRunID)
+	r, err := e.store.Run(id)
+	if err != nil || (r.Status != checkpoint.StatusFailed && r.Status != checkpoint.StatusDeadLettered) {
+		return ""
+	}
+	return id
 }
 
 // scheduleBegan is the first fire time of the workflow's schedule as the leader's cron

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/workflow"
@@ -498,5 +499,68 @@ on_deadline:
 	if want := workflow.Interval(wf, time.Time{}, r.CreatedAt)["tick"]; got != want {
 		t.Fatalf("the handler saw schedule.tick %s; want the run's own, %v (the run started at %s, its handler run at %s)",
 			got, want, r.CreatedAt.Format(time.RFC3339Nano), hr.CreatedAt.Format(time.RFC3339Nano))
+	}
+}
+
+// Backfill --include-failed: the failed runs of a backfilled range are retried under
+// their ticks' run IDs (one run a tick still), a dry run says would-retry and writes
+// nothing, a backfill without the flag counts them as ran, and a second --include-failed
+// backfill retries each again only once it failed again (never two retries at once:
+// the retry rule refuses a run that is not failed).
+func TestBackfillIncludeFailedRetriesTheTicksRuns(t *testing.T) {
+	e := startEngineWith(t, nil, nil)
+	apply(t, e, "name: nightly\nschedule: {cron: \"0 2 * * *\", catchup: none}\nsteps:\n  - name: a\n    uses: exec\n    with: {command: [\"false\"]}\n")
+	ctx := ctxT(t, 60*time.Second)
+	to := time.Now().Add(-24 * time.Hour)
+	from := to.Add(-72 * time.Hour)
+	first, err := e.Ops().Backfill(ctx, "nightly", BackfillOptions{From: from, To: to})
+	if err != nil || len(first) != 3 {
+		t.Fatalf("the first backfill: %+v %v", first, err)
+	}
+	for _, bt := range first {
+		if r, err := e.WaitRun(ctx, bt.RunID); err != nil || r.Status != checkpoint.StatusFailed {
+			t.Fatalf("run %s: %v %v", bt.RunID, r, err)
+		}
+	}
+	outcomes := func(ticks []BackfillTick) map[string]int {
+		m := map[string]int{}
+		for _, bt := range ticks {
+			m[bt.Outcome]++
+		}
+		return m
+	}
+	if got, _ := e.Ops().Backfill(ctx, "nightly", BackfillOptions{From: from, To: to}); outcomes(got)["ran"] != 3 {
+		t.Fatalf("without --include-failed: %v", outcomes(got))
+	}
+	applied := e.Applied()
+	dry, err := e.Ops().Backfill(ctx, "nightly", BackfillOptions{From: from, To: to, IncludeFailed: true, DryRun: true})
+	if err != nil || outcomes(dry)[client.BackfillWouldRetry] != 3 || e.Applied() != applied {
+		t.Fatalf("the dry run: %v %v (the log moved: %v)", outcomes(dry), err, e.Applied() != applied)
+	}
+	got, err := e.Ops().Backfill(ctx, "nightly", BackfillOptions{From: from, To: to, IncludeFailed: true})
+	if err != nil || outcomes(got)[client.BackfillRetried] != 3 {
+		t.Fatalf("--include-failed: %v %v", outcomes(got), err)
+	}
+	for i, bt := range got {
+		if bt.RunID != first[i].RunID {
+			t.Fatalf("tick %s: retried %s, want its run %s", bt.At, bt.RunID, first[i].RunID)
+		}
+		v, err := e.Run(bt.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retries := 0
+		for _, ev := range v.Events {
+			if ev.Kind == checkpoint.KindRetry && ev.Outcome == "accepted" && strings.Contains(ev.Detail, "--include-failed") {
+				retries++
+			}
+		}
+		if retries != 1 {
+			t.Fatalf("run %s: %d retries by the backfill, want 1", bt.RunID, retries)
+		}
+	}
+	runs, _, err := e.ListRuns(checkpoint.ListOptions{Workflow: "nightly", Limit: 100})
+	if err != nil || len(runs) != 3 {
+		t.Fatalf("%d runs (%v), want 3: one a tick", len(runs), err)
 	}
 }

@@ -377,7 +377,7 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 	if err != nil {
 		return nil, wireError(err)
 	}
-	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, Newest: opts.Order == "newest", DryRun: opts.DryRun}
+	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed, Newest: opts.Order == "newest", DryRun: opts.DryRun}
 	if opts.MaxParallel <= 0 || opts.DryRun {
 		ticks, err := a.e.Ops().Backfill(ctx, workflow, eo)
 		return wireBackfill(ticks, loc), wireError(err)
@@ -393,16 +393,16 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 		if started == opts.MaxParallel {
 			break
 		}
-		if t.Outcome != client.BackfillWouldRun {
+		if t.Outcome != client.BackfillWouldRun && t.Outcome != client.BackfillWouldRetry {
 			out = append(out, t)
 			continue
 		}
-		one, err := a.e.Ops().Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed})
+		one, err := a.e.Ops().Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed})
 		out = append(out, one...)
 		if err != nil {
 			return wireBackfill(out, loc), wireError(err)
 		}
-		if len(one) == 1 && one[0].Outcome == client.BackfillBackfilled {
+		if len(one) == 1 && (one[0].Outcome == client.BackfillBackfilled || one[0].Outcome == client.BackfillRetried) {
 			started++
 		}
 	}

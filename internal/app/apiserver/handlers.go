@@ -381,7 +381,7 @@ func (s *Server) cronBackfill(ctx context.Context, r *client.Request) (any, erro
 		return nil, badRequest("max_parallel %d: use 0 (all) to 10000", r.MaxParallel)
 	}
 	return s.n.Backfill(ctx, r.Workflow, client.BackfillOptions{From: r.From, To: r.To, OnlyMissed: r.OnlyMissed,
-		Order: r.Order, MaxParallel: r.MaxParallel, DryRun: r.DryRun})
+		IncludeFailed: r.IncludeFailed, Order: r.Order, MaxParallel: r.MaxParallel, DryRun: r.DryRun})
 }
 
 func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error) {

@@ -45,6 +45,7 @@ func (a *app) cronCommands() []*cobra.Command {
 	backfill.Flags().StringVar(&opts.From, "from", "", "the range's first time (RFC 3339, or a date at midnight in the schedule's timezone)")
 	backfill.Flags().StringVar(&opts.To, "to", "", "the range's last time (RFC 3339, or a date)")
 	backfill.Flags().BoolVar(&opts.OnlyMissed, "only-missed", false, "only the ticks the schedule recorded without a run (missed, skipped, paused)")
+	backfill.Flags().BoolVar(&opts.IncludeFailed, "include-failed", false, "retry the run of a tick that failed or was dead-lettered (its run ID kept), instead of counting it as ran")
 	backfill.Flags().IntVar(&opts.MaxParallel, "max-parallel", 0, "at most N of the backfill's runs unfinished at once (0: all at once)")
 	backfill.Flags().StringVar(&opts.Order, "order", "oldest", "oldest or newest first")
 	backfill.Flags().BoolVar(&opts.DryRun, "dry-run", false, "only list what would run")
@@ -182,7 +183,7 @@ func (a *app) backfillChunks(workflow string, opts client.BackfillOptions) ([]cl
 	}
 	var todo []int
 	for i, t := range ticks {
-		if t.Outcome == client.BackfillWouldRun {
+		if t.Outcome == client.BackfillWouldRun || t.Outcome == client.BackfillWouldRetry {
 			todo = append(todo, i)
 		}
 	}
@@ -205,7 +206,7 @@ func (a *app) backfillChunks(workflow string, opts client.BackfillOptions) ([]cl
 		for _, i := range chunk {
 			if g, ok := at[ticks[i].At]; ok {
 				ticks[i] = g
-				if g.Outcome == client.BackfillBackfilled {
+				if g.Outcome == client.BackfillBackfilled || g.Outcome == client.BackfillRetried {
 					started = append(started, g.RunID)
 				}
 			}
