@@ -353,14 +353,14 @@ func (c *Client) NextTicks(ctx context.Context, workflow string, n int) ([]NextT
 // (0: all; the answer then ends with the last tick it started), and whether it only
 // lists what would run.
 type BackfillOptions struct {
-	From, To    string
-	OnlyMissed  bool
+	From, To   string
+	OnlyMissed bool
 	// IncludeFailed retries the run of a tick that failed or was dead-lettered (keeping
 	// its run ID) instead of counting the tick as ran.
 	IncludeFailed bool
-	Order       string
-	MaxParallel int
-	DryRun      bool
+	Order         string
+	MaxParallel   int
+	DryRun        bool
 }
 
 // Backfill starts a run per tick of the range that has none, with the tick's own run ID

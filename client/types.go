@@ -61,12 +61,12 @@ type Request struct {
 	From string `json:"from,omitempty"`
 	To   string `json:"to,omitempty"`
 	// OnlyMissed, MaxParallel, Order (oldest or newest) and DryRun are cron.backfill's.
-	OnlyMissed  bool   `json:"only_missed,omitempty"`
+	OnlyMissed bool `json:"only_missed,omitempty"`
 	// IncludeFailed is cron.backfill's: a tick whose run failed is retried.
-	IncludeFailed bool `json:"include_failed,omitempty"`
-	MaxParallel int    `json:"max_parallel,omitempty"`
-	Order       string `json:"order,omitempty"`
-	DryRun      bool   `json:"dry_run,omitempty"`
+	IncludeFailed bool   `json:"include_failed,omitempty"`
+	MaxParallel   int    `json:"max_parallel,omitempty"`
+	Order         string `json:"order,omitempty"`
+	DryRun        bool   `json:"dry_run,omitempty"`
 	// Traceparent is run.start's caller's trace context (W3C traceparent).
 	Traceparent string `json:"traceparent,omitempty"`
 	// run.list's filters (ListOptions): Since and Until (RFC 3339) bound the creation
