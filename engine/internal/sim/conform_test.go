@@ -18,7 +18,7 @@ const conformTTL = 2 * time.Second
 // until the test ends: no workload, no faults, the loop answering the calls.
 func conformEnv(t *testing.T, forgetMarkers bool) porttest.Env {
 	s := New(1, Switches{})
-	s.cfg.TTL, s.cfg.Loss, s.cfg.SlowP, s.cfg.DupP = conformTTL, 0, 0, 0
+	s.cfg.TTL, s.cfg.Loss, s.cfg.SlowP, s.cfg.DupP, s.cfg.RedeliverP = conformTTL, 0, 0, 0, 0
 	s.faultOn = false
 	s.in.kick = make(chan struct{}, 1)
 	s.now = time.Now()

@@ -462,7 +462,15 @@ func (q *taskQueue) fetch(wait time.Duration, reply func(*taskDelivery)) {
 			reply(nil)
 			return
 		}
-		m.inFlight = q.srv.s.now.Add(q.ackWait)
+		s := q.srv.s
+		m.inFlight = s.now.Add(q.ackWait)
+		if s.faultOn && s.cfg.RedeliverP > 0 && s.redeliver.Float64() < s.cfg.RedeliverP {
+			// Delivered again soon unless acked first: the second delivery may reach the
+			// same node while the first still runs (worker.Pool.take's case).
+			m.inFlight = s.now.Add(time.Duration(s.redeliver.Int64N(int64(300 * time.Millisecond))))
+			s.stats.Redeliveries++
+			q.poke()
+		}
 		reply(&taskDelivery{id: m.id, data: m.data})
 	})
 	q.poke()

@@ -56,6 +56,10 @@ type Config struct {
 	Loss      float64       // a message on a node's link is lost (while faults last)
 	SlowP     float64       // a message takes a slow path (while faults last)
 	DupP      float64       // an acknowledged log publish is appended again later
+	// RedeliverP: a task fetched is delivered again within 300ms, before its ack wait
+	// (JetStream's at-least-once: an ack lost or late, a consumer's leader change). Drawn
+	// from a stream of its own (Sim.redeliver), so that seeds without it run as before.
+	RedeliverP float64
 	// Skew is each node's clock offset from the simulation's (its clockwork clock's
 	// readings; durations are the same).
 	Skew       []time.Duration
@@ -138,7 +142,10 @@ type Sim struct {
 	seed uint64
 	cfg  Config
 	rng  *rand.Rand
-	now  time.Time
+	// redeliver draws the task redeliveries (Config.RedeliverP): apart from rng, so that
+	// a seed without them draws everything else as it did before they came.
+	redeliver *rand.Rand
+	now       time.Time
 
 	in     inbox
 	q      eventQueue
@@ -177,7 +184,7 @@ type Sim struct {
 type Stats struct {
 	Events, Messages                          int
 	Partitions, Pauses, Kills, Drains, Lost   int
-	Slows, Dups, LogCuts                      int
+	Slows, Dups, LogCuts, Redeliveries        int
 	Terms, Assigns, Reclaims, Fenced, Stale   int
 	SideEffects, Commits, DeadLettered, Ticks int
 	Succeeded, Failed, Cancelled              int
@@ -214,6 +221,8 @@ func New(seed uint64, sw Switches) *Sim {
 	s := &Sim{seed: seed, rng: rng, now: T0, check: invariants.New(), faultOn: true,
 		open: map[*pcall]struct{}{}, terms: map[int64]bool{}, handlers: map[string]bool{}, alarms: map[string]bool{}}
 	s.cfg = newConfig(rng, sw)
+	s.redeliver = rand.New(rand.NewPCG(seed^0x5bd1e9955bd1e995, seed))
+	s.cfg.RedeliverP = []float64{0, 0, 0.05, 0.2}[s.redeliver.IntN(4)]
 	return s
 }
 
