@@ -358,6 +358,19 @@ steps:
     uses: noop
 `)
 		mustFlowctl(t, url, "run", "start", "fan", "--id", "fan-1", "--wait")
+		// The runs page by a date range, typed in its filter form: the last hour has fan-1,
+		// a range that ended an hour ago has no run.
+		b.open(t, "/ui/")
+		b.do(t, "filter the runs page by the last hour",
+			chromedp.SendKeys(chromedp.CSS(`form.filters input[name="since"]`), "1h"))
+		b.follow(t, `form.filters button[type="submit"]`)
+		if n := b.count(t, `table.runs a[href="/ui/runs/fan-1"]`); n != 1 {
+			t.Fatalf("the last hour's runs page lists fan-1 %d times:\n%s", n, b.mainText(t))
+		}
+		b.open(t, "/ui/?until=1h")
+		if s := b.mainText(t); !strings.Contains(s, "No runs match this filter") {
+			t.Fatalf("the runs page before an hour ago says %q", s)
+		}
 		b.open(t, "/ui/")
 		b.follow(t, `table.runs a[href="/ui/runs/fan-1"]`)
 		if p := b.path(t); p != "/ui/runs/fan-1" {
