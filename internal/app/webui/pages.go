@@ -347,9 +347,20 @@ func (s *Server) runPage(r *http.Request) (string, string, any, error) {
 	if err != nil {
 		return "", "", nil, err
 	}
-	v.Graph = layout(needs, run.Steps)
+	shown := run.Steps
+	if w := run.Waiting; w != nil {
+		// The step the run waits on is drawn waiting, not pending: its state says pending
+		// (it has not started its next attempt), the run says what holds it.
+		shown = slices.Clone(run.Steps)
+		for i := range shown {
+			if shown[i].Name == w.Step && shown[i].Status == "pending" {
+				shown[i].Status = "waiting"
+			}
+		}
+	}
+	v.Graph = layout(needs, shown)
 	now := time.Now()
-	for _, st := range run.Steps {
+	for _, st := range shown {
 		v.Steps = append(v.Steps, stepView{Step: st, Output: prettyJSON(st.Output), Started: uiTime(strOr(st.StartedAt)),
 			Took: duration(strOr(st.StartedAt), strOr(st.EndedAt), now)})
 	}

@@ -108,6 +108,9 @@ func TestRunPageWaitsSignalAndApproval(t *testing.T) {
 	n.waitUntil(t, "g1", func(r client.Run) bool { return len(r.Inbox) == 2 })
 
 	_, vpage := get(t, vera, n.srv.URL+"/ui/runs/g1")
+	if !strings.Contains(vpage, `<a href="#step-ok" class="node s-waiting">`) {
+		t.Fatalf("the graph does not draw the step the run waits on as waiting:\n%s", vpage)
+	}
 	if !strings.Contains(vpage, "<h2>Signals not yet taken</h2>") || !strings.Contains(vpage, "<b>go</b> from otto") || !strings.Contains(vpage, `in step <a href="#step-ok">ok</a>, since <time datetime="`) {
 		t.Fatalf("the page of a run waiting for an approval lacks the signal not yet taken, or since when it waits:\n%s", vpage)
 	}
