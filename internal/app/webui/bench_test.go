@@ -51,15 +51,15 @@ func (b storeBackend) AppliedRun(string) (client.Run, error) {
 }
 
 // BenchmarkRunsPage (issue 16): GET /ui/ (a page of 50 runs, newest first, rendered)
-// with the state checkpoint's BenchmarkRunsNewest built in FLOW_BENCH_DIR (1,000,000
+// with the state checkpoint's BenchmarkQueryRuns built in FLOW_BENCH_DIR (1,000,000
 // runs: run that first with FLOW_BENCH_DIR set). Not run in CI. docs/perf.md.
 //
-//	FLOW_BENCH_RUNS=1000000 FLOW_BENCH_DIR=/tmp/runs1m go test -run '^$' -bench RunsNewest ./checkpoint
+//	FLOW_BENCH_RUNS=1000000 FLOW_BENCH_DIR=/tmp/runs1m go test -run '^$' -bench QueryRuns ./checkpoint
 //	FLOW_BENCH_DIR=/tmp/runs1m go test -run '^$' -bench RunsPage ./internal/webui
 func BenchmarkRunsPage(b *testing.B) {
 	dir := os.Getenv("FLOW_BENCH_DIR")
 	if dir == "" {
-		b.Skip("set FLOW_BENCH_DIR to a state checkpoint's BenchmarkRunsNewest built")
+		b.Skip("set FLOW_BENCH_DIR to a state checkpoint's BenchmarkQueryRuns built")
 	}
 	s, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{})
 	if err != nil {
