@@ -49,6 +49,14 @@ func TestRunListOverThreeDays(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The node applies the forged runs (200 entries a message) before anyone asks it
+	// anything: a request waits at most 5 s for its node to catch up, which a busy
+	// machine under -race can take longer than (the failure CI saw: "cannot catch up").
+	applied := time.Now()
+	WaitFor(t, 2*time.Minute, "the node to apply the forged runs", func() bool {
+		return runOf(t, url, fmt.Sprintf("old-%05d", runs-1)).Status == "cancelled"
+	})
+	t.Logf("the node applied %d forged runs within %s of their last write", runs, time.Since(applied).Round(time.Millisecond))
 	mustFlowctl(t, url, "run", "start", "parent", "--id", "p-1", "--wait")
 	if code, out := flowctl(url, "run", "start", "broken", "--id", "b-1", "--wait"); code != 1 {
 		t.Fatalf("the broken run: exit %d: %s", code, out)
