@@ -163,7 +163,7 @@ func (c *Client) Close() {
 // readOnly operations may be retried: any node answers them alike.
 var readOnly = map[string]bool{
 	"workflow.list": true, "workflow.show": true, "workflow.validate": true, "run.get": true, "run.list": true,
-	"run.history": true, "run.verify": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cron.next": true, "cluster.status": true,
+	"run.history": true, "run.verify": true, "run.logs": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cron.next": true, "cluster.status": true,
 }
 
 // defaultWait is run.wait's bound when the request names none (the server's default).

@@ -441,3 +441,57 @@ func (c *Client) Repair(ctx context.Context, dryRun bool) (Repair, error) {
 	err := c.call(ctx, "cluster.repair", Request{DryRun: dryRun}, &out)
 	return out, err
 }
+
+// LogOptions narrow run.logs: a step ("": every step), an item (nil: every item and the
+// whole step), an attempt (0: every attempt), and the cursor (the last page's Next;
+// "": from the first line).
+type LogOptions struct {
+	Step    string
+	Item    *int
+	Attempt int
+	After   string
+}
+
+// RunLogs reads a page of what run's steps printed (stdout and stderr interleaved, each
+// line once, with the step, item, attempt and epoch that printed it). Pass the page's
+// Next as After for the lines that follow; once an ended run's page is empty there are
+// no more (FollowLogs does that loop).
+func (c *Client) RunLogs(ctx context.Context, id string, opts LogOptions) (StepLogPage, error) {
+	var page StepLogPage
+	err := c.call(ctx, "run.logs", Request{ID: id, Step: opts.Step, Item: opts.Item, Attempt: opts.Attempt, After: opts.After}, &page)
+	return page, err
+}
+
+// FollowLogs calls line with each line of run's steps' logs, from the first (or
+// opts.After), as they come while the run goes on, polling every poll (default 500ms),
+// until the run has ended and every line it printed was given (nil), or ctx ends, or a
+// read fails.
+func (c *Client) FollowLogs(ctx context.Context, id string, opts LogOptions, poll time.Duration, line func(LogLine)) error {
+	if poll <= 0 {
+		poll = 500 * time.Millisecond
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		page, err := c.RunLogs(ctx, id, opts)
+		if err != nil {
+			return err
+		}
+		for _, l := range page.Lines {
+			line(l)
+		}
+		opts.After = page.Next
+		if len(page.Lines) > 0 {
+			continue // more may be there already
+		}
+		if page.Ended {
+			return nil
+		}
+		t.Reset(poll)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -26,6 +26,7 @@ var Roles = []string{RoleViewer, RoleOperator, RoleAdmin, RoleNode}
 var opRoles = map[string]string{
 	"workflow.list": RoleViewer, "workflow.show": RoleViewer, "workflow.validate": RoleViewer,
 	"run.get": RoleViewer, "run.list": RoleViewer, "run.wait": RoleViewer, "run.history": RoleViewer, "run.verify": RoleViewer,
+	"run.logs": RoleViewer, // what steps printed is read as their outputs are
 	"dlq.list": RoleViewer, "dlq.show": RoleViewer, "cron.list": RoleViewer, "cron.next": RoleViewer, "cluster.status": RoleViewer,
 	// Anyone may ask to approve or reject: the node checks the person against the
 	// approval step's approvers role (engine.Decide).
@@ -159,7 +160,7 @@ func PermissionsOf(role, user string) (Permissions, error) {
 // flowStreams are flow's JetStream streams (the buckets' and the object store's
 // included), named as the engine names them (engine's TestNodeRoleDoesAllAFlowdDoes
 // fails if a node needs another).
-var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS"}
+var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
 
 // FlowStreams are flow's JetStream streams, the buckets' and the object store's
 // included (a copy).
@@ -170,7 +171,7 @@ func FlowStreams() []string { return slices.Clone(flowStreams) }
 // renames by purging a subject). It may update none, and purge no bucket: a term raise
 // (a purge of the leader bucket) goes through a node's admin path (engine
 // raisingElector).
-var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS"}
+var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
 
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
 // starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's
@@ -202,7 +203,7 @@ func nodePublish() []string {
 		out = append(out, "$JS.API.STREAM.PURGE."+s)
 	}
 	return append(out,
-		"flow.log", "flow.tasks", "flow.dlq.>",
+		"flow.log", "flow.tasks", "flow.dlq.>", "flow.steplogs.>",
 		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$KV.FLOW_CLUSTER.>", "$O.FLOW_SNAPSHOTS.>",
 		Subject+".node", "$SRV.PING.flow.*", "$SYS.REQ.SERVER.*.VARZ")
 }

@@ -51,6 +51,9 @@ type Request struct {
 	// the run waits on, or its only one).
 	Step    string `json:"step,omitempty"`
 	Comment string `json:"comment,omitempty"`
+	// Item and Attempt narrow run.logs (with Step; After is its cursor).
+	Item    *int `json:"item,omitempty"`
+	Attempt int  `json:"attempt,omitempty"`
 	// Reason is cron.pause's. N is cron.next's count (default 5, at most 1000).
 	Reason string `json:"reason,omitempty"`
 	N      int    `json:"n,omitempty"`
@@ -492,4 +495,27 @@ type StreamRepair struct {
 	Done     bool     `json:"done,omitempty"`
 	Note     string   `json:"note,omitempty"`
 	Error    string   `json:"error,omitempty"`
+}
+
+// LogLine is one line a step wrote (`run logs -o json`): its step, item (null for a
+// whole step), attempt and epoch, the stream it came on (stdout, stderr, log for a Go
+// step's logger, http for an http step's response, flow for flow's own marks), the line
+// and when the node read it (RFC 3339).
+type LogLine struct {
+	Step    string `json:"step"`
+	Item    *int   `json:"item"`
+	Attempt int    `json:"attempt"`
+	Epoch   int64  `json:"epoch"`
+	Stream  string `json:"stream"`
+	Line    string `json:"line"`
+	At      string `json:"at"`
+}
+
+// StepLogPage is one answer of run.logs: the lines after the cursor asked with, the cursor
+// to ask with next, and whether the run has ended (then no more lines come once a page
+// is empty).
+type StepLogPage struct {
+	Lines []LogLine `json:"lines"`
+	Next  string    `json:"next"`
+	Ended bool      `json:"ended"`
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/steps"
 )
 
@@ -79,6 +80,9 @@ type Config struct {
 	ExecUser *steps.User
 	// MaxOutputBytes bounds one step output (default 1 MiB).
 	MaxOutputBytes int
+	// StepLogLimit bounds what is kept of one step attempt's printed lines (default
+	// steplog.DefaultLimit, 1 MiB); past it a marker says the rest was not kept.
+	StepLogLimit int64
 	// ReconcileInterval paces the leader's reconcile pass (default 2s).
 	ReconcileInterval time.Duration
 	// HoldClusterVersion keeps the cluster version where it is while this node is a
@@ -216,6 +220,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRunTree < -1 {
 		return fmt.Errorf("engine: Config.MaxRunTree %d: use a positive bound, or -1 for none", c.MaxRunTree)
+	}
+	if c.StepLogLimit < 0 {
+		return fmt.Errorf("engine: Config.StepLogLimit must not be negative (0 takes the default, %d bytes)", steplog.DefaultLimit)
 	}
 	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
 		return fmt.Errorf("engine: Config.Workers, StepParallelism and MaxOutputBytes must not be negative (0 takes the default)")

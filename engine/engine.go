@@ -149,7 +149,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
 		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
-		StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
+		StepLogs: e.stepLogSink(), StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.ports.DLQ, m) },
 		Gate:        gatePromoter{e},
 		Admission:   e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
-		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Silence: e.silence(),
+		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Retired: e.removeStepLogs, Silence: e.silence(),
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})
 	// A member of the cluster from now on: the cluster version does not move past what
 	// this binary reads; a cluster already past it refuses this node (gate.go).

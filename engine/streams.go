@@ -84,7 +84,9 @@ func (e *Engine) wantedStreams() []jsport.Want {
 	gateW.Recreate = true // every node registers again at its next start; the version is in the log
 	tasksW := jsport.WantStream(jsport.TasksConfig(e.replicas, e.tasksCap))
 	tasksW.Recreate = true // the reconciler queues again every run assigned and not claimed
-	return []jsport.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW}
+	stepLogsW := jsport.WantStream(jsport.StepLogsConfig(e.replicas))
+	stepLogsW.Recreate = true // what steps printed is lost; nothing decides by it
+	return []jsport.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW, stepLogsW}
 }
 
 // checkStreams looks at flow's streams once they are open. With an admin path (the

@@ -251,7 +251,9 @@ func (a *API) Run(id string) (client.Run, error) {
 	if err != nil {
 		return client.Run{}, wireError(err)
 	}
-	return wireRun(&v.Run, v), nil
+	out := wireRun(&v.Run, v)
+	a.e.maskInputs(&out, &v.Run)
+	return out, nil
 }
 
 // History is a run's history, in log order.
@@ -291,7 +293,11 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 	if err != nil {
 		return client.RunPage{}, wireError(err)
 	}
-	return client.RunPage{Runs: wireRuns(runs), Next: next}, nil
+	page := client.RunPage{Runs: wireRuns(runs), Next: next}
+	for i := range page.Runs {
+		a.e.maskInputs(&page.Runs[i], &runs[i])
+	}
+	return page, nil
 }
 
 // RunsWithIDPrefix are the runs whose ID starts with prefix.
@@ -300,7 +306,11 @@ func (a *API) RunsWithIDPrefix(prefix string, limit int) ([]client.Run, error) {
 	if err != nil {
 		return nil, wireError(err)
 	}
-	return wireRuns(runs), nil
+	out := wireRuns(runs)
+	for i := range out {
+		a.e.maskInputs(&out[i], &runs[i])
+	}
+	return out, nil
 }
 
 // WaitRun waits until a run ends (nil), or ctx does (an error).

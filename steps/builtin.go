@@ -154,7 +154,7 @@ func (x Exec) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 	var stdout limitedBuffer
 	stdout.limit = x.MaxOutput
 	var stderr tailBuffer
-	p.stdout, p.stderr = &stdout, &stderr
+	p.stdout, p.stderr = tee(&stdout, in.Stdout), tee(&stderr, in.Stderr)
 	o := p.run(ctx, x.containment())
 	switch {
 	case o.start != nil:
@@ -248,6 +248,9 @@ func (h HTTP) Run(ctx context.Context, in Input) (json.RawMessage, error) {
 		return nil, Permanentf("http: the response of %s is over %d bytes", url, h.MaxOutput)
 	}
 	data := bytes.TrimSpace(buf.Bytes())
+	if in.Stdout != nil {
+		fmt.Fprintf(in.Stdout, "%s %s: %s\n%s\n", req.Method, url, resp.Status, data[:min(len(data), httpLogBytes)])
+	}
 	switch c := resp.StatusCode; {
 	case c >= 200 && c < 300:
 	case c == 408 || c == 425 || c == 429 || c >= 500:
@@ -319,6 +322,17 @@ func snippet(b []byte) string {
 
 // limitedBuffer keeps up to limit bytes and notes whether more came. (It does not
 // embed bytes.Buffer: io.Copy would use the Buffer's ReadFrom and skip the limit.)
+// httpLogBytes is how much of an http step's response its step log keeps.
+const httpLogBytes = 4 << 10
+
+// tee is w, also writing to copyTo when there is one (the step log).
+func tee(w io.Writer, copyTo io.Writer) io.Writer {
+	if copyTo == nil {
+		return w
+	}
+	return io.MultiWriter(w, copyTo)
+}
+
 type limitedBuffer struct {
 	buf   bytes.Buffer
 	limit int

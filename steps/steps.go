@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"sort"
@@ -37,6 +38,9 @@ type Input struct {
 	// and cannot cancel them: they are dead before the lease can lapse and another
 	// epoch begin. A zero time is no deadline.
 	TrustUntil func() time.Time
+	// Stdout and Stderr, if set, get a copy of what the step prints (an exec step's
+	// streams, an http step's response status and first bytes): the run's step log.
+	Stdout, Stderr io.Writer
 }
 
 // Step is one kind of step. Run must return when ctx is cancelled.

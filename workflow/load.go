@@ -251,7 +251,7 @@ func (l *loader) inputs(n *yaml.Node, w *Workflow) {
 		}
 		seen[in.Name] = true
 		var typeNode, defNode *yaml.Node
-		l.mapping(v, "input "+in.Name, []string{"type", "default", "description"}, func(key string, _, v *yaml.Node) {
+		l.mapping(v, "input "+in.Name, []string{"type", "default", "description", "secret"}, func(key string, _, v *yaml.Node) {
 			switch key {
 			case "type":
 				typeNode = v
@@ -263,6 +263,10 @@ func (l *loader) inputs(n *yaml.Node, w *Workflow) {
 				defNode = v
 			case "description":
 				in.Description = l.str(v, "description")
+			case "secret":
+				if err := v.Decode(&in.Secret); err != nil || v.Kind != yaml.ScalarNode {
+					l.fail(v, "use `secret: true` or `secret: false`", "input %s: secret must be true or false", in.Name)
+				}
 			}
 		})
 		_ = typeNode

@@ -47,6 +47,9 @@ type Input struct {
 	Default     any    `json:"default,omitempty"`
 	HasDefault  bool   `json:"has_default,omitempty"`
 	Description string `json:"description,omitempty"`
+	// Secret: its value is masked (***) in what steps print and in their outputs, and
+	// in the run's inputs as flowctl and the UI show them.
+	Secret bool `json:"secret,omitempty"`
 }
 
 // Schedule is a cron trigger.

@@ -85,6 +85,9 @@ type Config struct {
 	CronGrace         time.Duration
 	SnapshotEvery     uint64
 	Retention         time.Duration
+	// Retired, if set, is told of the runs a retention pass retired (their step logs go
+	// with them); what it does is best effort.
+	Retired func(ctx context.Context, runs []string)
 	// Silence is how long the election part may hear nothing before it is restarted.
 	Silence time.Duration
 	// Backoff paces campaigns after a term below the applied term.

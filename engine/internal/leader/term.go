@@ -512,7 +512,6 @@ func (t *termServices) retireOnce(ctx context.Context) int {
 	for len(entries) > 0 && ctx.Err() == nil {
 		n := min(len(entries), logstream.DefaultMaxBatchEntries)
 		f := t.write(ctx, entries[:n]...)
-		entries = entries[n:]
 		if f == nil {
 			return 0
 		}
@@ -520,6 +519,14 @@ func (t *termServices) retireOnce(ctx context.Context) int {
 			s.log.Error("retention: retire runs", "err", err)
 			return 0
 		}
+		if s.cfg.Retired != nil {
+			runs := make([]string, 0, n)
+			for _, e := range entries[:n] {
+				runs = append(runs, e.Run)
+			}
+			s.cfg.Retired(ctx, runs)
+		}
+		entries = entries[n:]
 	}
 	if asked > 0 {
 		s.log.Info("retention: retired runs that ended before the cutoff", "runs", asked, "cutoff", cutoff)

@@ -16,6 +16,7 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/workflow"
 )
 
@@ -55,6 +56,8 @@ type runExec struct {
 	// fresh: the epoch was assigned in the submit's own message (the leader's own
 	// run), so no step can have a checkpoint yet: execute skips reading them.
 	fresh bool
+	// mask masks the run's secret inputs in its steps' logs, outputs and errors.
+	mask *steplog.Masker
 	// span is the epoch's trace span (trace.go); ended once, by execute or by whoever
 	// abandons the epoch before it.
 	span trace.Span
@@ -71,7 +74,7 @@ func newRunExec(p *Pool, id string, ep int64, lease *epoch.Lease) (*runExec, err
 		return nil, err
 	}
 	x := &runExec{p: p, run: r, wf: wf, epoch: ep, lease: lease, outputs: map[string]any{}, done: map[string]bool{},
-		log: p.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen}
+		log: p.log.With("run", id, "epoch", ep, "workflow", r.Workflow), endedSeen: endedSeen, mask: Masker(wf, r)}
 	// The epoch's work ends when the lease ends (kill switch) or the run is drained.
 	x.ctx, x.cancel = context.WithCancelCause(x.startSpan(lease.Context()))
 	return x, nil

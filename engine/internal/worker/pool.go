@@ -21,6 +21,7 @@ import (
 	"github.com/flowrun/flow/internal/base/supervise"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
@@ -84,6 +85,8 @@ type Config struct {
 	Backoff backoff.Policy
 	// Clock reads the time (default: the real one).
 	Clock clockwork.Clock
+	// StepLogs keeps what each step attempt prints (nil: nothing is kept).
+	StepLogs *steplog.Sink
 	// StepObserver, if set, is told of every finished step attempt (metrics).
 	StepObserver func(kind string, d time.Duration, err error)
 	Hooks        *testhooks.Hooks

@@ -11,6 +11,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/backoff"
+	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/steps"
 	"github.com/flowrun/flow/workflow"
 )
@@ -141,9 +142,13 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		x.p.stats.StepAttempts.Add(1)
 		began := x.p.clock.Now()
 		sctx, span := x.startStepSpan(sctx, st.Name, st.Uses, item, attempt)
+		mask := x.masker()
+		lw := x.p.cfg.StepLogs.Open(steplog.Key{Run: x.run.ID, Step: st.Name, Item: item, Attempt: attempt, Epoch: x.epoch}, mask)
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
-			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: x.log,
-			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil})
+			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: newTeeLogger(x.log, lw),
+			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil, Stdout: lw.Stream("stdout"), Stderr: lw.Stream("stderr")})
+		lw.Close() // what the step printed is kept, under this epoch, whatever became of it
+		out, err = mask.JSON(out), maskError(mask, err)
 		if obs := x.p.cfg.StepObserver; obs != nil {
 			obs(st.Uses, x.p.clock.Since(began), err)
 		}

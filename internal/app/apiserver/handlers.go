@@ -174,6 +174,21 @@ func (s *Server) runHistory(_ context.Context, r *client.Request) (any, error) {
 	return events, nil
 }
 
+func (s *Server) runLogs(ctx context.Context, r *client.Request) (any, error) {
+	if err := needID(r); err != nil {
+		return nil, err
+	}
+	switch {
+	case r.Step != "" && !ident.ValidName(r.Step):
+		return nil, badRequest("run.logs: step %q is not a step name: use a-z, 0-9, '-' and '_'", r.Step)
+	case r.Item != nil && *r.Item < 0:
+		return nil, badRequest("run.logs: item %d: items count from 0", *r.Item)
+	case r.Attempt < 0:
+		return nil, badRequest("run.logs: attempt %d: attempts count from 1 (0: every attempt)", r.Attempt)
+	}
+	return s.n.RunLogs(ctx, r.ID, r.Step, r.Item, r.Attempt, r.After)
+}
+
 func (s *Server) runVerify(_ context.Context, r *client.Request) (any, error) {
 	if err := needID(r); err != nil {
 		return nil, err

@@ -58,6 +58,9 @@ type Node interface {
 	// Run is a run with its steps, epochs and fenced commits.
 	Run(id string) (client.Run, error)
 	History(id string) ([]client.Event, error)
+	// RunLogs is a page of what run's steps printed after cursor after (""; the first),
+	// narrowed to a step ("": all), an item (nil: all) and an attempt (0: all).
+	RunLogs(ctx context.Context, run, step string, item *int, attempt int, after string) (client.StepLogPage, error)
 	Verify(id string) (client.Verification, error)
 	// Runs is a page of runs without their steps, newest first by creation time (or
 	// oldest), filtered, and the next page's cursor.

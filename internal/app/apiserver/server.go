@@ -186,7 +186,7 @@ func (s *Server) allHandlers() map[string]handler {
 	return map[string]handler{
 		"workflow.apply": s.workflowApply, "workflow.validate": s.workflowValidate,
 		"workflow.list": s.workflowList, "workflow.show": s.workflowShow,
-		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory,
+		"run.start": s.runStart, "run.get": s.runGet, "run.list": s.runList, "run.history": s.runHistory, "run.logs": s.runLogs,
 		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel, "run.wait": s.runWait,
 		"run.signal": s.runSignal, "run.approve": s.runApprove, "run.reject": s.runReject,
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,

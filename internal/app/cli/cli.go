@@ -204,6 +204,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 		&cobra.Command{Use: "watch RUN", Short: "Follow a run until it ends; exit 1 unless it succeeded", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.watch(args[0]) }},
 		&cobra.Command{Use: "history RUN", Short: "Print a run's event log", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.history(args[0]) }},
 		&cobra.Command{Use: "verify RUN", Short: "Re-check a run's invariants from the state; exit 1 on a violation", Args: exactArgs(1, "RUN"), RunE: func(_ *cobra.Command, args []string) error { return a.verify(args[0]) }},
+		a.runLogsCommand(),
 		a.retryCommand(),
 		a.cancelCommand(),
 	)

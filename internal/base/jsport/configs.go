@@ -146,3 +146,24 @@ func EnsureTasks(ctx context.Context, js jetstream.JetStream, replicas int, maxB
 	}
 	return nil
 }
+
+// StepLogsConfig is the stream of what steps printed: one subject per run (removed with
+// the run), file storage, capped as a whole (the oldest go first) so that a flood of
+// output cannot fill the server's disk; each step's part is bounded by the writer
+// (steplog.Config.Limit).
+func StepLogsConfig(replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        port.StepLogStream,
+		Description: "flow step logs: what each step attempt printed, by run",
+		Subjects:    []string{port.StepLogSubject + ">"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxBytes:    StepLogsMaxBytes,
+		Replicas:    max(replicas, 1),
+		Duplicates:  port.LogDuplicates,
+	}
+}
+
+// StepLogsMaxBytes caps FLOW_STEPLOGS: 4 GiB, the oldest messages dropped past it.
+const StepLogsMaxBytes int64 = 4 << 30

@@ -55,6 +55,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (port.Ports, e
 	}
 	p.DLQ = Publisher{js}
 	p.Snapshots = ObjectsOf(js, SnapshotsConfig(o.Replicas))
+	if p.StepLogs, err = OpenStepLogs(ctx, js, o.Replicas); err != nil {
+		return p, fmt.Errorf("jsport: the step logs' stream: %w", err)
+	}
 	admin := o.Admin
 	if admin == nil {
 		admin = js

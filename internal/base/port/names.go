@@ -2,6 +2,7 @@ package port
 
 import (
 	"context"
+	"encoding/base64"
 	"time"
 )
 
@@ -19,6 +20,8 @@ const (
 	DLQStream      = "FLOW_DLQ"       // dead-letter notices
 	DLQSubject     = "flow.dlq."      // a notice's subject is this and the run's ID
 	SnapshotBucket = "FLOW_SNAPSHOTS" // state snapshots (an object store)
+	StepLogStream  = "FLOW_STEPLOGS"  // what steps printed
+	StepLogSubject = "flow.steplogs." // a run's records are on this and its ID (StepLogToken)
 )
 
 // Windows the shell relies on.
@@ -45,6 +48,8 @@ type Ports struct {
 	Cluster   KV
 	DLQ       Publisher
 	Snapshots Objects
+	// StepLogs keeps what steps printed (nil: nothing is kept).
+	StepLogs StepLogs
 	// Terms raises the leader bucket's revisions (the admin path; nil: none).
 	Terms TermRaiser
 }
@@ -55,3 +60,8 @@ type Ports struct {
 type TermRaiser interface {
 	RaiseTerms(ctx context.Context, above int64) error
 }
+
+// StepLogToken is run's subject token under StepLogSubject: its ID in unpadded
+// base64url, whose letters are all a subject token may hold (an ID's dots would split
+// it, and a person chooses IDs).
+func StepLogToken(run string) string { return base64.RawURLEncoding.EncodeToString([]byte(run)) }

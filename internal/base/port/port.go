@@ -168,6 +168,18 @@ type Publisher interface {
 	Publish(ctx context.Context, subject, msgID string, data []byte) error
 }
 
+// StepLogs keeps what steps printed, as messages appended per run, read per run in
+// order and removed per run. It is not the log: nothing in it decides anything.
+type StepLogs interface {
+	// Append appends data to run's messages under msgID (a publish retried within the
+	// duplicate window is not appended twice).
+	Append(ctx context.Context, run, msgID string, data []byte) error
+	// Next is run's first message after sequence after, and false when there is none.
+	Next(ctx context.Context, run string, after uint64) (Message, bool, error)
+	// Remove removes run's messages.
+	Remove(ctx context.Context, run string) error
+}
+
 // Objects is an object store (the snapshots of the state).
 type Objects interface {
 	// Put stores r under name with headers, replacing nothing: ErrKeyExists if name is
