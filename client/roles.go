@@ -166,9 +166,9 @@ var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER
 // included (a copy).
 func FlowStreams() []string { return slices.Clone(flowStreams) }
 
-// NodePurges are the streams a node may purge, compaction's two: the log below a
-// snapshot, and the snapshots that one replaces (nats.go's object store deletes and
-// renames by purging a subject). It may update none, and purge no bucket: a term raise
+// NodePurges are the streams a node may purge: compaction's two, the log below a
+// snapshot and the snapshots that one replaces (nats.go's object store deletes and
+// renames by purging a subject), and the step logs (retention removes a retired run's). It may update none, and purge no bucket: a term raise
 // (a purge of the leader bucket) goes through a node's admin path (engine
 // raisingElector).
 var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
@@ -185,10 +185,11 @@ var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
 // operation (flow.v1.<op>). A stream flowd finds differing from what it wants is
 // reconfigured by an admin path only (docs/security.md, "Sealing and repair").
 //
-// The two purges beyond the log's are a narrow exception: a purge can neither seal,
-// reconfigure nor delete a stream, and what it can do to these two (end the term held,
-// remove a snapshot) a node can already do with the publishes it needs (a purge marker on
-// the leader key, a rollup on a snapshot's subjects).
+// The purges beyond the log's are a narrow exception: a purge can neither seal,
+// reconfigure nor delete a stream, and what it can do to these (end the term held,
+// remove a snapshot, remove step logs) a node can already do with the publishes it needs
+// (a purge marker on the leader key, a rollup on a snapshot's subjects; step logs decide
+// nothing and any node may write them).
 func nodePublish() []string {
 	out := []string{"$JS.API.INFO"}
 	for _, s := range flowStreams {

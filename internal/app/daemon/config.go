@@ -50,6 +50,8 @@ type Config struct {
 	SnapshotEvery uint64
 	// Retention is how long an ended run is kept.
 	Retention time.Duration
+	// StepLogLimit bounds what is kept of one step attempt's printed lines.
+	StepLogLimit int64
 	// Auth is the --auth file; AuthUsers its users (the embedded server refuses others).
 	Auth      string
 	AuthUsers []engine.NATSUser
@@ -112,6 +114,7 @@ var options = []option{
 	{"scheduler", "true", "take part in leader elections (false: this node only runs steps)"},
 	{"drain-timeout", "30s", "how long SIGTERM waits for running runs to be handed back"},
 	{"retention", "720h", "how long a run that ended (succeeded, failed, cancelled) is kept before every node removes it"},
+	{"step-log-limit", "1MiB", "the most of one step attempt's printed lines kept for run logs (bytes, or with KiB or MiB; past it a marker says the rest was not kept)"},
 	{"snapshot-every", "100000", "log messages between the leader's snapshots of the state (the log is compacted below them)"},
 	{"auth", "", "YAML file of the embedded server's users and roles (docs/security.md); without it, the server listens on loopback only"},
 	{"nats-creds", "", "credentials file (JWT and seed) for --nats-url"},
@@ -256,6 +259,11 @@ func Load(args []string, env []string) (*Config, error) {
 		bad("retention", "%q: use a positive duration, such as 720h (30 days) or 1m", get("retention"))
 	} else {
 		c.Retention = d
+	}
+	if n, ok := parseBytes(get("step-log-limit")); !ok || n < 1<<10 || n > 256<<20 {
+		bad("step-log-limit", "%q: use a size from 1KiB to 256MiB, such as 1MiB, 512KiB or 65536 (bytes)", get("step-log-limit"))
+	} else {
+		c.StepLogLimit = n
 	}
 	if n, err := strconv.ParseUint(get("snapshot-every"), 10, 64); err != nil || n < 100 || n > 1_000_000_000 {
 		bad("snapshot-every", "%q: use a whole number of log messages from 100 to 1000000000, such as 100000", get("snapshot-every"))
@@ -469,4 +477,20 @@ func envNames() string {
 		out = append(out, "FLOWD_"+strings.ToUpper(strings.ReplaceAll(o.name, "-", "_")))
 	}
 	return strings.Join(out, ", ")
+}
+
+// parseBytes reads a size: a whole number of bytes, or one of KiB or MiB.
+func parseBytes(s string) (int64, bool) {
+	unit := int64(1)
+	for suffix, u := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20} {
+		if strings.HasSuffix(s, suffix) {
+			s, unit = strings.TrimSuffix(s, suffix), u
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 0 || n > (1<<40)/unit {
+		return 0, false
+	}
+	return n * unit, true
 }

@@ -72,7 +72,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Workers: cfg.Workers, Registry: cfg.Registry, Logger: logger, StepObserver: metrics.observeStep, DisableScheduler: !cfg.Scheduler,
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery, ParkAfter: cfg.ParkAfter, MaxRunTree: cfg.MaxRunTree,
 		HoldClusterVersion: cfg.HoldClusterVersion,
-		Retention:          cfg.Retention, NATSOptions: cfg.natsOptions(), NATSAdminOptions: cfg.natsAdminOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
+		Retention:          cfg.Retention, StepLogLimit: cfg.StepLogLimit, NATSOptions: cfg.natsOptions(), NATSAdminOptions: cfg.natsAdminOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
 		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser, Now: cfg.Now,
 	}
 	if cfg.NATSURL == "" {

@@ -78,6 +78,8 @@ func callCtx(ctx context.Context, cl *client.Client, op string, req client.Reque
 		return set(cl.Verify(ctx, req.ID))
 	case "run.history":
 		return set(cl.History(ctx, req.ID))
+	case "run.logs":
+		return set(cl.RunLogs(ctx, req.ID, client.LogOptions{Step: req.Step, Item: req.Item, Attempt: req.Attempt, After: req.After}))
 	case "cron.backfill":
 		return set(cl.Backfill(ctx, req.Workflow, client.BackfillOptions{From: req.From, To: req.To, OnlyMissed: req.OnlyMissed,
 			Order: req.Order, MaxParallel: req.MaxParallel, DryRun: req.DryRun}))

@@ -13,7 +13,7 @@ import (
 // placed in a layer.
 var layers = [][]string{
 	{"client", "internal/base/"},
-	{"checkpoint", "logstream", "epoch", "workflow", "steps", "dlq"},
+	{"checkpoint", "logstream", "epoch", "workflow", "steps", "dlq", "steplog"},
 	{"engine"},
 	{"flowd", "internal/app/", "cmd/", "examples/"},
 }
