@@ -322,6 +322,7 @@ type runView struct {
 	// The run's times as the page shows them, and how long it took (so far).
 	Created, Started, Ended, Deadline timeView
 	Took                              string
+	Logs                              logsView // where the script follows the steps' logs from
 }
 
 type stepView struct {
@@ -329,6 +330,12 @@ type stepView struct {
 	Output  string // pretty JSON
 	Started timeView
 	Took    string
+	Log     stepLog
+	// LogShown: the step's log view is on the page (it has lines, or the step runs and
+	// may print some; the script shows a hidden one when its first line comes).
+	// LogOpen: it is open at first (the step runs, or failed: what it printed is what
+	// one came for); otherwise collapsed, as outputs are.
+	LogShown, LogOpen bool
 }
 
 func (s *Server) runPage(r *http.Request) (string, string, any, error) {
@@ -359,10 +366,25 @@ func (s *Server) runPage(r *http.Request) (string, string, any, error) {
 		}
 	}
 	v.Graph = layout(needs, shown)
+	// The steps' logs: one page of the run's (bounded by run.logs), the script follows
+	// from its cursor. A page whose logs cannot be read still shows the run.
+	v.Logs = logsView{URL: "/ui/runs/" + url.PathEscape(id) + "/logs"}
+	logs := map[string]*stepLog{}
+	if page, err := do[client.StepLogPage](ctx, s.cfg.Backend, "run.logs", client.Request{ID: id}); err != nil {
+		v.Logs.Error = err.Error()
+	} else {
+		v.Logs.After, v.Logs.Lines, logs = page.Next, len(page.Lines), stepLogs(page.Lines)
+	}
 	now := time.Now()
 	for _, st := range shown {
-		v.Steps = append(v.Steps, stepView{Step: st, Output: prettyJSON(st.Output), Started: uiTime(strOr(st.StartedAt)),
-			Took: duration(strOr(st.StartedAt), strOr(st.EndedAt), now)})
+		sv := stepView{Step: st, Output: prettyJSON(st.Output), Started: uiTime(strOr(st.StartedAt)),
+			Took: duration(strOr(st.StartedAt), strOr(st.EndedAt), now)}
+		if l := logs[st.Name]; l != nil {
+			sv.Log = *l
+		}
+		sv.LogShown = sv.Log.Lines > 0 || st.Status == "running"
+		sv.LogOpen = st.Status == "running" || st.Status == "failed"
+		v.Steps = append(v.Steps, sv)
 	}
 	v.Timeline = buildTimeline(run, now)
 	for _, sg := range run.Inbox {

@@ -185,6 +185,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /ui/{$}", s.page(s.runsPage))
 	m.HandleFunc("GET /ui/runs/{id}", s.page(s.runPage))
 	m.HandleFunc("GET /ui/runs/{id}/events", s.authed(s.runEvents))
+	m.HandleFunc("GET /ui/runs/{id}/logs", s.runLogs)
 	m.HandleFunc("POST /ui/runs/{id}/retry", s.action(s.runAction("run.retry")))
 	m.HandleFunc("POST /ui/runs/{id}/cancel", s.action(s.runAction("run.cancel")))
 	m.HandleFunc("POST /ui/runs/{id}/approve", s.action(s.runAction("run.approve")))

@@ -554,6 +554,52 @@ steps:
 		}
 	})
 
+	t.Run("a running step's log is shown as it prints", func(t *testing.T) {
+		// Two gates: the step prints a line, waits, prints a hostile line to stderr, waits
+		// again; the second line can reach the page only through its log's poll (nothing
+		// of the run changes meanwhile). The run's end then swaps the page's main part,
+		// which must keep each line once.
+		gate1, gate2 := filepath.Join(dir, "log-gate-1"), filepath.Join(dir, "log-gate-2")
+		applyYAML(t, url, dir, "chatty", fmt.Sprintf(`name: chatty
+steps:
+  - name: speak
+    uses: exec
+    with: {command: [sh, -c, "echo 'hello from speak'; while [ ! -e %s ]; do sleep 0.05; done; echo '<b id=bold>not bold</b>' >&2; while [ ! -e %s ]; do sleep 0.05; done"]}
+`, gate1, gate2))
+		mustFlowctl(t, url, "run", "start", "chatty", "--id", "chatty-1")
+		b.open(t, "/ui/runs/chatty-1")
+		lines := `Array.from(document.querySelectorAll("#step-speak details.log li"), li => li.className + " " + li.querySelector(".lt").textContent)`
+		b.waitJS(t, "the log to show the step's first line", lines+`.join("|") === "ls-stdout hello from speak"`)
+		if !js[bool](t, b, `document.querySelector("#step-speak details.log").open`) {
+			t.Fatal("a running step's log is collapsed: want it open")
+		}
+		js[chromedp.Void](t, b, `window.__sameDocument = "chatty-1"`)
+		if err := os.WriteFile(gate1, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b.waitJS(t, "the hostile stderr line, as text", lines+`.join("|") === "ls-stdout hello from speak|ls-stderr <b id=bold>not bold</b>"`)
+		if s := b.text(t, ".summary .status"); s != "running" {
+			t.Fatalf("the run is %s: the line may have come with the run's end, not the log's poll", s)
+		}
+		if err := os.WriteFile(gate2, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b.waitJS(t, "the run to succeed", `document.querySelector(".summary .status").innerText.trim() === "succeeded"`)
+		if got := js[[]string](t, b, lines); len(got) != 2 {
+			t.Fatalf("after the run's end the log shows %q; want its two lines, once each", got)
+		}
+		if mark := js[string](t, b, `String(window.__sameDocument)`); mark != "chatty-1" {
+			t.Fatalf("the page was reloaded (its mark is %q)", mark)
+		}
+		if js[bool](t, b, `document.getElementById("bold") !== null`) {
+			t.Fatal("the hostile line became an element")
+		}
+		if hover := js[string](t, b, `document.querySelector("#step-speak details.log time").title`); !strings.HasSuffix(hover, " UTC") {
+			t.Fatalf("a line's time has %q on hover; want the UTC time", hover)
+		}
+		b.screenshot(t, "run-logs")
+	})
+
 	t.Run("hostile output is shown as text", func(t *testing.T) {
 		hostile := filepath.Join(dir, "hostile.json")
 		body := `{"img": "<img src=x onerror=\"window.__pwned=1\">", "script": "</code></pre><script>window.__pwned=2</script>"}`
