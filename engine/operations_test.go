@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/testhooks"
@@ -562,5 +564,125 @@ func TestBackfillIncludeFailedRetriesTheTicksRuns(t *testing.T) {
 	runs, _, err := e.ListRuns(checkpoint.ListOptions{Workflow: "nightly", Limit: 100})
 	if err != nil || len(runs) != 3 {
 		t.Fatalf("%d runs (%v), want 3: one a tick", len(runs), err)
+	}
+}
+
+// A tick that never ran by its deadline (its schedule paused) starts the workflow's
+// on_deadline handlers once: a handler run derived from the tick
+// (<workflow>-<tick>.on-deadline.0) whose templates read the tick (schedule.tick), the
+// run ID it would have had (run.id) and why it never ran (run.error: paused, by whom,
+// why). A second leader's copy of the handler's submit (two leaders planned the same
+// miss before either's write was applied) starts nothing more: the ID is the tick's.
+// Control: RandomTickHandlerIDs, the handler's ID new at each write: the copy starts a
+// second handler for the same tick.
+func TestTickNeverRanStartsItsHandlerOnce(t *testing.T) {
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "derived-id", true: "control-random-ids"}[control], func(t *testing.T) {
+			e := startEngine(t, nil)
+			if control {
+				e.hooks.RandomTickHandlerIDs.Store(true)
+			}
+			apply(t, e, `name: nightly
+deadline: 2s
+schedule: {cron: "*/2 * * * * *", catchup: none}
+steps:
+  - {name: a, uses: noop}
+on_deadline:
+  - {name: tell, uses: noop, with: {why: "{{ run.error }}", id: "{{ run.id }}", tick: "{{ schedule.tick }}", handler: "{{ run.handler_id }}"}}
+`)
+			ctx := ctxT(t, 60*time.Second)
+			if err := e.Ops().PauseSchedule(audit.WithActor(ctx, "ann"), "nightly", "ledger migration"); err != nil {
+				t.Fatal(err)
+			}
+			// While the schedule is paused its ticks are not recorded (a resume may catch the
+			// latest up), but each one's handler starts at its deadline.
+			var h checkpoint.Run
+			if err := e.waitFor(ctx, func() bool {
+				runs, _ := e.RunsWithIDPrefix("nightly-", 1000)
+				for _, r := range runs {
+					if strings.Contains(r.ID, ".on-deadline") {
+						h = r
+						return true
+					}
+				}
+				return false
+			}); err != nil {
+				t.Fatalf("no handler run for a paused tick: %v", err)
+			}
+			tick := h.ScheduledAt
+			runID := workflow.TickRunID("nightly", tick)
+			handlers := func() []checkpoint.Run {
+				runs, err := e.RunsWithIDPrefix(runID+".on-deadline", 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return runs
+			}
+			r, err := e.WaitRun(ctx, h.ID)
+			if err != nil || r.Status != checkpoint.StatusSucceeded || r.Trigger != checkpoint.TriggerHandler {
+				t.Fatalf("the handler run %s: %v %+v", h.ID, err, r)
+			}
+			var out struct{ Why, ID, Tick, Handler string }
+			v := mustView(t, e, h.ID)
+			if err := json.Unmarshal(v.Steps[0].Output, &out); err != nil {
+				t.Fatal(err)
+			}
+			if !control && h.ID != runID+".on-deadline.0" {
+				t.Fatalf("handler ID %s, want %s.on-deadline.0", h.ID, runID)
+			}
+			if out.ID != runID || out.Handler != h.ID || !strings.Contains(out.Why, "paused by ann (ledger migration)") ||
+				!strings.Contains(out.Why, tick.UTC().Format(time.RFC3339)) || !strings.HasPrefix(out.Tick, tick.UTC().Format("2006-01-02T15:04:05")) {
+				t.Fatalf("the handler's templates saw %+v; want the tick %s, its run ID %s and why it never ran", out, tick, runID)
+			}
+			// A second leader's copy of the same plan (both planned before either's write
+			// was applied).
+			wf, err := e.specs.Workflow("nightly", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copyOf, err := leader.HandlerOfTick(wf, tick, tick.Add(2*time.Second), "a copy", time.Now(), e.hooks.RandomTickHandlerIDs.Load())
+			if err != nil || copyOf == nil {
+				t.Fatalf("the copy: %v %v", copyOf, err)
+			}
+			err = e.clog.Writer.Write(ctx, *copyOf).Await(ctx)
+			if control {
+				if n := len(handlers()); n < 2 || err != nil {
+					t.Fatalf("control: %d handler runs for the tick, the copy's write: %v; want the copy accepted as another", n, err)
+				}
+				return
+			}
+			if n := len(handlers()); n != 1 || !errors.Is(err, checkpoint.ErrRunExists) {
+				t.Fatalf("after a second leader's copy: %d handler runs for the tick (want 1), the copy's write: %v (want: the run exists)", n, err)
+			}
+			// The resume records the paused ticks: one older than the grace as paused, with
+			// its deadline, whose miss is then recorded; one within it fires late (and its
+			// run may miss its deadline). Whichever, a handler that would start for the tick
+			// is the one that did (the same ID): nothing more starts.
+			if err := e.Ops().ResumeSchedule(ctx, "nightly"); err != nil {
+				t.Fatal(err)
+			}
+			var recorded checkpoint.Tick
+			if err := e.waitFor(ctx, func() bool {
+				ticks, _ := e.store.Ticks("nightly")
+				for _, tk := range ticks {
+					if tk.At.Equal(tick) {
+						recorded = tk
+						return true
+					}
+				}
+				return false
+			}); err != nil {
+				t.Fatalf("the paused tick after the resume: %v", err)
+			}
+			if recorded.RunID != "" {
+				if _, err := e.WaitRun(ctx, recorded.RunID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitUntil(t, time.Now().Add(2*leaderTimerPass())) // two more passes: the tick's miss, if any, is applied
+			if n := len(handlers()); n != 1 {
+				t.Fatalf("after the resume: %d handler runs for the tick, want 1", n)
+			}
+		})
 	}
 }

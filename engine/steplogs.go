@@ -47,12 +47,12 @@ func (a *API) RunLogs(ctx context.Context, run, step string, item *int, attempt 
 	e := a.e
 	r, err := e.store.Run(run)
 	if err != nil {
-		return client.StepLogPage{}, err
+		return client.StepLogPage{}, wireError(err)
 	}
 	var seq uint64
 	if after != "" {
 		if seq, err = strconv.ParseUint(after, 10, 64); err != nil {
-			return client.StepLogPage{}, fmt.Errorf("%w: cursor %q is not one run logs returned: pass the last page's next unchanged, or none for the first line", checkpoint.ErrInvalidEntry, after)
+			return client.StepLogPage{}, wireError(fmt.Errorf("%w: cursor %q is not one run logs returned: pass the last page's next unchanged, or none for the first line", checkpoint.ErrInvalidEntry, after))
 		}
 	}
 	page := client.StepLogPage{Lines: []client.LogLine{}, Next: after, Ended: r.Status.Terminal()}

@@ -261,3 +261,20 @@ func TestAFailingStoreDoesNotFailTheStep(t *testing.T) {
 	_, _ = w.Stream("stdout").Write([]byte("x\n"))
 	w.Close()
 }
+
+// An attempt run again under the same key (a step its init stopped at the trust
+// deadline while the lease held runs again, uncounted) keeps both runs' lines: the
+// second writer's appends are not taken for retries of the first's.
+func TestTheSameKeyTwiceKeepsBoth(t *testing.T) {
+	logs := &memLogs{}
+	s := NewSink(Config{Logs: logs, Node: "n"})
+	k := Key{Run: "r", Step: "a", Item: -1, Attempt: 1, Epoch: 1}
+	for _, text := range []string{"first try\n", "second try\n"} {
+		w := s.Open(k, nil)
+		_, _ = w.Stream("stdout").Write([]byte(text))
+		w.Close()
+	}
+	if got := texts(readAll(t, logs, "r", Filter{})); strings.Join(got, "|") != "stdout:first try|stdout:second try" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -3,6 +3,8 @@ package steplog
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -100,13 +102,16 @@ type Writer struct {
 	pending  sync.WaitGroup // the timer's flush, once scheduled
 	appendMu sync.Mutex     // appends in order, one at a time
 	sent     int            // messages appended (their IDs)
+	nonce    string         // this writer's, in its message IDs: another writer of the same key (an attempt run again) is not taken for a retry
 	failed   bool           // an append failed (logged once)
 }
 
 // Open is a Writer for k, masking with mask (nil: nothing). A nil Sink's Writer (or one
 // without Logs) keeps nothing.
 func (s *Sink) Open(k Key, mask *Masker) *Writer {
-	w := &Writer{s: s, k: k, mask: mask, partial: map[string][]byte{}}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	w := &Writer{s: s, k: k, mask: mask, partial: map[string][]byte{}, nonce: hex.EncodeToString(b[:])}
 	if k.Item >= 0 {
 		item := k.Item
 		w.item = &item
@@ -227,7 +232,7 @@ func (w *Writer) sendLocked(lines []client.LogLine) {
 		return
 	}
 	id := w.k.Run + "\x00" + w.k.Step + "\x00" + strconv.Itoa(w.k.Item) + "\x00" + strconv.Itoa(w.k.Attempt) + "\x00" +
-		strconv.FormatInt(w.k.Epoch, 10) + "\x00" + w.s.cfg.Node + "\x00" + strconv.Itoa(w.sent)
+		strconv.FormatInt(w.k.Epoch, 10) + "\x00" + w.s.cfg.Node + "\x00" + w.nonce + "\x00" + strconv.Itoa(w.sent)
 	w.sent++
 	ctx, cancel := context.WithTimeout(context.Background(), appendTimeout)
 	defer cancel()

@@ -1,5 +1,7 @@
 package workflow
 
+import "time"
+
 // Handlers: `on_failure:`, `on_dead_letter:` and `on_deadline:` are lists of
 // ordinary steps. Each event of a run (it failed, it was dead-lettered, it missed its
 // deadline) starts one handler run of its list, checkpointed and fenced like any run;
@@ -15,6 +17,15 @@ const (
 
 // HandlerEvents are the events, in a stable order.
 var HandlerEvents = []string{OnFailure, OnDeadLetter, OnDeadline}
+
+// HandledTick is the tick a handler run handles when no run of it ever started: the run
+// ID it would have had, its time, its deadline, and why it never ran.
+type HandledTick struct {
+	Run      string    `json:"run"`
+	Tick     time.Time `json:"tick"`
+	Deadline time.Time `json:"deadline"`
+	Why      string    `json:"why"`
+}
 
 // HandlerWorkflow is the workflow a handler run of event runs: w's inputs and schedule,
 // the event's steps, no handlers of its own, no deadline, no outputs; nil if w has none

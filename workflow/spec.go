@@ -25,6 +25,10 @@ type Workflow struct {
 	// after it (interval.go's DeadlineFor).
 	Deadline string    `json:"deadline,omitempty"`
 	Inputs   []Input   `json:"inputs,omitempty"`
+	// Handles, on the spec of the on_deadline handler run of a tick that never ran (the
+	// leader starts it: engine/internal/leader TickHandler), is the tick it handles and
+	// why it never ran, which its templates read as run.id and run.error.
+	Handles *HandledTick `json:"handles,omitempty"`
 	Schedule *Schedule `json:"schedule,omitempty"`
 	Steps    []*Step   `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,

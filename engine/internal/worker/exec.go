@@ -345,7 +345,7 @@ func (x *runExec) runOutputs(last string, lastOut json.RawMessage) json.RawMessa
 	if last != "" {
 		stepsScope[last] = map[string]any{"output": decodeOutput(lastOut)}
 	}
-	scope := map[string]any{"inputs": inputs, "steps": stepsScope, "run": runScope(x.run, x.epoch)}
+	scope := map[string]any{"inputs": inputs, "steps": stepsScope, "run": runScope(x.run, x.wf, x.epoch)}
 	out := make(map[string]any, len(x.wf.Outputs))
 	for name, src := range x.wf.Outputs {
 		v, err := render(src, scope)

@@ -31,7 +31,7 @@ func (x *runExec) scope(st *workflow.Step) map[string]any {
 	scope := map[string]any{
 		"inputs": inputs,
 		"steps":  stepsScope,
-		"run":    runScope(x.run, x.epoch),
+		"run":    runScope(x.run, x.wf, x.epoch),
 	}
 	if iv := workflow.Interval(x.wf, x.run.ScheduledAt, intervalStart(x.run)); iv != nil {
 		scope["schedule"] = iv
@@ -385,8 +385,13 @@ func decodeJSON(raw []byte) any {
 
 // runScope is what templates see as run: the run's ID and epoch, its error and failed
 // step ("" while it has none); in a handler run, those of the run it handles (its own
-// ID as run.handler_id).
-func runScope(r *checkpoint.Run, epoch int64) map[string]any {
+// ID as run.handler_id); in the handler run of a tick that never ran (its spec says
+// which: workflow.HandledTick), the ID the tick's run would have had and why it never
+// ran as run.error.
+func runScope(r *checkpoint.Run, wf *workflow.Workflow, epoch int64) map[string]any {
+	if wf != nil && wf.Handles != nil && r.Trigger == checkpoint.TriggerHandler && r.Handler == nil {
+		return map[string]any{"id": wf.Handles.Run, "epoch": epoch, "error": wf.Handles.Why, "failed_step": "", "handler_id": r.ID}
+	}
 	if h := r.Handler; h != nil {
 		return map[string]any{"id": h.Run, "epoch": epoch, "error": h.Error, "failed_step": h.FailedStep, "handler_id": r.ID}
 	}

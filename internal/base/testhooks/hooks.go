@@ -69,6 +69,7 @@ type Hooks struct {
 	LapseIgnoresOwner     atomic.Bool  // a lapsed lease's reclaim takes the epoch from whoever owns it now, not only from the lease's holder
 	ReconcileOnStaleWatch atomic.Bool  // the reconcile reclaims on a lease watch that lags behind
 	NoReconcile           atomic.Bool  // the leader never reconciles: a lost task or a dead owner's run is never found (the simulation's reconcile control)
+	RandomTickHandlerIDs  atomic.Bool  // the on_deadline handler run of a tick that never ran gets a new ID at each write, not the tick's (TestTickNeverRanStartsItsHandlerOnce's control)
 	NoMasking             atomic.Bool  // a run's secret inputs are not masked in its steps' logs and outputs (the masking's control)
 	GateIgnoresRoster     atomic.Bool  // the leader raises the cluster version to the newest format whatever its members read (the simulation's gate control)
 
