@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
-	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/workflow"

@@ -23,14 +23,14 @@ type Workflow struct {
 	// Deadline is when a run should have succeeded: "HH:MM", the first such time of day
 	// at or after the run's tick (or start) in the schedule's timezone, or a duration
 	// after it (interval.go's DeadlineFor).
-	Deadline string    `json:"deadline,omitempty"`
-	Inputs   []Input   `json:"inputs,omitempty"`
+	Deadline string  `json:"deadline,omitempty"`
+	Inputs   []Input `json:"inputs,omitempty"`
 	// Handles, on the spec of the on_deadline handler run of a tick that never ran (the
 	// leader starts it: engine/internal/leader TickHandler), is the tick it handles and
 	// why it never ran, which its templates read as run.id and run.error.
-	Handles *HandledTick `json:"handles,omitempty"`
-	Schedule *Schedule `json:"schedule,omitempty"`
-	Steps    []*Step   `json:"steps"`
+	Handles  *HandledTick `json:"handles,omitempty"`
+	Schedule *Schedule    `json:"schedule,omitempty"`
+	Steps    []*Step      `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
 	// rendered when it succeeds (a parent's workflow step gets them as its output).
 	Outputs map[string]string `json:"outputs,omitempty"`
