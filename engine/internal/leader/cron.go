@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/workflow"
 )
@@ -45,12 +47,8 @@ func CronDue(st State, specs Specs, now time.Time) ([]CronPlan, time.Time, error
 		if err != nil || wf.Schedule == nil {
 			continue
 		}
-		sched, err := workflow.CronParser.Parse(wf.Schedule.Cron)
-		if err != nil {
-			continue
-		}
-		loc, err := time.LoadLocation(wf.Schedule.Timezone)
-		if err != nil {
+		sched, loc, ok := scheduleOf(wf)
+		if !ok {
 			continue
 		}
 		pause, err := st.Schedule(wf.Name)
@@ -189,4 +187,21 @@ func HandlerSpecs(wf *workflow.Workflow) map[string][]checkpoint.StepSpec {
 		}
 	}
 	return out
+}
+
+// scheduleOf is wf's schedule and its timezone (false: it has none that parses; applied
+// workflows were validated, so only a newer binary's syntax fails here).
+func scheduleOf(wf *workflow.Workflow) (cron.Schedule, *time.Location, bool) {
+	if wf.Schedule == nil {
+		return nil, nil, false
+	}
+	sched, err := workflow.CronParser.Parse(wf.Schedule.Cron)
+	if err != nil {
+		return nil, nil, false
+	}
+	loc, err := time.LoadLocation(wf.Schedule.Timezone)
+	if err != nil {
+		return nil, nil, false
+	}
+	return sched, loc, true
 }

@@ -188,12 +188,8 @@ func PlanPausedTickHandlers(st State, specs Specs, now time.Time, limit int, ran
 		if pause == nil || !pause.Paused {
 			continue
 		}
-		sched, err := workflow.CronParser.Parse(wf.Schedule.Cron)
-		if err != nil {
-			continue
-		}
-		loc, err := time.LoadLocation(wf.Schedule.Timezone)
-		if err != nil {
+		sched, loc, ok := scheduleOf(wf)
+		if !ok {
 			continue
 		}
 		from := pause.Since

@@ -2,7 +2,6 @@ package webui
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -203,22 +202,7 @@ func (s *Server) runLogs(w http.ResponseWriter, r *http.Request) {
 // dataError answers a failed read of runLogs with the status it deserves and its
 // message as text (the page's script shows it).
 func (s *Server) dataError(w http.ResponseWriter, r *http.Request, err error) {
-	code := http.StatusInternalServerError
-	var ce *client.Error
-	if errors.As(err, &ce) {
-		switch ce.Code {
-		case client.CodeNotFound:
-			code = http.StatusNotFound
-		case client.CodeBadRequest:
-			code = http.StatusBadRequest
-		case client.CodeForbidden:
-			code = http.StatusForbidden
-		}
-	}
-	if code == http.StatusInternalServerError {
-		s.cfg.Logger.Error("ui", "path", r.URL.Path, "err", err)
-	}
-	http.Error(w, err.Error(), code)
+	http.Error(w, err.Error(), s.statusOf(r, err))
 }
 
 // truncate shortens what a request sent before it is quoted back in an error.

@@ -84,6 +84,13 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, se *session, nam
 
 // errorPage shows an operation's failure with the status it deserves.
 func (s *Server) errorPage(w http.ResponseWriter, r *http.Request, se *session, err error) {
+	code := s.statusOf(r, err)
+	s.render(w, r, se, "error", code, viewOf(se, s.authEnabled(), http.StatusText(code), errorView{Code: code, Message: err.Error()}))
+}
+
+// statusOf is the HTTP status an operation's failure deserves (an internal one is
+// logged).
+func (s *Server) statusOf(r *http.Request, err error) int {
 	code := http.StatusInternalServerError
 	var ce *client.Error
 	if errors.As(err, &ce) {
@@ -101,7 +108,7 @@ func (s *Server) errorPage(w http.ResponseWriter, r *http.Request, se *session, 
 	if code == http.StatusInternalServerError {
 		s.cfg.Logger.Error("ui", "path", r.URL.Path, "err", err)
 	}
-	s.render(w, r, se, "error", code, viewOf(se, s.authEnabled(), http.StatusText(code), errorView{Code: code, Message: err.Error()}))
+	return code
 }
 
 type errorView struct {
