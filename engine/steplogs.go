@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"strconv"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -49,10 +51,13 @@ func (a *API) RunLogs(ctx context.Context, run, step string, item *int, attempt 
 	if err != nil {
 		return client.StepLogPage{}, wireError(err)
 	}
+	if step != "" && !slices.Contains(r.Steps, step) {
+		return client.StepLogPage{}, wireError(fmt.Errorf("%w: run %s has no step %q (its steps: %s)", ErrBadInput, run, step, strings.Join(r.Steps, ", ")))
+	}
 	var seq uint64
 	if after != "" {
 		if seq, err = strconv.ParseUint(after, 10, 64); err != nil {
-			return client.StepLogPage{}, wireError(fmt.Errorf("%w: cursor %q is not one run logs returned: pass the last page's next unchanged, or none for the first line", checkpoint.ErrInvalidEntry, after))
+			return client.StepLogPage{}, wireError(fmt.Errorf("%w: cursor %q is not one run logs returned: pass the last page's next unchanged, or none for the first line", ErrBadInput, after))
 		}
 	}
 	page := client.StepLogPage{Lines: []client.LogLine{}, Next: after, Ended: r.Status.Terminal()}
