@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"strconv"
+	"strings"
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
