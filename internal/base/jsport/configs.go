@@ -148,9 +148,13 @@ func EnsureTasks(ctx context.Context, js jetstream.JetStream, replicas int, maxB
 }
 
 // StepLogsConfig is the stream of what steps printed: one subject per run (removed with
-// the run), file storage, capped as a whole (the oldest go first) so that a flood of
-// output cannot fill the server's disk; each step's part is bounded by the writer
-// (steplog.Config.Limit).
+// the run by the leader's retention), file storage, messages older than StepLogsMaxAge
+// dropped (a backstop for a removal that failed). No byte cap: JetStream reserves a
+// stream's max_bytes against the server's storage limit at creation, and a cap large
+// enough for a busy cluster is refused outright by a server with a smaller limit
+// ("insufficient storage"), which would keep flowd from starting. Each step attempt's
+// part is bounded by the writer (steplog.Config.Limit); the server's own limit
+// (max_file_store) bounds the whole.
 func StepLogsConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        port.StepLogStream,
@@ -159,11 +163,12 @@ func StepLogsConfig(replicas int) jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
-		MaxBytes:    StepLogsMaxBytes,
+		MaxAge:      StepLogsMaxAge,
 		Replicas:    max(replicas, 1),
 		Duplicates:  port.LogDuplicates,
 	}
 }
 
-// StepLogsMaxBytes caps FLOW_STEPLOGS: 4 GiB, the oldest messages dropped past it.
-const StepLogsMaxBytes int64 = 4 << 30
+// StepLogsMaxAge is how long FLOW_STEPLOGS keeps a message at most: 90 days, three
+// times the default retention of runs.
+const StepLogsMaxAge = 90 * 24 * time.Hour
