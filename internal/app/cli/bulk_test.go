@@ -81,6 +81,10 @@ func TestBulkRetryAndCancel(t *testing.T) {
 		}
 	}
 
+	// The retried runs fail again on their own: the log is still until they have.
+	for i := range 5 {
+		e.waitFor(fmt.Sprintf("f-%d", i), client.Run.Terminal)
+	}
 	applied = e.d.Engine().Applied()
 	for _, c := range []struct{ args, want string }{
 		{"run retry", "--workflow"},
