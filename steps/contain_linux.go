@@ -62,6 +62,12 @@ type initSpec struct {
 	// Dumpable leaves the init dumpable: the negative control of the tests of a step
 	// that traces its init (keepInitDumpable). flowd never sets it.
 	Dumpable bool `json:"dumpable,omitempty"`
+	// SlowStart makes the init wait this long before it starts the command, as an init
+	// starved of the CPU would: the tests of a trust extension that reaches the init
+	// after its first deadline passed (initStartDelay). flowd never sets it.
+	SlowStart time.Duration `json:"slow_start,omitempty"`
+	// IgnoreLateTrust: the control of lateTrust (ignoreLateTrust). flowd never sets it.
+	IgnoreLateTrust bool `json:"ignore_late_trust,omitempty"`
 }
 
 // Switches of the tests' negative controls (trace_linux_test.go), never set
@@ -69,6 +75,15 @@ type initSpec struct {
 // the init's user may ptrace it), noOutsideWatchdog takes away flowd's own kill at the
 // trust deadline (forwardTrust), leaving the init alone to do it.
 var keepInitDumpable, noOutsideWatchdog bool
+
+// More switches of the tests (contain_linux_test.go), never set otherwise:
+// initStartDelay is the init's SlowStart; ignoreLateTrust is the control of the init's
+// reading of the trust extensions already sent when a deadline fires (lateTrust): it
+// stops the step at a deadline flowd had moved before it passed.
+var (
+	initStartDelay  time.Duration
+	ignoreLateTrust bool
+)
 
 // container is one exec step's init, as flowd holds it.
 type container struct {
@@ -394,7 +409,7 @@ const initLate = time.Second
 // runContained runs p under a step init in mode m.
 func (p *process) runContained(ctx context.Context, m Mode) outcome {
 	spec := &initSpec{Mode: m, Path: p.path, Args: p.args, Env: p.env, Dir: p.dir, User: p.user, Grace: p.grace,
-		PrivateProc: m == ModePIDNamespace && privateProc.err == nil && p.user != nil, Dumpable: keepInitDumpable}
+		PrivateProc: m == ModePIDNamespace && privateProc.err == nil && p.user != nil, Dumpable: keepInitDumpable, SlowStart: initStartDelay, IgnoreLateTrust: ignoreLateTrust}
 	var last time.Time
 	trust := p.trust
 	if noTrustDeadline != "" {

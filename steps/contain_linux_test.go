@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -267,6 +268,59 @@ func TestTrustDeadlineStopIsMarked(t *testing.T) {
 			err := within.Recv(t, 30*time.Second, done, "the step past its trust deadline")
 			if !errors.Is(err, ErrTrustDeadline) {
 				t.Fatalf("the step returned %v; want an error that is ErrTrustDeadline", err)
+			}
+		})
+	}
+}
+
+// A renewal that reaches a slow init after the deadline it replaced does not stop the
+// step: flowd wrote it before that deadline passed (forwardTrust moves no passed
+// deadline), so the init reads what waits in its control pipe before it acts on a
+// deadline (lateTrust). The init here starts 300ms late (SlowStart, an init starved of
+// the CPU), its first deadline 100ms after the step began, and the renewal that moves it
+// 5s on is in the pipe before it passes: every run succeeds. The control reads no late
+// renewal and stops the step at the passed deadline, as a busy CI machine saw
+// (clustertest TestWholeClusterRestart: steps stopped and run again within one epoch
+// whose lease never lapsed, until the node gave the run up).
+func TestLateRenewalReachesASlowInit(t *testing.T) {
+	const runs = 6
+	run := func(t *testing.T, m Mode) (stopped int) {
+		initStartDelay = 300 * time.Millisecond
+		t.Cleanup(func() { initStartDelay, ignoreLateTrust = 0, false })
+		for range runs {
+			input := in(map[string]any{"command": list("sh", "-c", "sleep 0.3; echo '{}'")})
+			first := time.Now().Add(100 * time.Millisecond)
+			var calls atomic.Int32
+			input.TrustUntil = func() time.Time {
+				if calls.Add(1) == 1 {
+					return first // the spec's deadline
+				}
+				return time.Now().Add(5 * time.Second) // renewed, from forwardTrust's first look on
+			}
+			input.StopGrace = 100 * time.Millisecond
+			_, err := Exec{MaxOutput: 1 << 10, mode: m}.Run(context.Background(), input)
+			switch {
+			case errors.Is(err, ErrTrustDeadline):
+				stopped++
+			case err != nil:
+				t.Fatal(err)
+			}
+		}
+		return stopped
+	}
+	for _, m := range modes(t) {
+		if m == ModeProcessGroup {
+			continue // no init, no trust deadline
+		}
+		t.Run(modeName(m), func(t *testing.T) {
+			if n := run(t, m); n != 0 {
+				t.Fatalf("%d of %d steps were stopped at a deadline their renewal had moved before it passed", n, runs)
+			}
+		})
+		t.Run("control-ignore-late-trust/"+modeName(m), func(t *testing.T) {
+			ignoreLateTrust = true
+			if n := run(t, m); n == 0 {
+				t.Fatalf("no step of %d was stopped with the init reading no late renewal: the test cannot see the guard", runs)
 			}
 		})
 	}

@@ -9,8 +9,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A program that links this package and is started as initArg0 is a step init: it runs
@@ -181,6 +184,9 @@ func stepInit() int {
 			return 2
 		}
 	}
+	if spec.SlowStart > 0 {
+		time.Sleep(spec.SlowStart) // the tests' starved init (initSpec.SlowStart)
+	}
 	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{Dir: spec.Dir, Env: spec.Env, Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: spec.User.credential()}})
 	if err != nil {
@@ -193,14 +199,21 @@ func stepInit() int {
 	empty := make(chan struct{}) // closed when the init has no child left
 	go reap(reaped, empty)
 	msgs := make(chan string, 16)
+	var unread atomic.Int64 // bytes the reader holds and has not sent on msgs
+	// The spec's read may have taken the lines flowd wrote after it (a renewal, while
+	// this init was starting) into rd's buffer.
+	unread.Store(int64(rd.Buffered()))
 	go func() {
 		defer close(msgs)
 		for {
 			l, err := rd.ReadString('\n')
+			unread.Store(int64(rd.Buffered() + len(l)))
 			if err != nil {
+				unread.Store(0)
 				return
 			}
 			msgs <- strings.TrimSpace(l)
+			unread.Store(int64(rd.Buffered()))
 		}
 	}()
 
@@ -209,6 +222,25 @@ func stepInit() int {
 	var killAt <-chan time.Time // after a stop's grace
 	var giveUp <-chan time.Time // after the command exited and the rest was killed
 	ending := false             // the command has exited
+	handle := func(m string, ok bool) {
+		verb, arg, _ := strings.Cut(m, " ")
+		switch {
+		case !ok, verb == "kill":
+			msgs = nil
+			tree.killAll()
+			if !ending {
+				giveUp = time.After(sweepGiveUp)
+			}
+			ending = true
+		case verb == "stop" && killAt == nil:
+			g, _ := strconv.ParseInt(arg, 10, 64)
+			tree.signalAll(syscall.SIGTERM)
+			killAt = time.After(time.Duration(g))
+		case verb == "trust":
+			t, _ := strconv.ParseInt(arg, 10, 64)
+			deadline.Move(t)
+		}
+	}
 	for {
 		select {
 		case r := <-reaped:
@@ -234,24 +266,11 @@ func stepInit() int {
 				return 0
 			}
 		case m, ok := <-msgs:
-			verb, arg, _ := strings.Cut(m, " ")
-			switch {
-			case !ok, verb == "kill":
-				msgs = nil
-				tree.killAll()
-				if !ending {
-					giveUp = time.After(sweepGiveUp)
-				}
-				ending = true
-			case verb == "stop" && killAt == nil:
-				g, _ := strconv.ParseInt(arg, 10, 64)
-				tree.signalAll(syscall.SIGTERM)
-				killAt = time.After(time.Duration(g))
-			case verb == "trust":
-				t, _ := strconv.ParseInt(arg, 10, 64)
-				deadline.Move(t)
-			}
+			handle(m, ok)
 		case <-deadline.C():
+			if !spec.IgnoreLateTrust && lateTrust(&unread, msgs, handle) && deadline.at > monotonicNow() {
+				continue // flowd moved the deadline before it passed; this init read it late
+			}
 			deadline.fired = true
 			report("watchdog")
 			if killAt == nil {
@@ -267,6 +286,59 @@ func stepInit() int {
 		case <-sigs:
 		}
 	}
+}
+
+// lateTrustWait bounds how long the init waits, at its deadline, for a control line
+// already in the pipe to reach its loop (the reader holds it, or has yet to read it).
+const lateTrustWait = 100 * time.Millisecond
+
+// lateTrust handles, when the deadline fires, every control line flowd wrote before it:
+// an init starved of the CPU (or slow to start) can find its deadline passed with the
+// renewal that moved it still unread in the pipe, sent by flowd before the deadline it
+// replaces (forwardTrust moves no deadline that has passed). Stopping the step then
+// would be safe, and wrong for liveness: on a loaded machine every step of a node could
+// be stopped at a deadline its lease had long moved. Only flowd writes the pipe (the
+// command does not inherit it), and a frozen flowd writes nothing, so a step whose
+// renewals stopped is still stopped at its deadline. It reports whether it handled any.
+func lateTrust(unread *atomic.Int64, msgs <-chan string, handle func(string, bool)) bool {
+	handled := false
+	for msgs != nil {
+		select {
+		case m, ok := <-msgs:
+			handle(m, ok)
+			handled = true
+			if !ok {
+				return handled
+			}
+			continue
+		default:
+		}
+		if unread.Load() == 0 && pipeUnread(initControlFD) == 0 {
+			return handled
+		}
+		t := time.NewTimer(lateTrustWait)
+		select {
+		case m, ok := <-msgs:
+			t.Stop()
+			handle(m, ok)
+			handled = true
+			if !ok {
+				return handled
+			}
+		case <-t.C:
+			return handled
+		}
+	}
+	return handled
+}
+
+// pipeUnread is how many bytes wait in the pipe fd (0 when it cannot tell).
+func pipeUnread(fd int) int {
+	n, err := unix.IoctlGetInt(fd, unix.TIOCINQ) // FIONREAD, for a pipe too
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 type reapedChild struct {
