@@ -302,20 +302,7 @@ const lateTrustWait = 100 * time.Millisecond
 // renewals stopped is still stopped at its deadline. It reports whether it handled any.
 func lateTrust(unread *atomic.Int64, msgs <-chan string, handle func(string, bool)) bool {
 	handled := false
-	for msgs != nil {
-		select {
-		case m, ok := <-msgs:
-			handle(m, ok)
-			handled = true
-			if !ok {
-				return handled
-			}
-			continue
-		default:
-		}
-		if unread.Load() == 0 && pipeUnread(initControlFD) == 0 {
-			return handled
-		}
+	for msgs != nil && (len(msgs) > 0 || unread.Load() > 0 || pipeUnread(initControlFD) > 0) {
 		t := time.NewTimer(lateTrustWait)
 		select {
 		case m, ok := <-msgs:
