@@ -17,7 +17,7 @@ import (
 // the whole step), worker, reason, actor, out (JSON, as written), error, attempt,
 // items, status; bare flags final and skipped; and for submit: steps=a,b* ('*' marks a
 // foreach step), max_epochs (default 0: DefaultMaxEpochs), workflow (default wf),
-// version (default 1), trigger (default manual), max_tree, handlers=EVENT:STEP,...; a child's submit (parent=RUN
+// version (default 1), trigger (default manual), max_tree, inputs=K:V,... (text values), handlers=EVENT:STEP,...; a child's submit (parent=RUN
 // parent_step=S parent_item=N) runs workflow wf-S unless workflow= says otherwise. A value with spaces is written in
 // double quotes. The waits' keys (wait.go): signal=NAME id=KEY data=JSON (signal);
 // approve, reject, comment=TEXT (decide); wait=signal|approval|timer name=SIGNAL
@@ -211,7 +211,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		case "items":
 			n, err = num()
 			e.Items = int(n)
-		case "steps", "max_epochs", "workflow", "version", "trigger", "max_tree":
+		case "steps", "max_epochs", "workflow", "version", "trigger", "max_tree", "inputs":
 			if e.Submit == nil {
 				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
 			}
@@ -235,6 +235,16 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Submit.Version = int(n)
 			case "trigger":
 				e.Submit.Trigger = v
+			case "inputs": // k:v,k:v, each value text
+				in := map[string]string{}
+				for kv := range strings.SplitSeq(v, ",") {
+					k, val, ok := strings.Cut(kv, ":")
+					if !ok {
+						return Entry{}, fmt.Errorf("inputs=%s: want k:v,k:v", v)
+					}
+					in[k] = val
+				}
+				e.Submit.Inputs, _ = json.Marshal(in)
 			}
 		default:
 			return Entry{}, fmt.Errorf("unknown key %q", k)

@@ -28,6 +28,9 @@ type runQueue struct {
 	seq   map[string]queuedRun // queued run -> where it waits
 	lines map[string]*line     // per workflow: its queued runs in order
 	held  map[string]heldRun
+	// parked are the runs parked in a wait (StatusWaiting), by workflow: they hold no
+	// epoch, but they hold their concurrency keys' slots (KeyHolders).
+	parked map[string]string
 	// assigned and running count held's two kinds: the scheduler asks after every
 	// applied message.
 	assigned, running int
@@ -66,6 +69,7 @@ func (q *runQueue) init() {
 	q.seq = map[string]queuedRun{}
 	q.lines = map[string]*line{}
 	q.held = map[string]heldRun{}
+	q.parked = map[string]string{}
 }
 
 // note records r's state after a change.
@@ -75,6 +79,11 @@ func (q *runQueue) note(r *Run) {
 	if h, ok := q.held[r.ID]; ok {
 		q.count(h, -1)
 		delete(q.held, r.ID)
+	}
+	if r.Status == StatusWaiting {
+		q.parked[r.ID] = r.Workflow
+	} else {
+		delete(q.parked, r.ID)
 	}
 	switch {
 	case r.Status == StatusRunning:
@@ -298,5 +307,27 @@ func (s *Store) AssignedRuns() []string {
 		}
 	}
 	slices.Sort(ids) // callers act on them in turn: the same order on every node and replay
+	return ids
+}
+
+// KeyHolders are the runs that hold their concurrency keys' slots by their state, sorted:
+// those holding an epoch (Held) and those parked in a wait, of the given workflows
+// (engine/internal/leader keys.go; docs/checkpoint.md "Concurrency keys"); nil: of every
+// workflow.
+func (s *Store) KeyHolders(workflows map[string]bool) []string {
+	s.queue.mu.Lock()
+	defer s.queue.mu.Unlock()
+	var ids []string
+	for id, h := range s.queue.held {
+		if workflows == nil || workflows[h.workflow] {
+			ids = append(ids, id)
+		}
+	}
+	for id, wf := range s.queue.parked {
+		if workflows == nil || workflows[wf] {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
 	return ids
 }

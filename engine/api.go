@@ -180,7 +180,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// The leader's short path (leader.Service.StartHere) only for a run ID made here
 	// (or derived from a client's nonce) and a workflow without a concurrency limit.
 	short := false
-	if (generated || e.hooks.FastPathGivenIDs.Load()) && w.Concurrency == 0 && e.leader != nil {
+	if (generated || e.hooks.FastPathGivenIDs.Load()) && w.Concurrency == 0 && len(w.ConcurrencyKeys) == 0 && e.leader != nil {
 		short, err = e.leader.StartHere(tctx, submit, e.workers)
 	}
 	if !short {

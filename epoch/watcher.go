@@ -46,6 +46,10 @@ type LeaseWatcher struct {
 	ready     chan struct{} // closed once the initial values were read
 	readyDone bool
 	current   time.Time // when the watch last showed it was caught up with the bucket
+	// asOf is the time the watch was last shown caught up *as of*: the moment the probe
+	// that it caught up with was sent (current is when that was seen). Every lease
+	// written before asOf has been delivered (CaughtUpAsOf).
+	asOf time.Time
 }
 
 type watched struct {
@@ -103,6 +107,29 @@ func (lw *LeaseWatcher) Current() bool {
 	return lw.readyDone && lw.ls.cfg.Clock.Now().Sub(lw.current) <= lw.ls.cfg.RenewInterval
 }
 
+// CaughtUpAsOf is the latest time as of which this watch is known to have delivered
+// every lease write: a lease written before it is in Live unless it ended since. Zero
+// until the initial values were read. The leader frees a concurrency key's slot only
+// once this passed the moment it saw the slot's run end (engine/internal/leader keys.go):
+// the run's lease was written before its end, so a watch caught up as of later has it.
+func (lw *LeaseWatcher) CaughtUpAsOf() time.Time {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	return lw.asOf
+}
+
+// LiveRuns are the runs whose lease this watcher believes held, sorted.
+func (lw *LeaseWatcher) LiveRuns() []string {
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	out := make([]string, 0, len(lw.live))
+	for run := range lw.live {
+		out = append(out, run)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Stop stops the watcher and waits for its goroutines. Safe to call twice.
 func (lw *LeaseWatcher) Stop() {
 	lw.cancel()
@@ -125,10 +152,15 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 	defer sweep.Stop()
 	var seenRev uint64 // the highest revision this watch delivered
 	var target uint64  // the bucket's last revision at the last probe
+	var targetAt time.Time
+	watchAt := clk.Now() // the initial values are as of the watch's making, or later
 	initial := true
-	markCurrent := func() {
+	markCurrent := func(asOf time.Time) {
 		lw.mu.Lock()
 		lw.current = clk.Now()
+		if asOf.After(lw.asOf) {
+			lw.asOf = asOf
+		}
 		lw.mu.Unlock()
 	}
 	for {
@@ -144,6 +176,9 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 				initial = false
 				lw.mu.Lock()
 				lw.current = clk.Now()
+				if watchAt.After(lw.asOf) {
+					lw.asOf = watchAt
+				}
 				if !lw.readyDone {
 					close(lw.ready)
 					lw.readyDone = true
@@ -153,7 +188,7 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 			}
 			seenRev = max(seenRev, entry.Revision)
 			if !initial && seenRev >= target {
-				markCurrent()
+				markCurrent(targetAt)
 			}
 			run := entry.Key
 			if entry.Op == port.OpPut {
@@ -177,14 +212,15 @@ func (lw *LeaseWatcher) run(ctx context.Context, alive func()) error {
 			// Is this watch current? The bucket's last revision against what it
 			// delivered: a watch that is behind (or deaf) must not judge lapses by its
 			// own clock, or every lease would look lapsed while it hears nothing.
-			pctx, cancel := withClockDeadline(ctx, clk, clk.Now().Add(max(ttl/4, 100*time.Millisecond)))
+			probeAt := clk.Now()
+			pctx, cancel := withClockDeadline(ctx, clk, probeAt.Add(max(ttl/4, 100*time.Millisecond)))
 			last, err := lw.ls.kv.LastRevision(pctx)
 			cancel()
 			if err == nil {
-				target = last
+				target, targetAt = last, probeAt
 				if target <= seenRev {
 					alive()
-					markCurrent()
+					markCurrent(probeAt)
 				}
 			}
 			lw.sweep(ctx, clk.Now(), grace)

@@ -20,6 +20,9 @@ type Workflow struct {
 	MaxEpochs   int      `json:"max_epochs"`
 	Timeout     Duration `json:"timeout,omitempty"`
 	Concurrency int      `json:"concurrency,omitempty"` // runs of this workflow at once; 0: no limit
+	// ConcurrencyKeys are `concurrency: {key, limit}`: runs per rendered key at once
+	// (concurrency.go).
+	ConcurrencyKeys []KeyLimit `json:"concurrency_keys,omitempty"`
 	// Deadline is when a run should have succeeded: "HH:MM", the first such time of day
 	// at or after the run's tick (or start) in the schedule's timezone, or a duration
 	// after it (interval.go's DeadlineFor).

@@ -98,6 +98,13 @@ func TestBadWorkflows(t *testing.T) {
 		{"unknown template name", "name: x\nsteps:\n  - name: a\n    uses: noop\n    if: \"{{ tomorrow }}\"\n", 5, "unknown name"},
 		{"with not mapping", "name: x\nsteps:\n  - name: a\n    uses: noop\n    with: [1, 2]\n", 5, "with must be a mapping"},
 		{"duplicate key", "name: x\nname: y\n" + okSteps, 2, `has "name" twice`},
+		{"concurrency key without limit", "name: x\nconcurrency: {key: a}\n" + okSteps, 2, "needs both key and limit"},
+		{"concurrency key reads a step", "name: x\nconcurrency: {key: \"{{ steps.a.output }}\", limit: 1}\n" + okSteps, 2, "can read only inputs"},
+		{"concurrency key unknown field", "name: x\nconcurrency: {key: a, limit: 1, per: 1s}\n" + okSteps, 2, `unknown key "per"`},
+		{"concurrency limit zero", "name: x\nconcurrency: {key: a, limit: 0}\n" + okSteps, 2, "out of range"},
+		{"concurrency key twice", "name: x\nconcurrency:\n  - {key: a, limit: 1}\n  - {key: a, limit: 2}\n" + okSteps, 4, "given twice"},
+		{"concurrency key empty list", "name: x\nconcurrency: []\n" + okSteps, 2, "concurrency lists 0 keys"},
+		{"concurrency on a step", "name: x\nsteps:\n  - name: a\n    uses: noop\n    concurrency: {key: a, limit: 1}\n", 5, "not supported yet"},
 	}
 	if len(cases) < 25 {
 		t.Fatalf("only %d bad files", len(cases))

@@ -1,6 +1,9 @@
 package leader
 
-import "github.com/flowrun/flow/checkpoint"
+import (
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
+)
 
 // PlanAssign picks the runs to assign now: those that need an assign
 // (checkpoint.Run.NeedsAssign), oldest submission first, at most room of them. A run of a
@@ -8,11 +11,23 @@ import "github.com/flowrun/flow/checkpoint"
 // hold an epoch, counting those taken in this pass; once a workflow is at its limit, its
 // later runs are passed over without being read, so that a million runs held back by a
 // limit cost a pass one read. Runs passed over for their limit do not use room.
-func PlanAssign(st State, specs Specs, room int) ([]*checkpoint.Run, error) {
+//
+// A run with concurrency keys (keys.go) is taken only while each of its keys has room
+// under the counts slots gives, counting those taken in this pass; slots is asked once,
+// when the first such run is met, and when it cannot count (false) every run with keys
+// waits for a later pass. A run whose key is full is passed over alone (the next run of
+// its workflow may have another key), up to MaxKeyPassOver of one workflow per pass:
+// the rest of that workflow waits behind them, so a million runs waiting for one key
+// cost a pass a bounded number of reads. taken, if not nil, is told each run taken
+// with keys, and its keys.
+func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool), taken func(run string, keys []workflow.KeyLimit)) ([]*checkpoint.Run, error) {
 	if room <= 0 {
 		return nil, nil
 	}
 	var active map[string]int // runs per workflow holding an epoch
+	var counts KeyCounts
+	asked, canCount := false, false
+	passedOver := map[string]int{}
 	var plan []*checkpoint.Run
 	err := st.EachQueued(func(r *checkpoint.Run) checkpoint.QueueVerdict {
 		if limit := concurrency(specs, r); limit > 0 {
@@ -22,6 +37,28 @@ func PlanAssign(st State, specs Specs, room int) ([]*checkpoint.Run, error) {
 			if active[r.Workflow] >= limit {
 				return checkpoint.QueueSkipWorkflow
 			}
+		}
+		keys := RunKeys(specs, r)
+		if len(keys) > 0 {
+			if !asked && slots != nil {
+				asked = true
+				counts, canCount = slots()
+			}
+			if !canCount || !keysFit(counts, keys) {
+				passedOver[r.Workflow]++
+				if passedOver[r.Workflow] >= MaxKeyPassOver {
+					return checkpoint.QueueSkipWorkflow
+				}
+				return checkpoint.QueueNext
+			}
+			for _, k := range keys {
+				counts[k.Key]++
+			}
+			if taken != nil {
+				taken(r.ID, keys)
+			}
+		}
+		if active != nil {
 			active[r.Workflow]++
 		}
 		plan = append(plan, r)
@@ -32,6 +69,10 @@ func PlanAssign(st State, specs Specs, room int) ([]*checkpoint.Run, error) {
 	})
 	return plan, err
 }
+
+// MaxKeyPassOver is how many runs of one workflow a pass passes over for a full key
+// before it leaves that workflow's later runs for the next pass.
+const MaxKeyPassOver = 1024
 
 // concurrency is the run's workflow's limit (0: none, or its definition unreadable:
 // such a run is assigned and fails on its worker, where the error is recorded).

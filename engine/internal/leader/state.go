@@ -17,6 +17,8 @@ type State interface {
 	// Held counts the runs holding an epoch: assigned and unclaimed, and running.
 	Held() (assigned, running int)
 	HeldByWorkflow() map[string]int
+	// KeyHolders are the runs holding or parked, of the workflows given (nil: all).
+	KeyHolders(workflows map[string]bool) []string
 	QueuedRuns() int
 	AssignedRuns() []string
 	Workflows() ([]checkpoint.WorkflowVersion, error)

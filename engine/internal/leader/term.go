@@ -12,6 +12,7 @@ import (
 	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/workflow"
 )
 
 // termServices are the leader's services for one term: the assigner (assignment,
@@ -25,10 +26,15 @@ type termServices struct {
 	reconciler Reconciler
 	delays     LockDelay
 	event      epoch.LeaseEvent // the lease event next took
+	// slots counts concurrency keys' slots (keys.go); began is when the term's watch was
+	// made; wrote is the highest sequence of this term's assigns.
+	slots *slotCounter
+	began time.Time
+	wrote uint64
 }
 
 func newTermServices(s *Service, term *epoch.Term) *termServices {
-	return &termServices{s: s, term: term, reconciler: Reconciler{TTL: s.cfg.TTL}, delays: LockDelay{Delay: s.cfg.LockDelay}}
+	return &termServices{s: s, term: term, reconciler: Reconciler{TTL: s.cfg.TTL}, delays: LockDelay{Delay: s.cfg.LockDelay}, slots: newSlotCounter()}
 }
 
 func (t *termServices) run(parent context.Context) {
@@ -37,6 +43,7 @@ func (t *termServices) run(parent context.Context) {
 	defer cancel()
 	stop := context.AfterFunc(parent, cancel)
 	defer stop()
+	t.began = s.clock.Now()
 	w, err := s.cfg.Leases.Watch(ctx)
 	if err != nil {
 		s.log.Error("lease watcher", "err", err)
@@ -157,7 +164,7 @@ func (t *termServices) assignPending(ctx context.Context) {
 	s := t.s
 	assigned, _ := s.cfg.State.Held()
 	room := s.cfg.Admission.Room(assigned)
-	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room)
+	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, t.countSlots, t.slots.admitted)
 	if err != nil {
 		s.log.Error("list pending runs", "err", err)
 	}
@@ -190,6 +197,11 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	if written == nil {
 		return
 	}
+	defer func() {
+		if seq := written.Seq(); seq > t.wrote {
+			t.wrote = seq
+		}
+	}()
 	var acks []port.Ack
 	for i, err := range written.Results(ctx) {
 		if err != nil {
@@ -210,6 +222,21 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 			s.log.Warn("task not queued; reconcile will retry", "err", err)
 		}
 	}
+}
+
+// countSlots counts the concurrency keys' slots for a pass (keys.go).
+func (t *termServices) countSlots() (KeyCounts, bool) {
+	s := t.s
+	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Live: t.watcher.LiveRuns(), AsOf: t.watcher.CaughtUpAsOf(),
+		TermStart: t.began, Now: s.clock.Now(), Unapplied: s.cfg.State.Applied() < t.wrote,
+		NoDrain: s.hooks.NoSlotDrain.Load() || noSlotDrain != ""}
+	return t.slots.Count(v, func(id string) []workflow.KeyLimit {
+		r, err := s.cfg.State.Run(id)
+		if err != nil {
+			return nil
+		}
+		return RunKeys(s.cfg.Specs, r)
+	})
 }
 
 func (t *termServices) assignFailed(run string, err error) {

@@ -29,7 +29,12 @@ import (
 //	workflow                   applies a workflow (its YAML as the input)
 //	clock +D | clock =D        moves the clock forward by D, or to t0+D
 //	leases                     the live leases, one "run epoch" per line (replaces them)
-//	assign room=N [write]      PlanAssign with room N (Admission.Room gives it in flowd)
+//	assign room=N [write] [unapplied] [nodrain]   PlanAssign with room N (Admission.Room gives it in
+//	                           flowd); runs with concurrency keys are counted (keys.go) from
+//	                           the state, the live leases and the watch (caught up as of the
+//	                           clock unless `watch` says otherwise); prints the counts used;
+//	                           nodrain is the control (SlotView.NoDrain)
+//	watch asof=D | watch now   the lease watch is caught up as of t0+D, or as of the clock
 //	admission ahead=N [admitting=N]   Admission.Room for the state's assigned runs
 //	reconcile [ttl=D] [write]  one Reconciler.Pass at the clock's time
 //	lapse run=R epoch=E [owner=O] [delay=D] [write]   a lease (of O) lapsed: reclaim now, or
@@ -57,6 +62,8 @@ type transcript struct {
 	leases     map[string]int64
 	reconciler Reconciler
 	delays     LockDelay
+	slots      *slotCounter
+	asOf       *time.Time // nil: the watch is caught up as of the clock
 }
 
 func newTranscript(t *testing.T) *transcript {
@@ -66,7 +73,7 @@ func newTranscript(t *testing.T) *transcript {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return &transcript{s: s, specs: specs.New(s), now: t0, leases: map[string]int64{},
-		reconciler: Reconciler{TTL: 10 * time.Second}}
+		reconciler: Reconciler{TTL: 10 * time.Second}, slots: newSlotCounter()}
 }
 
 func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
@@ -112,14 +119,65 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 			tr.leases[run] = ep
 		}
 		return fmt.Sprintf("%d live leases", len(tr.leases))
+	case "watch":
+		if d.HasArg("now") {
+			tr.asOf = nil
+			return "watch caught up as of the clock"
+		}
+		var at string
+		d.ScanArgs(t, "asof", &at)
+		dur, err := time.ParseDuration(at)
+		if err != nil {
+			d.Fatalf(t, "watch asof=%s: %v", at, err)
+		}
+		a := t0.Add(dur)
+		tr.asOf = &a
+		return "watch caught up as of " + tr.at(a)
 	case "assign":
 		var room int
 		d.ScanArgs(t, "room", &room)
-		runs, err := PlanAssign(tr.s, tr.specs, room)
+		var counted string
+		slots := func() (KeyCounts, bool) {
+			asOf := tr.now
+			if tr.asOf != nil {
+				asOf = *tr.asOf
+			}
+			var live []string
+			for run := range tr.leases {
+				live = append(live, run)
+			}
+			sort.Strings(live)
+			v := SlotView{Holders: tr.s.KeyHolders(nil), Live: live, AsOf: asOf, TermStart: t0.Add(-time.Second), Now: tr.now, Unapplied: d.HasArg("unapplied"), NoDrain: d.HasArg("nodrain")}
+			counts, ok := tr.slots.Count(v, func(id string) []workflow.KeyLimit {
+				r, err := tr.s.Run(id)
+				if err != nil {
+					return nil
+				}
+				return RunKeys(tr.specs, r)
+			})
+			if !ok {
+				counted = "slots: not countable yet\n"
+				return nil, false
+			}
+			var keys []string
+			for k, n := range counts {
+				keys = append(keys, fmt.Sprintf("%s=%d", k, n))
+			}
+			sort.Strings(keys)
+			var ending []string
+			for id := range tr.slots.ending {
+				ending = append(ending, id)
+			}
+			sort.Strings(ending)
+			counted = fmt.Sprintf("slots: %s; ending: %s\n", orNone(keys), orNone(ending))
+			return counts, true
+		}
+		runs, err := PlanAssign(tr.s, tr.specs, room, slots, tr.slots.admitted)
 		if err != nil {
 			d.Fatalf(t, "plan: %v", err)
 		}
 		var b strings.Builder
+		b.WriteString(counted)
 		ids := make([]string, len(runs))
 		for i, r := range runs {
 			ids[i] = r.ID

@@ -72,6 +72,7 @@ type Hooks struct {
 	RandomTickHandlerIDs  atomic.Bool  // the on_deadline handler run of a tick that never ran gets a new ID at each write, not the tick's (TestTickNeverRanStartsItsHandlerOnce's control)
 	NoMasking             atomic.Bool  // a run's secret inputs are not masked in its steps' logs and outputs (the masking's control)
 	GateIgnoresRoster     atomic.Bool  // the leader raises the cluster version to the newest format whatever its members read (the simulation's gate control)
+	NoSlotDrain           atomic.Bool  // a concurrency key's slot is free once the state stops counting its run, whatever its lease (TestKeyHoldsOneRunAtATime's control)
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen

@@ -1,0 +1,167 @@
+package leader
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/workflow"
+)
+
+// Concurrency keys (`concurrency: {key, limit}`, workflow/concurrency.go): at most limit
+// runs whose key renders alike hold a slot at once, in real time and not only in the
+// books. A slot is not a new record: it is what the state already says (docs/checkpoint.md
+// "Concurrency keys"):
+//
+//   - a run takes its slots with its assign (written under the leader's term; PlanAssign
+//     admits it only while its keys have room), and holds them while it holds an epoch
+//     (assigned or running) or is parked in a wait;
+//   - it gives them back with the entry that ends, parks-and-is-requeued or hands back
+//     the run: from its owner that entry is epoch-fenced like a commit, so a zombie that
+//     lost the run cannot release what it no longer holds;
+//   - and the leader counts a slot as held until the run's last owner can no longer be
+//     running a step: while the run's lease is live in the leader's watch, and, after
+//     the state stopped counting the run, until the watch is caught up as of a moment
+//     after the leader saw that. A run ended by someone other than its owner (a cancel,
+//     a dead-lettering) while its owner is paused keeps its slot until the owner's lease
+//     lapses, which is after the owner's trust deadline, when containment has stopped
+//     its step processes. So the next run of the key starts after the last one's steps
+//     stopped, not merely after its books closed.
+//
+// KeyCounts and PlanAssign are the decision; slotCounter is the leader's memory of
+// what it counted (it lives for one term).
+
+// noSlotDrain is the slot drain's control for a process (-ldflags "-X
+// github.com/flowrun/flow/engine/internal/leader.noSlotDrain=1"; empty in every release
+// build): a slot is free as soon as the state stops counting its run, whatever the run's
+// lease (Hooks.NoSlotDrain for in-process tests).
+var noSlotDrain string
+
+// KeyCounts are the slots held per rendered key when a pass begins.
+type KeyCounts map[string]int
+
+// SlotView is what one count reads: the runs the state says hold slots
+// (checkpoint.Store.KeyHolders), the runs whose lease the watch believes live, the time
+// as of which the watch is caught up, and the term's start.
+type SlotView struct {
+	Holders   []string
+	Live      []string
+	AsOf      time.Time
+	TermStart time.Time
+	Now       time.Time
+	// Unapplied: this leader wrote assigns its state has not applied yet (their runs
+	// still look queued); no count is given until it has.
+	Unapplied bool
+	// NoDrain is the control: the state's holders alone are counted.
+	NoDrain bool
+}
+
+// slotCounter remembers, across the passes of one term, the runs it counted and when it
+// saw each stop holding by the state (ending), and each run's rendered keys.
+type slotCounter struct {
+	prev   map[string]bool
+	ending map[string]time.Time
+	keys   map[string][]workflow.KeyLimit // run -> its keys (nil: none)
+}
+
+func newSlotCounter() *slotCounter {
+	return &slotCounter{prev: map[string]bool{}, ending: map[string]time.Time{}, keys: map[string][]workflow.KeyLimit{}}
+}
+
+// Count gives the slots held per key, or false when it cannot be known yet (the watch
+// not caught up as of after the term began, or this leader's own assigns unapplied):
+// then no run with keys is admitted. keysOf renders a run's keys (nil: none); it is
+// asked once per run while the run is counted.
+func (c *slotCounter) Count(v SlotView, keysOf func(run string) []workflow.KeyLimit) (KeyCounts, bool) {
+	if v.Unapplied || !v.AsOf.After(v.TermStart) {
+		return nil, false
+	}
+	if v.NoDrain { // the control: the state's holders alone, and nothing remembered
+		counts := KeyCounts{}
+		for _, id := range v.Holders {
+			for _, k := range keysOf(id) {
+				counts[k.Key]++
+			}
+		}
+		return counts, true
+	}
+	now := map[string]bool{}
+	for _, id := range v.Holders {
+		now[id] = true
+	}
+	for _, id := range v.Live {
+		now[id] = true
+	}
+	for id := range c.prev {
+		if !now[id] {
+			if _, ok := c.ending[id]; !ok {
+				c.ending[id] = v.Now
+			}
+		}
+	}
+	counted := map[string]bool{}
+	for id := range now {
+		counted[id] = true
+		delete(c.ending, id) // holding again (requeued and assigned, or its lease seen)
+	}
+	for id, at := range c.ending {
+		if v.AsOf.After(at) { // the watch has every lease written before the end: none is live
+			delete(c.ending, id)
+			continue
+		}
+		counted[id] = true
+	}
+	c.prev = now
+	counts := KeyCounts{}
+	for id := range counted {
+		kl, ok := c.keys[id]
+		if !ok {
+			kl = keysOf(id)
+			c.keys[id] = kl
+		}
+		for _, k := range kl {
+			counts[k.Key]++
+		}
+	}
+	for id := range c.keys {
+		if !counted[id] {
+			delete(c.keys, id)
+		}
+	}
+	return counts, true
+}
+
+// admitted records the keys a pass admitted run with (fresh: its inputs may have changed
+// since it last held a slot).
+func (c *slotCounter) admitted(run string, kl []workflow.KeyLimit) { c.keys[run] = kl }
+
+// RunKeys renders run r's concurrency keys under its workflow version (nil: it has none).
+// A key that does not render is counted under workflow.UnrenderedKey: such runs wait
+// for one another instead of running unlimited.
+func RunKeys(specs Specs, r *checkpoint.Run) []workflow.KeyLimit {
+	wf, err := specs.OfRun(r)
+	if err != nil || len(wf.ConcurrencyKeys) == 0 {
+		return nil
+	}
+	var inputs map[string]any
+	_ = json.Unmarshal(r.Inputs, &inputs)
+	keys, err := wf.Keys(inputs)
+	if err == nil {
+		return keys
+	}
+	out := make([]workflow.KeyLimit, len(wf.ConcurrencyKeys))
+	for i, kl := range wf.ConcurrencyKeys {
+		out[i] = workflow.KeyLimit{Key: workflow.UnrenderedKey(kl.Key), Limit: kl.Limit}
+	}
+	return out
+}
+
+// keysFit reports whether every key of a run has room under counts.
+func keysFit(counts KeyCounts, keys []workflow.KeyLimit) bool {
+	for _, k := range keys {
+		if counts[k.Key] >= k.Limit {
+			return false
+		}
+	}
+	return true
+}
