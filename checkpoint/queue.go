@@ -31,6 +31,11 @@ type runQueue struct {
 	// parked are the runs parked in a wait (StatusWaiting), by workflow: they hold no
 	// epoch, but they hold their concurrency keys' slots (KeyHolders).
 	parked map[string]string
+	// released are the last runs that stopped holding (left held and parked), in apply
+	// order: a ring of up to releasedCap, of which releases counts every one ever
+	// (Released).
+	released []string
+	releases uint64
 	// assigned and running count held's two kinds: the scheduler asks after every
 	// applied message.
 	assigned, running int
@@ -76,6 +81,15 @@ func (q *runQueue) init() {
 func (q *runQueue) note(r *Run) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	_, wasHeld := q.held[r.ID]
+	_, wasParked := q.parked[r.ID]
+	defer func() {
+		_, held := q.held[r.ID]
+		_, parked := q.parked[r.ID]
+		if (wasHeld || wasParked) && !held && !parked {
+			q.release(r.ID)
+		}
+	}()
 	if h, ok := q.held[r.ID]; ok {
 		q.count(h, -1)
 		delete(q.held, r.ID)
@@ -330,4 +344,42 @@ func (s *Store) KeyHolders(workflows map[string]bool) []string {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// releasedCap is how many releases the ring keeps: a leader that falls further behind
+// counts nothing until its watch catches up past the moment it noticed (Released).
+const releasedCap = 1 << 14
+
+// release records that run stopped holding (lock held).
+func (q *runQueue) release(run string) {
+	if len(q.released) < releasedCap {
+		q.released = append(q.released, run)
+	} else {
+		q.released[q.releases%releasedCap] = run
+	}
+	q.releases++
+}
+
+// ReleaseCursor is where Released would start now: the releases counted so far.
+func (s *Store) ReleaseCursor() uint64 {
+	s.queue.mu.Lock()
+	defer s.queue.mu.Unlock()
+	return s.queue.releases
+}
+
+// Released gives the runs that stopped holding their concurrency keys' slots (left held
+// and parked: ended, requeued or handed back) since cursor (a ReleaseCursor), in apply
+// order, and the cursor to ask from next time; complete is false when some of them are
+// no longer kept (more than a ring's worth since cursor).
+func (s *Store) Released(cursor uint64) (runs []string, next uint64, complete bool) {
+	s.queue.mu.Lock()
+	defer s.queue.mu.Unlock()
+	q := &s.queue
+	if cursor > q.releases || q.releases-cursor > uint64(len(q.released)) {
+		return nil, q.releases, false
+	}
+	for i := cursor; i < q.releases; i++ {
+		runs = append(runs, q.released[i%releasedCap])
+	}
+	return runs, q.releases, true
 }

@@ -21,8 +21,8 @@ import (
 //     lost the run cannot release what it no longer holds;
 //   - and the leader counts a slot as held until the run's last owner can no longer be
 //     running a step: while the run's lease is live in the leader's watch, and, after
-//     the state stopped counting the run, until the watch is caught up as of a moment
-//     after the leader saw that. A run ended by someone other than its owner (a cancel,
+//     the state stopped counting the run (checkpoint.Store.Released), until the watch is
+//     caught up as of a moment after the leader saw that. A run ended by someone other than its owner (a cancel,
 //     a dead-lettering) while its owner is paused keeps its slot until the owner's lease
 //     lapses, which is after the owner's trust deadline, when containment has stopped
 //     its step processes. So the next run of the key starts after the last one's steps
@@ -41,14 +41,17 @@ var noSlotDrain string
 type KeyCounts map[string]int
 
 // SlotView is what one count reads: the runs the state says hold slots
-// (checkpoint.Store.KeyHolders), the runs whose lease the watch believes live, the time
-// as of which the watch is caught up, and the term's start.
+// (checkpoint.Store.KeyHolders), the runs that stopped holding since the last count
+// (checkpoint.Store.Released: complete unless more were released than the state keeps),
+// the runs whose lease the watch believes live, and the time as of which the watch is
+// caught up.
 type SlotView struct {
-	Holders   []string
-	Live      []string
-	AsOf      time.Time
-	TermStart time.Time
-	Now       time.Time
+	Holders          []string
+	Released         []string
+	ReleasedComplete bool
+	Live             []string
+	AsOf             time.Time
+	Now              time.Time
 	// Unapplied: this leader wrote assigns its state has not applied yet (their runs
 	// still look queued); no count is given until it has.
 	Unapplied bool
@@ -56,26 +59,31 @@ type SlotView struct {
 	NoDrain bool
 }
 
-// slotCounter remembers, across the passes of one term, the runs it counted and when it
-// saw each stop holding by the state (ending), and each run's rendered keys.
+// slotCounter remembers, across the passes of one term, the runs that stopped holding
+// by the state and when it saw them do so (ending), each counted run's rendered keys,
+// and a barrier: no count is given until the watch is caught up as of after it (the
+// term's start, or a moment when releases were lost). A run released before the barrier
+// wrote its lease before it, so a watch caught up past the barrier has that lease.
 type slotCounter struct {
-	prev   map[string]bool
-	ending map[string]time.Time
-	keys   map[string][]workflow.KeyLimit // run -> its keys (nil: none)
+	barrier time.Time
+	ending  map[string]time.Time
+	keys    map[string][]workflow.KeyLimit // run -> its keys (nil: none)
 }
 
-func newSlotCounter() *slotCounter {
-	return &slotCounter{prev: map[string]bool{}, ending: map[string]time.Time{}, keys: map[string][]workflow.KeyLimit{}}
+func newSlotCounter(termStart time.Time) *slotCounter {
+	return &slotCounter{barrier: termStart, ending: map[string]time.Time{}, keys: map[string][]workflow.KeyLimit{}}
 }
 
 // Count gives the slots held per key, or false when it cannot be known yet (the watch
-// not caught up as of after the term began, or this leader's own assigns unapplied):
-// then no run with keys is admitted. keysOf renders a run's keys (nil: none); it is
-// asked once per run while the run is counted.
+// not caught up past the barrier, or this leader's own assigns unapplied): then no run
+// with keys is admitted. keysOf renders a run's keys (nil: none); it is asked once per
+// run while the run is counted.
+//
+// A run counts while the state says it holds (Holders), while the watch believes its
+// lease live, and, from the count that saw it released, until the watch is caught up as
+// of after that count: its lease was written before its release was applied here, so
+// such a watch has it in Live if it is still held.
 func (c *slotCounter) Count(v SlotView, keysOf func(run string) []workflow.KeyLimit) (KeyCounts, bool) {
-	if v.Unapplied || !v.AsOf.After(v.TermStart) {
-		return nil, false
-	}
 	if v.NoDrain { // the control: the state's holders alone, and nothing remembered
 		counts := KeyCounts{}
 		for _, id := range v.Holders {
@@ -85,33 +93,34 @@ func (c *slotCounter) Count(v SlotView, keysOf func(run string) []workflow.KeyLi
 		}
 		return counts, true
 	}
-	now := map[string]bool{}
-	for _, id := range v.Holders {
-		now[id] = true
-	}
-	for _, id := range v.Live {
-		now[id] = true
-	}
-	for id := range c.prev {
-		if !now[id] {
-			if _, ok := c.ending[id]; !ok {
-				c.ending[id] = v.Now
-			}
+	if !v.ReleasedComplete {
+		clear(c.ending)
+		if v.Now.After(c.barrier) {
+			c.barrier = v.Now
 		}
 	}
+	for _, id := range v.Released {
+		if _, ok := c.ending[id]; !ok {
+			c.ending[id] = v.Now
+		}
+	}
+	if v.Unapplied || !v.AsOf.After(c.barrier) {
+		return nil, false
+	}
 	counted := map[string]bool{}
-	for id := range now {
+	for _, id := range v.Holders {
 		counted[id] = true
-		delete(c.ending, id) // holding again (requeued and assigned, or its lease seen)
+	}
+	for _, id := range v.Live {
+		counted[id] = true
 	}
 	for id, at := range c.ending {
-		if v.AsOf.After(at) { // the watch has every lease written before the end: none is live
+		if v.AsOf.After(at) { // the watch has every lease written before the release
 			delete(c.ending, id)
 			continue
 		}
 		counted[id] = true
 	}
-	c.prev = now
 	counts := KeyCounts{}
 	for id := range counted {
 		kl, ok := c.keys[id]

@@ -19,6 +19,9 @@ type State interface {
 	HeldByWorkflow() map[string]int
 	// KeyHolders are the runs holding or parked, of the workflows given (nil: all).
 	KeyHolders(workflows map[string]bool) []string
+	// ReleaseCursor and Released give the runs that stopped holding since a cursor.
+	ReleaseCursor() uint64
+	Released(cursor uint64) (runs []string, next uint64, complete bool)
 	QueuedRuns() int
 	AssignedRuns() []string
 	Workflows() ([]checkpoint.WorkflowVersion, error)

@@ -26,15 +26,15 @@ type termServices struct {
 	reconciler Reconciler
 	delays     LockDelay
 	event      epoch.LeaseEvent // the lease event next took
-	// slots counts concurrency keys' slots (keys.go); began is when the term's watch was
-	// made; wrote is the highest sequence of this term's assigns.
-	slots *slotCounter
-	began time.Time
-	wrote uint64
+	// slots counts concurrency keys' slots (keys.go) from the releases since
+	// releasedAt; wrote is the highest sequence of this term's assigns.
+	slots      *slotCounter
+	releasedAt uint64
+	wrote      uint64
 }
 
 func newTermServices(s *Service, term *epoch.Term) *termServices {
-	return &termServices{s: s, term: term, reconciler: Reconciler{TTL: s.cfg.TTL}, delays: LockDelay{Delay: s.cfg.LockDelay}, slots: newSlotCounter()}
+	return &termServices{s: s, term: term, reconciler: Reconciler{TTL: s.cfg.TTL}, delays: LockDelay{Delay: s.cfg.LockDelay}}
 }
 
 func (t *termServices) run(parent context.Context) {
@@ -43,7 +43,10 @@ func (t *termServices) run(parent context.Context) {
 	defer cancel()
 	stop := context.AfterFunc(parent, cancel)
 	defer stop()
-	t.began = s.clock.Now()
+	// A run released before this cursor was read wrote its lease before the barrier, which
+	// the watch made after it must pass (keys.go).
+	t.releasedAt = s.cfg.State.ReleaseCursor()
+	t.slots = newSlotCounter(s.clock.Now())
 	w, err := s.cfg.Leases.Watch(ctx)
 	if err != nil {
 		s.log.Error("lease watcher", "err", err)
@@ -227,8 +230,10 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 // countSlots counts the concurrency keys' slots for a pass (keys.go).
 func (t *termServices) countSlots() (KeyCounts, bool) {
 	s := t.s
-	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Live: t.watcher.LiveRuns(), AsOf: t.watcher.CaughtUpAsOf(),
-		TermStart: t.began, Now: s.clock.Now(), Unapplied: s.cfg.State.Applied() < t.wrote,
+	released, next, complete := s.cfg.State.Released(t.releasedAt)
+	t.releasedAt = next
+	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: t.watcher.LiveRuns(),
+		AsOf: t.watcher.CaughtUpAsOf(), Now: s.clock.Now(), Unapplied: s.cfg.State.Applied() < t.wrote,
 		NoDrain: s.hooks.NoSlotDrain.Load() || noSlotDrain != ""}
 	return t.slots.Count(v, func(id string) []workflow.KeyLimit {
 		r, err := s.cfg.State.Run(id)

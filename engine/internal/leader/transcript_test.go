@@ -63,6 +63,7 @@ type transcript struct {
 	reconciler Reconciler
 	delays     LockDelay
 	slots      *slotCounter
+	released   uint64     // the slot count's cursor (checkpoint.Store.Released)
 	asOf       *time.Time // nil: the watch is caught up as of the clock
 }
 
@@ -73,7 +74,7 @@ func newTranscript(t *testing.T) *transcript {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return &transcript{s: s, specs: specs.New(s), now: t0, leases: map[string]int64{},
-		reconciler: Reconciler{TTL: 10 * time.Second}, slots: newSlotCounter()}
+		reconciler: Reconciler{TTL: 10 * time.Second}, slots: newSlotCounter(t0.Add(-time.Second))}
 }
 
 func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
@@ -147,7 +148,10 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 				live = append(live, run)
 			}
 			sort.Strings(live)
-			v := SlotView{Holders: tr.s.KeyHolders(nil), Live: live, AsOf: asOf, TermStart: t0.Add(-time.Second), Now: tr.now, Unapplied: d.HasArg("unapplied"), NoDrain: d.HasArg("nodrain")}
+			released, next, complete := tr.s.Released(tr.released)
+			tr.released = next
+			v := SlotView{Holders: tr.s.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: live, AsOf: asOf,
+				Now: tr.now, Unapplied: d.HasArg("unapplied"), NoDrain: d.HasArg("nodrain")}
 			counts, ok := tr.slots.Count(v, func(id string) []workflow.KeyLimit {
 				r, err := tr.s.Run(id)
 				if err != nil {
