@@ -164,6 +164,7 @@ func (c *Client) Close() {
 var readOnly = map[string]bool{
 	"workflow.list": true, "workflow.show": true, "workflow.validate": true, "run.get": true, "run.list": true,
 	"run.history": true, "run.verify": true, "run.logs": true, "dlq.list": true, "dlq.show": true, "cron.list": true, "cron.next": true, "cluster.status": true,
+	"limits": true,
 }
 
 // defaultWait is run.wait's bound when the request names none (the server's default).

@@ -372,6 +372,14 @@ func (c *Client) Backfill(ctx context.Context, workflow string, opts BackfillOpt
 	return out, err
 }
 
+// Limits are the concurrency keys in use: each key's limit, the runs holding its slots
+// and how many wait for one (`flowctl limits`).
+func (c *Client) Limits(ctx context.Context) (Limits, error) {
+	var l Limits
+	err := c.call(ctx, "limits", Request{}, &l)
+	return l, err
+}
+
 // ClusterStatus is the leader, its term and the nodes that answered.
 func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
 	var st ClusterStatus

@@ -28,6 +28,7 @@ var opRoles = map[string]string{
 	"run.get": RoleViewer, "run.list": RoleViewer, "run.wait": RoleViewer, "run.history": RoleViewer, "run.verify": RoleViewer,
 	"run.logs": RoleViewer, // what steps printed is read as their outputs are
 	"dlq.list": RoleViewer, "dlq.show": RoleViewer, "cron.list": RoleViewer, "cron.next": RoleViewer, "cluster.status": RoleViewer,
+	"limits": RoleViewer,
 	// Anyone may ask to approve or reject: the node checks the person against the
 	// approval step's approvers role (engine.Decide).
 	"run.approve": RoleViewer, "run.reject": RoleViewer,

@@ -154,6 +154,9 @@ const (
 	WaitApproval = "approval"
 	WaitTimer    = "timer"
 	WaitChild    = "child"
+	// WaitConcurrency: a queued run one of whose concurrency keys is full (Key, Limit,
+	// Holders); its status is shown as waiting, its state's is pending.
+	WaitConcurrency = "concurrency"
 )
 
 // Waiting is what a waiting run waits for: a signal (Signal names it), people's
@@ -172,6 +175,28 @@ type Waiting struct {
 	Since      string   `json:"since,omitempty"`
 	// Children, for a child wait: the child runs it waits for.
 	Children []string `json:"children,omitempty"`
+	// Key, Limit and Holders, for a concurrency wait: the full key, its limit and the
+	// runs holding its slots.
+	Key     string   `json:"key,omitempty"`
+	Limit   int      `json:"limit,omitempty"`
+	Holders []string `json:"holders,omitempty"`
+}
+
+// Limits is `flowctl limits`: the concurrency keys in use. Complete is false when more
+// runs were queued than were read to count the waiting.
+type Limits struct {
+	Keys     []KeyUse `json:"keys"`
+	Complete bool     `json:"complete"`
+}
+
+// KeyUse is one concurrency key: its limit, the runs holding its slots (holding an epoch
+// or parked), how many queued runs wait for it, and the workflows whose runs use it.
+type KeyUse struct {
+	Key       string   `json:"key"`
+	Limit     int      `json:"limit"`
+	Holders   []string `json:"holders"`
+	Waiting   int      `json:"waiting"`
+	Workflows []string `json:"workflows"`
 }
 
 // Signal is one signal in a run's inbox: ConsumedBy is the step that took it ("" while

@@ -144,6 +144,11 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 		trigger = checkpoint.TriggerManual
 	}
 	raw, _ := json.Marshal(resolved)
+	if _, err := w.Keys(resolved); err != nil {
+		// A key that cannot render would be counted under workflow.UnrenderedKey, with
+		// every run like it: refuse it here, where the caller can give the input.
+		return "", fmt.Errorf("%w: workflow %s: %v; give the input it reads (--input NAME=VALUE)", ErrBadInput, w.Name, err)
+	}
 	// The run names its workflow version; the definition itself is in the log once.
 	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
 		MaxEpochs: w.MaxEpochs, Inputs: raw, Parent: opts.Parent}

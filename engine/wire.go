@@ -253,7 +253,9 @@ func (a *API) Run(id string) (client.Run, error) {
 	}
 	out := wireRun(&v.Run, v)
 	a.e.maskInputs(&out, &v.Run)
-	return out, nil
+	one := []client.Run{out}
+	a.e.showKeyWaits(one, []checkpoint.Run{v.Run})
+	return one[0], nil
 }
 
 // History is a run's history, in log order.
@@ -297,6 +299,7 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 	for i := range page.Runs {
 		a.e.maskInputs(&page.Runs[i], &runs[i])
 	}
+	a.e.showKeyWaits(page.Runs, runs)
 	return page, nil
 }
 

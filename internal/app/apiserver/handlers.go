@@ -281,6 +281,13 @@ func (s *Server) decide(ctx context.Context, r *client.Request, approve bool) (a
 	return client.Decided{ID: r.ID, Step: step, Decision: decision}, nil
 }
 
+func (s *Server) limits(ctx context.Context, _ *client.Request) (any, error) {
+	if err := s.n.CatchUp(ctx); err != nil {
+		return nil, err
+	}
+	return s.n.Limits()
+}
+
 func (s *Server) dlqList(ctx context.Context, r *client.Request) (any, error) {
 	r.Status = deadLettered
 	return s.runList(ctx, r)

@@ -54,6 +54,9 @@ type Node interface {
 	// Ticks are a workflow's recorded fire times, oldest first.
 	Ticks(workflow string) ([]client.Tick, error)
 
+	// Limits are the concurrency keys in use as this node's state has them.
+	Limits() (client.Limits, error)
+
 	StartRun(ctx context.Context, workflow string, opts client.StartOptions) (string, error)
 	// Run is a run with its steps, epochs and fenced commits.
 	Run(id string) (client.Run, error)

@@ -190,7 +190,7 @@ func (s *Server) allHandlers() map[string]handler {
 		"run.verify": s.runVerify, "run.retry": s.runRetry, "run.cancel": s.runCancel, "run.wait": s.runWait,
 		"run.signal": s.runSignal, "run.approve": s.runApprove, "run.reject": s.runReject,
 		"dlq.list": s.dlqList, "dlq.show": s.dlqShow, "dlq.retry": s.dlqRetry, "dlq.purge": s.dlqPurge,
-		"cron.list": s.cronList, "cron.next": s.cronNext, "cron.pause": s.cronPause, "cron.resume": s.cronResume, "cron.backfill": s.cronBackfill,
+		"limits": s.limits, "cron.list": s.cronList, "cron.next": s.cronNext, "cron.pause": s.cronPause, "cron.resume": s.cronResume, "cron.backfill": s.cronBackfill,
 		"cluster.status": s.clusterStatus, "cluster.snapshot": s.clusterSnapshot, "drill.zombie": s.drillZombie,
 		"cluster.forget": s.clusterForget, "cluster.hold": s.clusterHold, "cluster.unhold": s.clusterUnhold, "log.dump": s.logDump,
 		"cluster.repair": s.clusterRepair,

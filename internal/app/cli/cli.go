@@ -236,7 +236,9 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
-	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, a.logCommand(), a.authCommand(), a.benchCommand())
+	limits := &cobra.Command{Use: "limits", Short: "Concurrency keys: each key's limit, the runs holding it, the runs waiting", Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return show(a, (*client.Client).Limits, limitsTable) }}
+	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, limits, a.logCommand(), a.authCommand(), a.benchCommand())
 	return root
 }
 
@@ -519,6 +521,21 @@ func clusterTable(w io.Writer, st client.ClusterStatus) {
 		fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
 	}
 	membersTable(w, st)
+}
+
+// limitsTable prints each concurrency key in use; the holders are the runs holding an
+// epoch or parked in a wait.
+func limitsTable(w io.Writer, l client.Limits) {
+	fmt.Fprintln(w, "KEY\tLIMIT\tHOLDERS\tWAITING\tWORKFLOWS")
+	for _, k := range l.Keys {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", k.Key, k.Limit, dash(strings.Join(k.Holders, ",")), k.Waiting, strings.Join(k.Workflows, ","))
+	}
+	if len(l.Keys) == 0 {
+		fmt.Fprintln(w, "(no concurrency key in use)")
+	}
+	if !l.Complete {
+		fmt.Fprintln(w, "(waiting counts the first 10000 queued runs only)")
+	}
 }
 
 func (a *app) snapshot() error {

@@ -95,6 +95,8 @@ func waitingLine(r client.Run) string {
 
 	case client.WaitChild:
 		s = fmt.Sprintf("%d child run(s) of step %s: %s", len(w.Children), w.Step, strings.Join(w.Children, ", "))
+	case client.WaitConcurrency:
+		s = fmt.Sprintf("concurrency key %q (limit %d), held by %s", w.Key, w.Limit, strings.Join(w.Holders, ", "))
 	default:
 		s = fmt.Sprintf("%s (step %s)", w.Kind, w.Step)
 	}
