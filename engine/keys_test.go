@@ -2,11 +2,8 @@ package engine
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,57 +11,8 @@ import (
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/beats"
 )
-
-// beatsWorkflow is a keyed workflow whose step writes "RUN NANOS" to dir/beats every
-// 20ms for about beats×20ms: the side effect whose intervals must not cross between runs
-// of one key.
-func beatsWorkflow(t *testing.T, dir string, beats int) string {
-	t.Helper()
-	if err := os.Chmod(dir, 0o777); err != nil { // steps may run as another user
-		t.Fatal(err)
-	}
-	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, beats, dir)
-	return fmt.Sprintf("name: keyed\nconcurrency: {key: \"acct-{{ inputs.acct }}\", limit: 1}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, %q]}\n", script)
-}
-
-// beatIntervals are each run's first and last beat (Unix ns).
-func beatIntervals(t *testing.T, dir string) map[string][2]int64 {
-	t.Helper()
-	b, _ := os.ReadFile(filepath.Join(dir, "beats"))
-	out := map[string][2]int64{}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 2 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		iv, ok := out[f[0]]
-		if !ok {
-			iv = [2]int64{n, n}
-		}
-		out[f[0]] = [2]int64{min(iv[0], n), max(iv[1], n)}
-	}
-	return out
-}
-
-// crossings are the pairs of runs (of those given) whose beat intervals cross.
-func crossings(ivs map[string][2]int64, runs []string) []string {
-	var out []string
-	for i, a := range runs {
-		for _, b := range runs[i+1:] {
-			x, okx := ivs[a]
-			y, oky := ivs[b]
-			if okx && oky && x[0] <= y[1] && y[0] <= x[1] {
-				out = append(out, a+"/"+b)
-			}
-		}
-	}
-	return out
-}
 
 // Runs of one concurrency key run one at a time, in arrival order, while a run of
 // another key runs beside them; a queued run of a full key shows as waiting (kind
@@ -72,7 +20,7 @@ func crossings(ivs map[string][2]int64, runs []string) []string {
 func TestKeyRunsOneAtATime(t *testing.T) {
 	e := startEngine(t, nil)
 	dir := t.TempDir()
-	apply(t, e, beatsWorkflow(t, dir, 10))
+	apply(t, e, beats.Workflow(t, "keyed", dir, 10, 1))
 	ctx := ctxT(t, 60*time.Second)
 	var same []string
 	for i := 0; i < 4; i++ {
@@ -105,16 +53,16 @@ func TestKeyRunsOneAtATime(t *testing.T) {
 			t.Fatalf("run %s: %v %v", id, r, err)
 		}
 	}
-	ivs := beatIntervals(t, dir)
-	if c := crossings(ivs, same); len(c) > 0 {
+	ivs := beats.Intervals(dir)
+	if c := beats.Crossings(ivs, same); len(c) > 0 {
 		t.Fatalf("runs of one key ran at once: %v", c)
 	}
 	order := slices.Clone(same)
-	sort.Slice(order, func(i, j int) bool { return ivs[order[i]][0] < ivs[order[j]][0] })
+	sort.Slice(order, func(i, j int) bool { return ivs[order[i]].First < ivs[order[j]].First })
 	if !slices.Equal(order, same) {
 		t.Fatalf("runs of one key started in the order %v; want their arrival order %v", order, same)
 	}
-	if len(crossings(ivs, []string{same[0], other})) == 0 && len(crossings(ivs, []string{same[1], other})) == 0 {
+	if len(beats.Crossings(ivs, []string{same[0], other})) == 0 && len(beats.Crossings(ivs, []string{same[1], other})) == 0 {
 		t.Fatalf("the other key's run waited for acct-a's runs: %v", ivs)
 	}
 	if _, err := e.StartRun(ctx, "keyed", nil, RunOptions{}); err == nil || !strings.Contains(err.Error(), "acct") {
@@ -135,26 +83,26 @@ func TestKeySlotOutlivesACancelWhileTheOwnerRuns(t *testing.T) {
 			h.NoSlotDrain.Store(control)
 			e := startEngineWith(t, h, nil)
 			dir := t.TempDir()
-			apply(t, e, beatsWorkflow(t, dir, 40))
+			apply(t, e, beats.Workflow(t, "keyed", dir, 40, 1))
 			ctx := ctxT(t, 60*time.Second)
 			for _, id := range []string{"first", "second"} {
 				if _, err := e.StartRun(ctx, "keyed", map[string]any{"acct": "a"}, RunOptions{ID: id}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			pollUntil(t, 20*time.Second, "the first run's step beating", func() bool { _, ok := beatIntervals(t, dir)["first"]; return ok })
+			pollUntil(t, 20*time.Second, "the first run's step beating", func() bool { _, ok := beats.Intervals(dir)["first"]; return ok })
 			if err := e.Cancel(ctx, "first", "test"); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := e.WaitRun(ctx, "second"); err != nil {
 				t.Fatal(err)
 			}
-			c := crossings(beatIntervals(t, dir), []string{"first", "second"})
+			c := beats.Crossings(beats.Intervals(dir), []string{"first", "second"})
 			if control && len(c) == 0 {
 				t.Fatal("control: with the drain off the second run still waited for the first's step: the guard is not shown to matter")
 			}
 			if !control && len(c) > 0 {
-				t.Fatalf("the second run of the key ran beside the cancelled first, whose step still ran: %v", beatIntervals(t, dir))
+				t.Fatalf("the second run of the key ran beside the cancelled first, whose step still ran: %v", beats.Intervals(dir))
 			}
 		})
 	}

@@ -1,0 +1,159 @@
+package clustertest
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/flowrun/flow/client"
+	"github.com/flowrun/flow/internal/testkit/beats"
+)
+
+// keyCluster is three flowd (2 s leases) on a NATS server of their own, running the
+// binary bin, with the beats workflow "keyed" applied.
+func keyCluster(t *testing.T, bin string, n int) (*client.Client, map[string]*Proc, string) {
+	t.Helper()
+	url := startNATSServer(t)
+	c := &Cluster{URLs: []string{url}}
+	names := []string{"node-a", "node-b", "node-c"}
+	nodes := map[string]*Proc{}
+	for _, name := range names {
+		nodes[name] = startFlowdBin(t, c, name, bin, append([]string{"--lease-ttl", "2s"}, stepsAsTestUser()...)...)
+	}
+	logsOnFailure(t, names, nodes)
+	cl := dial(t, c)
+	WaitFor(t, 60*time.Second, "a leader and three nodes", func() bool {
+		st := statusOf(t, cl)
+		return st.Leader != "" && len(st.Nodes) == 3
+	})
+	dir := t.TempDir()
+	if err := call(t, cl, "workflow.apply", client.Request{File: "keyed.yaml", YAML: beats.Workflow(t, "keyed", dir, n, 1)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return cl, nodes, dir
+}
+
+// startKeyed starts runs k00.. of one key, in order.
+func startKeyed(t *testing.T, cl *client.Client, runs int) []string {
+	t.Helper()
+	var ids []string
+	for i := 0; i < runs; i++ {
+		id := fmt.Sprintf("k%02d", i)
+		if err := call(t, cl, "run.start", client.Request{Workflow: "keyed", ID: id, Inputs: map[string]string{"acct": "a"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// beatingOffLeader waits for a run of ids to be running and beating on a node that does
+// not lead, other than the runs in skip, and returns it and its owner.
+func beatingOffLeader(t *testing.T, cl *client.Client, dir string, ids []string, skip map[string]bool) (string, string) {
+	t.Helper()
+	var run, owner string
+	WaitFor(t, 90*time.Second, "a run beating on a node that does not lead", func() bool {
+		leader := statusOf(t, cl).Leader
+		ivs := beats.Intervals(dir)
+		for _, id := range ids {
+			var r client.Run
+			if skip[id] || call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || r.Status != "running" || r.Owner == "" || r.Owner == leader {
+				continue
+			}
+			if iv, ok := ivs[id]; ok && time.Since(time.Unix(0, iv.Last)) < 100*time.Millisecond {
+				run, owner = id, r.Owner
+				return true
+			}
+		}
+		return false
+	})
+	return run, owner
+}
+
+// A key with limit 1 holds one run at a time in real time, through the faults that make
+// a run's books and its processes part: 20 runs of one key on three flowd, the owner of
+// one SIGKILLed (and restarted), the owner of another SIGSTOPped past its lease (its run
+// taken over, then the owner let go on), and the owner of a third SIGSTOPped and its run
+// cancelled meanwhile (its step runs on until its trust deadline). Each step writes a
+// beat every 20ms while it runs; no two runs' beats interleave, and every run ends.
+//
+// The control is the same flowd linked with the leader's slot drain off (a slot free
+// once the state ends its run): the cancel of a paused owner's run lets the next run
+// start while the cancelled step still beats.
+func TestKeyHoldsOneRunAtATime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SIGKILLs and SIGSTOPs flowd processes")
+	}
+	t.Parallel()
+	t.Run("guard", func(t *testing.T) {
+		cl, nodes, dir := keyCluster(t, filepath.Join(Binaries(t), "flowd"), 50)
+		ids := startKeyed(t, cl, 20)
+		skip := map[string]bool{}
+
+		killed, owner := beatingOffLeader(t, cl, dir, ids, skip)
+		skip[killed] = true
+		nodes[owner].Kill()
+		nodes[owner].Restart(t)
+		t.Logf("%s's owner %s SIGKILLed and restarted", killed, owner)
+
+		stopped, owner := beatingOffLeader(t, cl, dir, ids, skip)
+		skip[stopped] = true
+		nodes[owner].Stop()
+		WaitFor(t, 60*time.Second, stopped+" taken over from its paused owner", func() bool {
+			var r client.Run
+			return call(t, cl, "run.get", client.Request{ID: stopped}, &r) == nil && r.Owner != owner && len(r.Epochs) > 1
+		})
+		nodes[owner].Cont()
+		t.Logf("%s's owner %s SIGSTOPped past its lease and let go on", stopped, owner)
+
+		cancelled, owner := beatingOffLeader(t, cl, dir, ids, skip)
+		nodes[owner].Stop()
+		if err := call(t, cl, "run.cancel", client.Request{ID: cancelled}, nil); err != nil {
+			t.Fatal(err)
+		}
+		WaitFor(t, 60*time.Second, "a run after the cancelled one beating", func() bool {
+			ivs := beats.Intervals(dir)
+			for _, id := range ids {
+				if iv, ok := ivs[id]; ok && iv.First > ivs[cancelled].Last {
+					return true
+				}
+			}
+			return false
+		})
+		nodes[owner].Cont()
+		t.Logf("%s cancelled while its owner %s was SIGSTOPped", cancelled, owner)
+
+		WaitFor(t, 180*time.Second, "every run ended", func() bool {
+			for _, id := range ids {
+				var r client.Run
+				if call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || (r.Status != "succeeded" && r.Status != "cancelled") {
+					return false
+				}
+			}
+			return true
+		})
+		ivs := beats.Intervals(dir)
+		if c := beats.Crossings(ivs, ids); len(c) > 0 {
+			t.Fatalf("runs of one key ran at once: %v", c)
+		}
+		if len(ivs) < len(ids)-1 {
+			t.Fatalf("only %d of %d runs beat: the test saw too little", len(ivs), len(ids))
+		}
+	})
+	t.Run("control-no-drain", func(t *testing.T) {
+		bin := FlowdLinkedWith(t, "github.com/flowrun/flow/engine/internal/leader.noSlotDrain=1")
+		cl, nodes, dir := keyCluster(t, bin, 100)
+		ids := startKeyed(t, cl, 4)
+		cancelled, owner := beatingOffLeader(t, cl, dir, ids, nil)
+		nodes[owner].Stop()
+		defer nodes[owner].Cont()
+		if err := call(t, cl, "run.cancel", client.Request{ID: cancelled}, nil); err != nil {
+			t.Fatal(err)
+		}
+		WaitFor(t, 60*time.Second, "the damage: another run of the key beating beside the cancelled one", func() bool {
+			return len(beats.Crossings(beats.Intervals(dir), ids)) > 0
+		})
+		t.Logf("control: %v", beats.Crossings(beats.Intervals(dir), ids))
+	})
+}
