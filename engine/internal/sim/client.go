@@ -123,6 +123,9 @@ func (c *simClient) later(d time.Duration, fn func()) {
 func (c *simClient) start() {
 	s := c.s
 	srcs := append(append(append([]string(nil), workflows...), moreWorkflows...), alarmWorkflow)
+	if s.cfg.KeyedRuns > 0 {
+		srcs = append(srcs, keyedWorkflow)
+	}
 	if s.cfg.Cron {
 		srcs = append(srcs, cronWorkflow(s.cfg.Catchup))
 	}
@@ -139,6 +142,7 @@ func (c *simClient) start() {
 			}
 			if applied++; applied == len(srcs) {
 				c.submitAll()
+				c.submitKeyed()
 				if s.cfg.Hold {
 					c.releaseAt(s.cfg.Release)
 				}
@@ -284,6 +288,61 @@ func (c *simClient) submitAll() {
 			})
 		})
 	}
+}
+
+// submitKeyed starts the keyed runs k1.. over two accounts at times of their own stream,
+// and cancels some of them a little later (often while they run: a cancel whose owner
+// is paused or cut off is what the slot's drain is for).
+func (c *simClient) submitKeyed() {
+	s := c.s
+	for i := 1; i <= s.cfg.KeyedRuns; i++ {
+		at := time.Duration(s.keyed.Int64N(int64(s.cfg.SubmitIn)))
+		id := fmt.Sprintf("k%d", i)
+		acct := []string{"x", "y"}[s.keyed.IntN(2)]
+		s.keyOf[id] = acct
+		switch s.keyed.IntN(3) {
+		case 0:
+			c.cancelLater(id, at+time.Duration(s.keyed.Int64N(int64(4*time.Second))))
+		case 1:
+			c.stopAndCancel(id, at+time.Duration(s.keyed.Int64N(int64(2*time.Second))), 10)
+		}
+		c.later(at, func() {
+			c.call("start "+id+" keyed", "ops", func(ctx context.Context, api *engine.API) error {
+				_, err := api.StartRun(ctx, "keyed", client.StartOptions{ID: id, Inputs: map[string]string{"acct": acct}})
+				if isCode(err, client.CodeConflict) {
+					return nil
+				}
+				return err
+			}, func(err error) {
+				if err != nil {
+					s.fail("sim", "start %s: %v", id, err)
+				}
+			})
+		})
+	}
+}
+
+// stopAndCancel is the slot drain's fault: when run id has a process alive (tried tries
+// times, 200ms apart, from at on), its node is paused for 1.5 TTL and the run cancelled
+// meanwhile: the books close while the process runs on until its watchdog stops it.
+func (c *simClient) stopAndCancel(id string, at time.Duration, tries int) {
+	s := c.s
+	c.later(at, func() {
+		for _, n := range s.nodes {
+			for p := range n.procs {
+				if p.alive && p.in.Run == id && s.faultOn && n.alive && !n.paused {
+					s.stats.StopCancels++
+					n.pause()
+					s.after(s.cfg.TTL*3/2, n.resume)
+					c.cancelLater(id, 0)
+					return
+				}
+			}
+		}
+		if tries > 1 {
+			c.stopAndCancel(id, 200*time.Millisecond, tries-1)
+		}
+	})
 }
 
 // squatLater has a person start a run of chain at under the ID parent's kid step gives
@@ -449,6 +508,19 @@ steps:
   - {name: b, uses: sim, needs: [z]}
 `,
 }
+
+// The keyed workflow holds one run per account at once (issue 39): invariant "key" is that
+// no two runs of an account have a process alive at once, in the world's time, whatever
+// the faults (process.go).
+var keyedWorkflow = `name: keyed
+max_epochs: 4
+concurrency: {key: "acct-{{ inputs.acct }}", limit: 1}
+inputs:
+  acct: {type: string}
+steps:
+  - {name: a, uses: sim}
+  - {name: b, uses: sim, needs: [a]}
+`
 
 // The alarm workflow sleeps until a time (its input). Its first step is long (items one
 // after the other) and its max_epochs 1: a run whose owners are lost twice is

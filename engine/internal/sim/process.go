@@ -59,6 +59,17 @@ func (s *Sim) startProc(p *proc) {
 		p.reply <- result{err: errDead}
 		return
 	}
+	if key := s.keyOf[p.in.Run]; key != "" {
+		// Invariant "key": no other run of the key has a process alive now, on any node
+		// (a paused node's processes run on until their watchdog stops them).
+		for _, m := range s.nodes {
+			for q := range m.procs {
+				if q.alive && q.in.Run != p.in.Run && s.keyOf[q.in.Run] == key {
+					s.fail("key", "%s starts while %s of the same key runs (%s)", p.key, q.key, key)
+				}
+			}
+		}
+	}
 	p.alive = true
 	n.procs[p] = struct{}{}
 	d := 10*time.Millisecond + time.Duration(s.rng.Int64N(int64(s.cfg.StepMax)))

@@ -60,6 +60,10 @@ type Config struct {
 	// (JetStream's at-least-once: an ack lost or late, a consumer's leader change). Drawn
 	// from a stream of its own (Sim.redeliver), so that seeds without it run as before.
 	RedeliverP float64
+	// KeyedRuns are runs of the workflow "keyed" (concurrency: one run per account at a
+	// once), over two accounts, some cancelled while they run. Drawn from a stream of
+	// their own (Sim.keyed), in half the seeds.
+	KeyedRuns int
 	// Skew is each node's clock offset from the simulation's (its clockwork clock's
 	// readings; durations are the same).
 	Skew       []time.Duration
@@ -145,7 +149,11 @@ type Sim struct {
 	// redeliver draws the task redeliveries (Config.RedeliverP): apart from rng, so that
 	// a seed without them draws everything else as it did before they came.
 	redeliver *rand.Rand
-	now       time.Time
+	// keyed draws the runs of one concurrency key (Config.KeyedRuns, client.go's
+	// submitKeyed), apart from rng too: a seed without them runs as before they came.
+	keyed *rand.Rand
+	keyOf map[string]string // a keyed run's key (invariant "key")
+	now   time.Time
 
 	in     inbox
 	q      eventQueue
@@ -198,6 +206,7 @@ type Stats struct {
 	// gate refused (a member reads format 1 only); Upgrades: that member restarted
 	// reading format 2.
 	DeadLetterHandlers, UntilWakes  int
+	StopCancels                     int // keyed runs cancelled while their owner was paused mid-step
 	Raises, RaisesRefused, Upgrades int
 	// SquatsRefused: runs a person tried to start under a child's ID, refused.
 	SquatsRefused int
@@ -223,6 +232,9 @@ func New(seed uint64, sw Switches) *Sim {
 	s.cfg = newConfig(rng, sw)
 	s.redeliver = rand.New(rand.NewPCG(seed^0x5bd1e9955bd1e995, seed))
 	s.cfg.RedeliverP = []float64{0, 0, 0.05, 0.2}[s.redeliver.IntN(4)]
+	s.keyed = rand.New(rand.NewPCG(seed^0x7f4a7c159e3779b9, seed))
+	s.cfg.KeyedRuns = []int{0, 0, 4, 8}[s.keyed.IntN(4)]
+	s.keyOf = map[string]string{}
 	return s
 }
 

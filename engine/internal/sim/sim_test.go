@@ -255,6 +255,7 @@ var controls = []control{
 	{"no child binding", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.NoChildBinding.Store(true) })}, []string{"child"}, 10},
 	{"random child IDs", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.RandomChildIDs.Store(true) })}, []string{"11"}, 1},
 	{"gate ignores roster", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.GateIgnoresRoster.Store(true) })}, []string{"gate", "liveness"}, 1},
+	{"no slot drain", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.NoSlotDrain.Store(true) })}, []string{"key"}, 303},
 }
 
 // hooks is a Hooks with set applied: the engine-level switches are atomics, set once
