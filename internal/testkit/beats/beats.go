@@ -5,12 +5,15 @@
 package beats
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Workflow is a workflow named name, keyed by `concurrency: {key: "acct-{{ inputs.acct }}",
@@ -60,9 +63,26 @@ func Crossings(ivs map[string]Interval, runs []string) []string {
 			x, okx := ivs[a]
 			y, oky := ivs[b]
 			if okx && oky && x.First <= y.Last && y.First <= x.Last {
-				out = append(out, fmt.Sprintf("%s/%s (%.0fms)", a, b, float64(min(x.Last, y.Last)-max(x.First, y.First))/1e6))
+				out = append(out, fmt.Sprintf("%s/%s (%s at once)", a, b, time.Duration(min(x.Last, y.Last)-max(x.First, y.First))))
 			}
 		}
 	}
 	return out
+}
+
+// ShortestGap is the shortest time between one run's last beat and the next run's first,
+// the runs ordered by their first beat (0 with fewer than two runs).
+func ShortestGap(ivs map[string]Interval) time.Duration {
+	var all []Interval
+	for _, iv := range ivs {
+		all = append(all, iv)
+	}
+	slices.SortFunc(all, func(a, b Interval) int { return cmp.Compare(a.First, b.First) })
+	var gap time.Duration
+	for i := 1; i < len(all); i++ {
+		if g := time.Duration(all[i].First - all[i-1].Last); i == 1 || g < gap {
+			gap = g
+		}
+	}
+	return gap
 }
