@@ -12,6 +12,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/failtb"
 )
 
 // Properties of issue 36's rules, over random interleavings, each with the control
@@ -183,12 +184,12 @@ func TestBoundGuardsAreNeeded(t *testing.T) {
 		{"no decision check", approvalProperty, &testhooks.Hooks{NoDecisionCheck: true}, "does not count"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rec := &recordingTB{TB: t}
+			rec := failtb.New(t)
 			rapid.Check(rec, c.property(c.hooks))
-			if !rec.failed {
+			if !rec.Failed() {
 				t.Fatalf("with %s the property found no violation: the guard is not shown to matter", c.name)
 			}
-			if got := strings.Join(rec.msgs, "\n"); !strings.Contains(got, c.damage) {
+			if got := strings.Join(rec.Msgs, "\n"); !strings.Contains(got, c.damage) {
 				t.Fatalf("with %s the property failed, but not with %q:\n%s", c.name, c.damage, got)
 			}
 		})

@@ -18,6 +18,7 @@ import (
 	"github.com/flowrun/flow/checkpoint/checkpointtest"
 	"github.com/flowrun/flow/checkpoint/invariants"
 	"github.com/flowrun/flow/internal/base/testhooks"
+	"github.com/flowrun/flow/internal/testkit/failtb"
 )
 
 // The property test drives one run through random interleavings of a scheduler (whose
@@ -145,29 +146,6 @@ func TestFencingInvariantsProperty(t *testing.T) {
 	rapid.Check(t, fencingProperty(nil))
 }
 
-// recordingTB lets a negative control run a property and see it fail.
-type recordingTB struct {
-	testing.TB
-	failed bool
-	msgs   []string
-}
-
-func (r *recordingTB) Helper()                   {}
-func (r *recordingTB) Logf(string, ...any)       {}
-func (r *recordingTB) Log(...any)                {}
-func (r *recordingTB) Fail()                     { r.failed = true }
-func (r *recordingTB) Failed() bool              { return r.failed }
-func (r *recordingTB) Error(a ...any)            { r.fail(fmt.Sprint(a...)) }
-func (r *recordingTB) Errorf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
-func (r *recordingTB) Fatal(a ...any)            { r.fail(fmt.Sprint(a...)) }
-func (r *recordingTB) Fatalf(f string, a ...any) { r.fail(fmt.Sprintf(f, a...)) }
-func (r *recordingTB) fail(m string)             { r.failed = true; r.msgs = append(r.msgs, m) }
-func (r *recordingTB) FailNow()                  { r.failed = true }
-func (r *recordingTB) Skip(...any)               {}
-func (r *recordingTB) Skipf(string, ...any)      {}
-func (r *recordingTB) SkipNow()                  {}
-func (r *recordingTB) Name() string              { return "negative-control" }
-
 // Negative controls: with each guard switched off, the same property test finds the
 // damage the guard exists to prevent. If a guard were not what keeps the invariant, its
 // control would pass and this test would fail.
@@ -198,16 +176,16 @@ func TestFencingGuardsAreNeeded(t *testing.T) {
 		{"no claim-once check", &testhooks.Hooks{NoClaimOnceCheck: true}, []string{"invariant 8: epoch"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			rec := &recordingTB{TB: t}
+			rec := failtb.New(t)
 			rapid.Check(rec, fencingProperty(c.hooks))
-			if !rec.failed {
+			if !rec.Failed() {
 				t.Fatalf("with %s the property found no violation: the guard is not shown to matter", c.name)
 			}
-			got := strings.Join(rec.msgs, "\n")
+			got := strings.Join(rec.Msgs, "\n")
 			if !slices.ContainsFunc(c.damage, func(d string) bool { return strings.Contains(got, d) }) {
 				t.Fatalf("with %s the property failed, but not with any of %q:\n%s", c.name, c.damage, got)
 			}
-			t.Logf("found: %s", firstLine(rec.msgs))
+			t.Logf("found: %s", firstLine(rec.Msgs))
 		})
 	}
 }
