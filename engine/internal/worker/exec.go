@@ -256,7 +256,11 @@ func (x *runExec) execute() {
 	results := make(chan stepResult)
 	running := map[string]bool{}
 	var failed *stepResult
-	var parked *parkRequest // the first step that asked to park: nothing new starts
+	// parked: once a step asks to park, nothing new starts, and the run parks on one
+	// wait when none runs (parkFirst), chosen by what the waits are, not by which asked
+	// first: sibling waits that woke together ask in the order the Go scheduler ran
+	// them, and the state (and a simulation seed's replay) must not depend on it.
+	var parked *parkRequest
 	for {
 		ready := ReadySteps(x.wf, x.isDone, running, x.p.cfg.StepParallelism, failed != nil || parked != nil || x.ctx.Err() != nil)
 		var res stepResult
@@ -277,9 +281,7 @@ func (x *runExec) execute() {
 			delete(running, res.step)
 		}
 		if p := asPark(res.err); p != nil {
-			if parked == nil {
-				parked = p // the running siblings finish; the run parks once none runs
-			}
+			parked = x.parkFirst(parked, p) // the running siblings finish; the run parks once none runs
 			continue
 		}
 		if res.err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
@@ -162,6 +163,36 @@ func (x *runExec) park(p *parkRequest) {
 	}
 	x.p.stats.Parked.Add(1)
 	x.log.Info("run parked", "step", p.step, "waits_for", p.wait.Kind)
+}
+
+// parkFirst is the wait of a and b (a may be nil) that the run parks on: the one that
+// times out or fires first (one without a time last), then the step first in the
+// workflow's order. A parked run waits for one wait; its siblings ask again when it
+// wakes (docs/workflow-spec.md, "Waits side by side").
+func (x *runExec) parkFirst(a, b *parkRequest) *parkRequest {
+	if a == nil {
+		return b
+	}
+	ua, ub := a.wait.Until, b.wait.Until
+	switch {
+	case ua.IsZero() != ub.IsZero():
+		if ua.IsZero() {
+			return b
+		}
+		return a
+	case !ua.Equal(ub):
+		if ub.Before(ua) {
+			return b
+		}
+		return a
+	}
+	order := func(step string) int {
+		return slices.IndexFunc(x.wf.Steps, func(s *workflow.Step) bool { return s.Name == step })
+	}
+	if order(b.step) < order(a.step) {
+		return b
+	}
+	return a
 }
 
 func asPark(err error) *parkRequest {

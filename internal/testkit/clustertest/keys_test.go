@@ -57,13 +57,21 @@ func beatingOffLeader(t *testing.T, cl *client.Client, dir string, ids []string,
 	var run, owner string
 	WaitFor(t, 90*time.Second, "a run beating on a node that does not lead", func() bool {
 		leader := statusOf(t, cl).Leader
-		ivs := beats.Intervals(dir)
+		// Beating now, read before and after asking where it runs: the asks take a
+		// while on a loaded machine, and a beat read before many of them is stale.
+		beating := func(id string) bool {
+			iv, ok := beats.Intervals(dir)[id]
+			return ok && time.Since(time.Unix(0, iv.Last)) < 500*time.Millisecond
+		}
 		for _, id := range ids {
-			var r client.Run
-			if skip[id] || call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || r.Status != "running" || r.Owner == "" || r.Owner == leader {
+			if skip[id] || !beating(id) {
 				continue
 			}
-			if iv, ok := ivs[id]; ok && time.Since(time.Unix(0, iv.Last)) < 100*time.Millisecond {
+			var r client.Run
+			if call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || r.Status != "running" || r.Owner == "" || r.Owner == leader {
+				continue
+			}
+			if beating(id) {
 				run, owner = id, r.Owner
 				return true
 			}
@@ -162,7 +170,10 @@ func TestKeyHoldsOneRunAtATime(t *testing.T) {
 		// window (2/3 of the TTL) after its last renewal, which the next run must start
 		// within for the damage to show, on a loaded machine too.
 		cl, nodes, dir := keyCluster(t, bin, "6s", 250)
-		ids := startKeyed(t, cl, 4)
+		// Runs enough that one lands off the leader: any worker may take a task, and
+		// CI once saw four in a row taken by the leader's own (the test then found none
+		// to pause). The test ends at the damage; the runs left are torn down with it.
+		ids := startKeyed(t, cl, 12)
 		cancelled, owner := beatingOffLeader(t, cl, dir, ids, nil)
 		nodes[owner].Stop()
 		defer nodes[owner].Cont()
