@@ -293,9 +293,10 @@ type nodeLog struct{ l *logstream.Log }
 func (n nodeLog) Write(ctx context.Context, entries ...checkpoint.Entry) *logstream.Future {
 	return n.l.Writer.Write(ctx, entries...)
 }
-func (n nodeLog) Changed() <-chan struct{} { return n.l.Applier.Changed() }
-func (n nodeLog) Failed() <-chan struct{}  { return n.l.Applier.Failed() }
-func (n nodeLog) Err() error               { return n.l.Applier.Err() }
+func (n nodeLog) LastSeq(ctx context.Context) (uint64, error) { return n.l.Applier.LastSeq(ctx) }
+func (n nodeLog) Changed() <-chan struct{}                    { return n.l.Applier.Changed() }
+func (n nodeLog) Failed() <-chan struct{}                     { return n.l.Applier.Failed() }
+func (n nodeLog) Err() error                                  { return n.l.Applier.Err() }
 
 // waitFor waits until cond holds, re-checking whenever the log applies a message.
 func (e *Engine) waitFor(ctx context.Context, cond func() bool) error {

@@ -37,6 +37,12 @@ import (
 // lease (Hooks.NoSlotDrain for in-process tests).
 var noSlotDrain string
 
+// noTermTail is the control of a new term's catch-up (-ldflags "-X
+// github.com/flowrun/flow/engine/internal/leader.noTermTail=1"; empty in every release
+// build): the leader counts slots without first applying what the last leader wrote
+// (Hooks.NoTermTail for in-process tests).
+var noTermTail string
+
 // KeyCounts are the slots held per rendered key when a pass begins.
 type KeyCounts map[string]int
 
@@ -52,8 +58,11 @@ type SlotView struct {
 	Live             []string
 	AsOf             time.Time
 	Now              time.Time
-	// Unapplied: this leader wrote assigns its state has not applied yet (their runs
-	// still look queued); no count is given until it has.
+	// Unapplied: the state has not applied the log as far as this term relies on: the
+	// log's end when the term began (the last leader's final assigns), and this
+	// leader's own assigns. Their runs still look queued, and a run queued ahead of
+	// them (a retry keeps its first place) would be admitted beside them; no count is
+	// given until it has.
 	Unapplied bool
 	// NoDrain is the control: the state's holders alone are counted.
 	NoDrain bool

@@ -24,6 +24,8 @@ import (
 // Log is the log as the leader uses it: one write verb, and the applier's progress.
 type Log interface {
 	Write(ctx context.Context, entries ...checkpoint.Entry) *logstream.Future
+	// LastSeq is the log's last sequence now (the stream's).
+	LastSeq(ctx context.Context) (uint64, error)
 	Changed() <-chan struct{}
 	Failed() <-chan struct{}
 	Err() error

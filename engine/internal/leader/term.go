@@ -27,10 +27,13 @@ type termServices struct {
 	delays     LockDelay
 	event      epoch.LeaseEvent // the lease event next took
 	// slots counts concurrency keys' slots (keys.go) from the releases since
-	// releasedAt; wrote is the highest sequence of this term's assigns.
+	// releasedAt. wrote is the highest sequence the state must have applied before it
+	// counts: the log's last at the term's start (tailRead once it was read: what the
+	// last leader wrote), then this term's assigns.
 	slots      *slotCounter
 	releasedAt uint64
 	wrote      uint64
+	tailRead   bool
 }
 
 func newTermServices(s *Service, term *epoch.Term) *termServices {
@@ -165,6 +168,7 @@ func (t *termServices) write(ctx context.Context, entries ...checkpoint.Entry) *
 // wait in the state without an epoch.
 func (t *termServices) assignPending(ctx context.Context) {
 	s := t.s
+	t.readTail(ctx)
 	assigned, _ := s.cfg.State.Held()
 	room := s.cfg.Admission.Room(assigned)
 	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, t.countSlots, t.slots.admitted)
@@ -227,13 +231,28 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 	}
 }
 
+// readTail reads the log's last sequence once a term, until it has: a new leader's
+// state may not have applied the last leader's final assigns yet (their runs still look
+// queued), and counts no slot before it has (keys.go, SlotView.Unapplied).
+func (t *termServices) readTail(ctx context.Context) {
+	if t.tailRead || noTermTail != "" || t.s.hooks.NoTermTail.Load() {
+		return
+	}
+	last, err := t.s.cfg.Log.LastSeq(ctx)
+	if err != nil {
+		t.s.log.Warn("read the log's last sequence (runs with concurrency keys wait)", "err", err)
+		return
+	}
+	t.wrote, t.tailRead = max(t.wrote, last), true
+}
+
 // countSlots counts the concurrency keys' slots for a pass (keys.go).
 func (t *termServices) countSlots() (KeyCounts, bool) {
 	s := t.s
 	released, next, complete := s.cfg.State.Released(t.releasedAt)
 	t.releasedAt = next
 	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: t.watcher.LiveRuns(),
-		AsOf: t.watcher.CaughtUpAsOf(), Now: s.clock.Now(), Unapplied: s.cfg.State.Applied() < t.wrote,
+		AsOf: t.watcher.CaughtUpAsOf(), Now: s.clock.Now(), Unapplied: !t.tailRead && noTermTail == "" && !s.hooks.NoTermTail.Load() || s.cfg.State.Applied() < t.wrote,
 		NoDrain: s.hooks.NoSlotDrain.Load() || noSlotDrain != ""}
 	return t.slots.Count(v, func(id string) []workflow.KeyLimit {
 		r, err := s.cfg.State.Run(id)

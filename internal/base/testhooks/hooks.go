@@ -73,6 +73,7 @@ type Hooks struct {
 	NoMasking             atomic.Bool  // a run's secret inputs are not masked in its steps' logs and outputs (the masking's control)
 	GateIgnoresRoster     atomic.Bool  // the leader raises the cluster version to the newest format whatever its members read (the simulation's gate control)
 	NoSlotDrain           atomic.Bool  // a concurrency key's slot is free once the state stops counting its run, whatever its lease (TestKeyHoldsOneRunAtATime's control)
+	NoTermTail            atomic.Bool  // a new leader counts concurrency keys' slots without first applying what the last leader wrote (TestKeySlotsControls' "term tail off")
 
 	// Signals.
 	ScheduledUpTo atomic.Uint64 // the applied sequence the scheduler's last finished pass had seen
