@@ -206,6 +206,14 @@ func (tx *applyBatch) claim(c *cachedRun, e *Entry) error {
 		// retried, waits pending for its next assign, and a stale task of it must not
 		// give it a second owner (whose writes its first owner's would pass as its own).
 		return tx.fenced(c, e, "epoch-already-claimed")
+	case (r.RetryRequested || r.HandedBack || r.Resume) && !tx.s.hooks.NoClaimOnceCheck:
+		// Nor a first owner once the run has left the epoch: a run cancelled before its
+		// epoch was claimed, then retried, waits at that epoch for its next assign, which
+		// the leader writes without a lease to wait for. A late task's claim of the old
+		// epoch would run it under an epoch that assign then replaces, the claimant still
+		// holding its lease (the simulation's seed 1490: a side effect after the epoch
+		// moved).
+		return tx.fenced(c, e, "stale-epoch")
 	}
 	c.touch(e)
 	r.Status = StatusRunning

@@ -112,6 +112,8 @@ var guardCatches = map[string][]guardCatch{
 	},
 	"NoClaimOnceCheck": {
 		{"claim-once.txt", "5.0 claim r1: fenced: epoch-already-claimed (epoch 2, run's 2)", "5.0 claim r1: ok"},
+		// A first owner of an epoch the run left (cancelled before a claim, retried).
+		{"claim-after-retry.txt", "5.0 claim r1: fenced: stale-epoch (epoch 2, run's 2)", "5.0 claim r1: ok"},
 	},
 	"TermFromAnyEntry": {
 		{"stale-term.txt", "9.0 assign r2: ok, epoch 9 (reconciled)", "9.0 assign r2: rejected: stale term (term 4 < highest 5)"},

@@ -174,6 +174,9 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 	deadLettered := map[string]bool{} // runs an assign of this message dead-lettered
 	retried := map[string]bool{}      // runs an accepted retry of this message revived
 	cancelled := map[string]bool{}    // runs an accepted cancel of this message ended
+	// ended: the handler event an entry of this message brought a run (a retry later in
+	// the message may have revived it: its status then no longer says so).
+	ended := map[string]string{}
 	for i, e := range entries {
 		err := verdicts[i]
 		first := e.Run != "" && !firstOf[e.Run]
@@ -219,9 +222,18 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 				}
 				c.cron[k] = e.Run
 			}
+		case checkpoint.KindComplete:
+			if err == nil && e.Status == checkpoint.StatusFailed {
+				ended[e.Run] = checkpoint.OnFailureEvent
+			}
+		case checkpoint.KindDeadLetter:
+			if err == nil || errors.Is(err, checkpoint.ErrDeadLettered) {
+				ended[e.Run] = checkpoint.OnDeadLetterEvent
+			}
 		case checkpoint.KindAssign:
 			if errors.Is(err, checkpoint.ErrDeadLettered) {
 				deadLettered[e.Run] = true
+				ended[e.Run] = checkpoint.OnDeadLetterEvent
 			}
 			if err != nil {
 				continue
@@ -349,7 +361,7 @@ func (c *Checker) Message(s State, seq uint64, before Before, entries []checkpoi
 		if err := c.checkRun(s, seq, id, deadLettered[id] && !retried[id]); err != nil {
 			return err
 		}
-		if err := c.handledOnce(s, seq, id, before[id]); err != nil {
+		if err := c.handledOnce(s, seq, id, before[id], ended[id]); err != nil {
 			return err
 		}
 		if cancelled[id] {
@@ -388,9 +400,10 @@ func (m *runModel) event(ev string) {
 }
 
 // handledOnce counts the handler events message seq brought run id (the run failed or
-// was dead-lettered by it: it had not ended before) and checks that the run holds no
-// more handler runs of an event than the event happened.
-func (c *Checker) handledOnce(s State, seq uint64, id string, before *checkpoint.Run) error {
+// was dead-lettered by it: it had not ended before; ended is the event its entries
+// brought, for a run a retry of the same message revived) and checks that the run holds
+// no more handler runs of an event than the event happened.
+func (c *Checker) handledOnce(s State, seq uint64, id string, before *checkpoint.Run, ended string) error {
 	r, err := s.Run(id)
 	if err != nil {
 		return nil // retired, or never submitted
@@ -402,6 +415,10 @@ func (c *Checker) handledOnce(s State, seq uint64, id string, before *checkpoint
 			m.event(checkpoint.OnFailureEvent)
 		case checkpoint.StatusDeadLettered:
 			m.event(checkpoint.OnDeadLetterEvent)
+		default:
+			if ended != "" { // it ended, and a later entry of the message revived it
+				m.event(ended)
+			}
 		}
 	}
 	runs := map[string]int{}
