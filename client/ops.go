@@ -228,17 +228,27 @@ type SignalOptions struct {
 	// ID is the signal's key: a second signal with the same key is applied once, so a
 	// caller that retries a signal with the same ID signals once.
 	ID string
+	// Start, if set, is signal-with-start: a workflow whose run is started under the
+	// run ID given, with Inputs, if no run has that ID (the submit and the signal are one
+	// log message). An existing run of that workflow is signalled and Inputs are unused.
+	Start  string
+	Inputs map[string]string
 }
 
 // Signal sends the signal name to a run that has not ended: kept in its inbox until a
 // wait step takes it; a run waiting for it wakes. Signalling a run that has ended is a
-// conflict.
+// conflict. With opts.Start, a run id that does not exist is started first, as a run of
+// that workflow with opts.Inputs, in the same log message as its signal (Signalled.Started
+// says whether it was).
 func (c *Client) Signal(ctx context.Context, id, name string, opts SignalOptions) (Signalled, error) {
 	var out Signalled
 	if len(opts.Data) > 0 && !json.Valid(opts.Data) {
 		return out, &Error{Code: CodeBadRequest, Message: "signal data is not valid JSON"}
 	}
-	err := c.call(ctx, "run.signal", Request{ID: id, Name: name, Data: opts.Data, SignalID: opts.ID}, &out)
+	if opts.Start == "" && len(opts.Inputs) > 0 {
+		return out, &Error{Code: CodeBadRequest, Message: "signal inputs are the inputs of the run --start starts: give --start WORKFLOW with them"}
+	}
+	err := c.call(ctx, "run.signal", Request{ID: id, Name: name, Data: opts.Data, SignalID: opts.ID, Workflow: opts.Start, Inputs: opts.Inputs}, &out)
 	return out, err
 }
 

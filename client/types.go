@@ -466,6 +466,9 @@ type Signalled struct {
 	ID       string `json:"id"`
 	Signal   string `json:"signal"`
 	SignalID string `json:"signal_id,omitempty"`
+	// Started: signal-with-start (--start) started the run with this signal; false when
+	// it signalled a run that was there.
+	Started bool `json:"started,omitempty"`
 }
 
 // Decided is the answer to an approval or a rejection: the run, the step decided and

@@ -139,27 +139,11 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 			return "", err
 		}
 	}
-	trigger := opts.Trigger
-	if trigger == "" {
-		trigger = checkpoint.TriggerManual
+	submit, err := e.submitOf(ctx, w, id, resolved, at, opts)
+	if err != nil {
+		return "", err
 	}
-	raw, _ := json.Marshal(resolved)
-	if _, err := w.Keys(resolved); err != nil {
-		// A key that cannot render would be counted under workflow.UnrenderedKey, with
-		// every run like it: refuse it here, where the caller can give the input.
-		return "", fmt.Errorf("%w: workflow %s: %v; give the input it reads (--input NAME=VALUE)", ErrBadInput, w.Name, err)
-	}
-	// The run names its workflow version; the definition itself is in the log once.
-	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
-		MaxEpochs: w.MaxEpochs, Inputs: raw, Parent: opts.Parent}
-	if opts.Parent != nil {
-		sub.Trigger = checkpoint.TriggerChild
-	}
-	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
-	sub.Handlers = leader.HandlerSpecs(w)
-	for _, st := range w.Steps {
-		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
-	}
+	sub := submit.Submit
 	if err := tracing.ValidTraceparent(opts.Traceparent); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
@@ -175,12 +159,6 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	}
 	if e.store.ClusterVersion() >= checkpoint.LogFormatBinary {
 		sub.Trace = tracing.Traceparent(tctx)
-	}
-	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Submit: sub}
-	if opts.Parent != nil {
-		// The child's submit is the parent's epoch's write, fenced like its commits, and
-		// carries this node's bound on the parent's whole tree.
-		submit.Epoch, sub.MaxTree = opts.ParentEpoch, e.cfg.MaxRunTree
 	}
 	// The leader's short path (leader.Service.StartHere) only for a run ID made here
 	// (or derived from a client's nonce) and a workflow without a concurrency limit.
@@ -200,6 +178,40 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// The short path names the run even when its caller left before the outcome: the
 	// run goes on (its reserved worker follows the assign in the log).
 	return id, err
+}
+
+// submitOf is the submit entry of run id of w with its resolved inputs, as StartRun
+// writes it (without its trace): refused (ErrBadInput) when a concurrency key of w
+// cannot render from the inputs.
+func (e *Engine) submitOf(ctx context.Context, w *workflow.Workflow, id string, resolved map[string]any, at time.Time, opts RunOptions) (checkpoint.Entry, error) {
+	trigger := opts.Trigger
+	if trigger == "" {
+		trigger = checkpoint.TriggerManual
+	}
+	raw, _ := json.Marshal(resolved)
+	if _, err := w.Keys(resolved); err != nil {
+		// A key that cannot render would be counted under workflow.UnrenderedKey, with
+		// every run like it: refuse it here, where the caller can give the input.
+		return checkpoint.Entry{}, fmt.Errorf("%w: workflow %s: %v; give the input it reads (--input NAME=VALUE)", ErrBadInput, w.Name, err)
+	}
+	// The run names its workflow version; the definition itself is in the log once.
+	sub := &checkpoint.Submit{Workflow: w.Name, Version: w.Version, Trigger: trigger, ScheduledAt: opts.ScheduledAt,
+		MaxEpochs: w.MaxEpochs, Inputs: raw, Parent: opts.Parent}
+	if opts.Parent != nil {
+		sub.Trigger = checkpoint.TriggerChild
+	}
+	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
+	sub.Handlers = leader.HandlerSpecs(w)
+	for _, st := range w.Steps {
+		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
+	}
+	submit := checkpoint.Entry{Kind: checkpoint.KindSubmit, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Submit: sub}
+	if opts.Parent != nil {
+		// The child's submit is the parent's epoch's write, fenced like its commits, and
+		// carries this node's bound on the parent's whole tree.
+		submit.Epoch, sub.MaxTree = opts.ParentEpoch, e.cfg.MaxRunTree
+	}
+	return submit, nil
 }
 
 // sameStart reports whether the run id is the one submit would have started: the same
@@ -457,6 +469,11 @@ func (e *Engine) signalTaken(r *checkpoint.Run, name string) error {
 	if err != nil {
 		return err
 	}
+	return signalTakenBy(wf, r.ID, name)
+}
+
+// signalTakenBy is signalTaken for run id of workflow wf.
+func signalTakenBy(wf *workflow.Workflow, id, name string) error {
 	var names []string
 	for _, st := range wf.Steps {
 		if st.Uses != steps.KindWait {
@@ -471,9 +488,9 @@ func (e *Engine) signalTaken(r *checkpoint.Run, name string) error {
 		}
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("%w: run %s: no step of workflow %s waits for a signal, so signal %q would never be taken", ErrBadInput, r.ID, wf.Name, name)
+		return fmt.Errorf("%w: run %s: no step of workflow %s waits for a signal, so signal %q would never be taken", ErrBadInput, id, wf.Name, name)
 	}
-	return fmt.Errorf("%w: run %s: no step of workflow %s waits for signal %q, so it would never be taken; its wait steps wait for %s (check the name)", ErrBadInput, r.ID, wf.Name, name, strings.Join(names, ", "))
+	return fmt.Errorf("%w: run %s: no step of workflow %s waits for signal %q, so it would never be taken; its wait steps wait for %s (check the name)", ErrBadInput, id, wf.Name, name, strings.Join(names, ", "))
 }
 
 // resentSignal is the signal with this de-duplication key in the run's inbox already

@@ -290,6 +290,14 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 			q.Statuses = append(q.Statuses, checkpoint.RunStatus(st))
 		}
 	}
+	// A queued run held back by its concurrency key is pending in the state and shown
+	// waiting: `--status waiting` asks the state for pending runs too, and the page
+	// keeps the runs whose shown status was asked for (it may then hold fewer than
+	// Limit with a next cursor, as a page may).
+	asked := slices.Clone(q.Statuses)
+	if slices.Contains(asked, checkpoint.StatusWaiting) && !slices.Contains(asked, checkpoint.StatusPending) {
+		q.Statuses = append(q.Statuses, checkpoint.StatusPending)
+	}
 	runs, next, err := a.e.QueryRuns(q)
 	if err != nil {
 		return client.RunPage{}, wireError(err)
@@ -299,6 +307,11 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 		a.e.maskInputs(&page.Runs[i], &runs[i])
 	}
 	a.e.showKeyWaits(page.Runs, runs)
+	if len(asked) > 0 {
+		page.Runs = slices.DeleteFunc(page.Runs, func(r client.Run) bool {
+			return !slices.Contains(asked, checkpoint.RunStatus(r.Status))
+		})
+	}
 	return page, nil
 }
 
@@ -445,6 +458,18 @@ func wireBackfill(ticks []BackfillTick, loc *time.Location) []client.BackfillTic
 // signal is in the log.
 func (a *API) Signal(ctx context.Context, id, name string, opts client.SignalOptions) error {
 	return wireError(a.e.Signal(ctx, id, name, SignalOptions{Data: opts.Data, ID: opts.ID}))
+}
+
+// SignalWithStart signals run id, starting it first as a run of opts.Start with
+// opts.Inputs (strings, converted to the declared types) if no run id exists
+// (SignalWithStart); it says whether it started it.
+func (a *API) SignalWithStart(ctx context.Context, id, name string, opts client.SignalOptions) (bool, error) {
+	inputs := map[string]any{}
+	for k, v := range opts.Inputs {
+		inputs[k] = v
+	}
+	started, err := a.e.SignalWithStart(ctx, id, name, opts.Start, inputs, SignalOptions{Data: opts.Data, ID: opts.ID})
+	return started, wireError(err)
 }
 
 // Decide approves or rejects an approval step of a run for the person ctx names

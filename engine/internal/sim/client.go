@@ -143,6 +143,7 @@ func (c *simClient) start() {
 			if applied++; applied == len(srcs) {
 				c.submitAll()
 				c.submitKeyed()
+				c.signalStarts()
 				if s.cfg.Hold {
 					c.releaseAt(s.cfg.Release)
 				}
@@ -319,6 +320,35 @@ func (c *simClient) submitKeyed() {
 				}
 			})
 		})
+	}
+}
+
+// signalStarts has one to three callers each signal-with-start the runs s1.. (of the
+// workflow "wait") at times of their own stream, with one signal ID or each its own:
+// one of them starts the run, with its signal in the same message (invariant "sws").
+func (c *simClient) signalStarts() {
+	s := c.s
+	for i := 1; i <= s.cfg.SignalStarts; i++ {
+		id := fmt.Sprintf("s%d", i)
+		at := time.Duration(s.signalStart.Int64N(int64(s.cfg.SubmitIn)))
+		own := s.signalStart.IntN(2) == 0
+		for k := range 1 + s.signalStart.IntN(3) {
+			when := at + time.Duration(s.signalStart.Int64N(int64(2*time.Second)))
+			sid := "sws-" + id
+			if own {
+				sid += fmt.Sprint("-", k)
+			}
+			c.later(when, func() {
+				c.call("signal-with-start "+id+" "+sid, "ops", func(ctx context.Context, api *engine.API) error {
+					_, err := api.SignalWithStart(ctx, id, "go", client.SignalOptions{ID: sid, Start: "wait"})
+					return err
+				}, func(err error) {
+					if err == nil {
+						s.signalStarted[id] = true
+					} // else refused (the run ended) or no answer (its node died): fine
+				})
+			})
+		}
 	}
 }
 

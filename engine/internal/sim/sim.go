@@ -64,6 +64,10 @@ type Config struct {
 	// once), over two accounts, some cancelled while they run. Drawn from a stream of
 	// their own (Sim.keyed), in half the seeds.
 	KeyedRuns int
+	// SignalStarts are runs s1.. of the workflow "wait" started by signal-with-start
+	// (issue 39): one to three callers each, racing, with one signal ID or their own.
+	// Drawn from a stream of their own (Sim.signalStart), in half the seeds.
+	SignalStarts int
 	// Skew is each node's clock offset from the simulation's (its clockwork clock's
 	// readings; durations are the same).
 	Skew       []time.Duration
@@ -153,7 +157,11 @@ type Sim struct {
 	// submitKeyed), apart from rng too: a seed without them runs as before they came.
 	keyed *rand.Rand
 	keyOf map[string]string // a keyed run's key (invariant "key")
-	now   time.Time
+	// signalStart draws the signal-with-start runs (Config.SignalStarts); signalStarted
+	// are those a call said it started or signalled (invariant "sws").
+	signalStart   *rand.Rand
+	signalStarted map[string]bool
+	now           time.Time
 
 	in     inbox
 	q      eventQueue
@@ -210,6 +218,9 @@ type Stats struct {
 	Raises, RaisesRefused, Upgrades int
 	// SquatsRefused: runs a person tried to start under a child's ID, refused.
 	SquatsRefused int
+	// SignalStarts: runs that signal-with-start started (or signalled) and that hold
+	// their signal from their first sequence (invariant "sws").
+	SignalStarts int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.
@@ -235,6 +246,9 @@ func New(seed uint64, sw Switches) *Sim {
 	s.keyed = rand.New(rand.NewPCG(seed^0x7f4a7c159e3779b9, seed))
 	s.cfg.KeyedRuns = []int{0, 0, 4, 8}[s.keyed.IntN(4)]
 	s.keyOf = map[string]string{}
+	s.signalStart = rand.New(rand.NewPCG(seed^0x2545f4914f6cdd1d, seed))
+	s.cfg.SignalStarts = []int{0, 0, 1, 2}[s.signalStart.IntN(4)]
+	s.signalStarted = map[string]bool{}
 	return s
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing/synctest"
 	"time"
@@ -290,6 +291,24 @@ func (s *Sim) final() error {
 			s.fail("9", "%s's state differs from the whole log's (%s)", n.name, firstDiff(got.String(), want.String()))
 			return s.failure
 		}
+	}
+	// Invariant "sws": a run that signal-with-start started holds that signal from its
+	// first sequence on (the submit and the signal were one message).
+	for i := 1; i <= s.cfg.SignalStarts; i++ {
+		id := fmt.Sprintf("s%d", i)
+		r, err := s.ref.Run(id)
+		if errors.Is(err, checkpoint.ErrNotFound) && !s.signalStarted[id] {
+			continue // no call got through
+		}
+		if err != nil {
+			s.fail("sws", "run %s: %v (a signal-with-start said it got through)", id, err)
+			return s.failure
+		}
+		if !slices.ContainsFunc(r.Inbox, func(sig checkpoint.SignalRecord) bool { return sig.Seq == r.CreatedSeq }) {
+			s.fail("sws", "run %s, created at sequence %d, has no signal of that sequence (inbox %+v): started without its signal", id, r.CreatedSeq, r.Inbox)
+			return s.failure
+		}
+		s.stats.SignalStarts++
 	}
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusSucceeded, checkpoint.StatusFailed, checkpoint.StatusCancelled} {
 		c, _ := s.ref.CountRuns(st)

@@ -248,11 +248,27 @@ func (s *Server) runSignal(ctx context.Context, r *client.Request) (any, error) 
 	if len(r.Data) > 0 && !json.Valid(r.Data) {
 		return nil, badRequest("signal data is not valid JSON")
 	}
-	if err := s.n.Signal(ctx, r.ID, r.Name, client.SignalOptions{Data: r.Data, ID: r.SignalID}); err != nil {
+	opts := client.SignalOptions{Data: r.Data, ID: r.SignalID}
+	if r.Workflow == "" {
+		if len(r.Inputs) > 0 {
+			return nil, badRequest("inputs are for the run a signal-with-start starts: give the workflow (flowctl run signal RUN NAME --start WORKFLOW --input K=V)")
+		}
+		if err := s.n.Signal(ctx, r.ID, r.Name, opts); err != nil {
+			return nil, err
+		}
+		s.signals.Add(1)
+		return client.Signalled{ID: r.ID, Signal: r.Name, SignalID: r.SignalID}, nil
+	}
+	if !ident.ValidName(r.Workflow) {
+		return nil, badRequest("workflow %q: a workflow name is 1-64 of a-z, 0-9, '_' or '-'", r.Workflow)
+	}
+	opts.Start, opts.Inputs = r.Workflow, r.Inputs
+	started, err := s.n.SignalWithStart(ctx, r.ID, r.Name, opts)
+	if err != nil {
 		return nil, err
 	}
 	s.signals.Add(1)
-	return client.Signalled{ID: r.ID, Signal: r.Name, SignalID: r.SignalID}, nil
+	return client.Signalled{ID: r.ID, Signal: r.Name, SignalID: r.SignalID, Started: started}, nil
 }
 
 func (s *Server) runApprove(ctx context.Context, r *client.Request) (any, error) {

@@ -77,6 +77,9 @@ type Node interface {
 	// Signal sends a signal to a run that has not ended (a conflict if it has); the
 	// sender is ctx's actor (internal/base/audit).
 	Signal(ctx context.Context, id, name string, opts client.SignalOptions) error
+	// SignalWithStart signals run id, starting it as a run of opts.Start with
+	// opts.Inputs first if it does not exist; it says whether it did.
+	SignalWithStart(ctx context.Context, id, name string, opts client.SignalOptions) (bool, error)
 	// Decide approves or rejects an approval step of a run (step "": the one it waits
 	// on, or its only one) for ctx's actor, and returns the step decided: a conflict for
 	// a run that has ended or no such step, forbidden for a person who may not decide.

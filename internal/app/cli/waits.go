@@ -16,11 +16,16 @@ import (
 
 // waitCommands are run signal, run approve and run reject (CONTRACT.md).
 func (a *app) waitCommands() []*cobra.Command {
-	var data, key string
-	signal := &cobra.Command{Use: "signal RUN NAME", Short: "Send a signal to a run that has not ended (a run waiting for it wakes)",
-		Args: exactArgs(2, "RUN and NAME"), RunE: func(_ *cobra.Command, args []string) error { return a.signal(args[0], args[1], data, key) }}
+	var data, key, start string
+	var inputs []string
+	signal := &cobra.Command{Use: "signal RUN NAME", Short: "Send a signal to a run that has not ended (a run waiting for it wakes); with --start, start RUN first if it does not exist",
+		Args: exactArgs(2, "RUN and NAME"), RunE: func(_ *cobra.Command, args []string) error {
+			return a.signal(args[0], args[1], data, key, start, inputs)
+		}}
 	signal.Flags().StringVar(&data, "data", "", "the signal's data: JSON, or @FILE to read it from FILE")
 	signal.Flags().StringVar(&key, "id", "", "the signal's key: the same signal sent again with it is applied once; another signal under a key already applied is refused")
+	signal.Flags().StringVar(&start, "start", "", "signal-with-start: if no run RUN exists, start it as a run of this workflow, with its signal, in one log message")
+	signal.Flags().StringArrayVar(&inputs, "input", nil, "an input of the run --start starts, as KEY=VALUE (repeat for several; unused if the run exists)")
 	decide := func(use, short string, op func(*client.Client, context.Context, string, client.DecideOptions) (client.Decided, error)) *cobra.Command {
 		var opts client.DecideOptions
 		cmd := &cobra.Command{Use: use + " RUN", Short: short, Args: exactArgs(1, "RUN"),
@@ -55,18 +60,31 @@ func signalData(data string) (json.RawMessage, error) {
 	return json.RawMessage(strings.TrimSpace(string(raw))), nil
 }
 
-func (a *app) signal(id, name, data, key string) error {
+func (a *app) signal(id, name, data, key, start string, inputs []string) error {
 	raw, err := signalData(data)
 	if err != nil {
 		return err
 	}
+	if start == "" && len(inputs) > 0 {
+		return usage("--input is for the run --start starts: give --start WORKFLOW, or leave --input out")
+	}
+	in, err := keyValues("--input", inputs)
+	if err != nil {
+		return err
+	}
 	res, err := ask(a, func(c *client.Client, ctx context.Context) (client.Signalled, error) {
-		return c.Signal(ctx, id, name, client.SignalOptions{Data: raw, ID: key})
+		return c.Signal(ctx, id, name, client.SignalOptions{Data: raw, ID: key, Start: start, Inputs: in})
 	})
 	if err != nil {
 		return err
 	}
-	return a.print(res, func(w io.Writer) { fmt.Fprintf(w, "%s signalled %s\n", res.ID, res.Signal) })
+	return a.print(res, func(w io.Writer) {
+		if res.Started {
+			fmt.Fprintf(w, "%s started (%s) and signalled %s\n", res.ID, start, res.Signal)
+			return
+		}
+		fmt.Fprintf(w, "%s signalled %s\n", res.ID, res.Signal)
+	})
 }
 
 func (a *app) decide(op func(*client.Client, context.Context, string, client.DecideOptions) (client.Decided, error), id string, opts client.DecideOptions) error {

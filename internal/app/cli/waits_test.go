@@ -117,3 +117,47 @@ func TestSignalApproveCommands(t *testing.T) {
 		t.Fatalf("history: %d\n%s", code, out)
 	}
 }
+
+// run signal --start: a run that does not exist is started (with --input) and
+// signalled, saying so; the same command again signals the run that now exists (its
+// inputs unchanged); --input without --start is bad usage; a run ID that is a run of
+// another workflow exits 1 saying so, nothing sent.
+func TestSignalWithStartCommand(t *testing.T) {
+	e := startFlowd(t)
+	wf := e.file("ledger.yaml", "name: ledger\ninputs:\n  date: {type: string}\nsteps:\n  - {name: closed, uses: wait, with: {signal: ledger-closed}}\n  - {name: again, needs: [closed], uses: wait, with: {signal: ledger-closed}}\n")
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", wf); code != 0 {
+		t.Fatalf("apply: %d %s", code, errOut)
+	}
+	code, out, errOut := e.flowctl("run", "signal", "close-1204", "ledger-closed", "--start", "ledger", "--input", "date=2026-12-04")
+	if code != 0 || out != "close-1204 started (ledger) and signalled ledger-closed\n" {
+		t.Fatalf("signal --start of a new run: %d %q %q", code, out, errOut)
+	}
+	e.waitFor("close-1204", func(r client.Run) bool { return r.Status == "waiting" && r.Waiting != nil && r.Waiting.Step == "again" })
+	code, out, errOut = e.flowctl("run", "signal", "close-1204", "ledger-closed", "--start", "ledger", "--input", "date=1999-01-01", "-o", "json")
+	var sig client.Signalled
+	if code != 0 || json.Unmarshal([]byte(out), &sig) != nil || sig != (client.Signalled{ID: "close-1204", Signal: "ledger-closed"}) {
+		t.Fatalf("signal --start of a run that exists: %d %q %q; want it signalled, started absent", code, out, errOut)
+	}
+	r := e.waitFor("close-1204", client.Run.Terminal)
+	if r.Status != "succeeded" || string(r.Inputs) != `{"date":"2026-12-04"}` {
+		t.Fatalf("the run: %s %s", r.Status, r.Inputs)
+	}
+	code, _, errOut = e.flowctl("run", "signal", "close-1205", "ledger-closed", "--input", "date=2026-12-05")
+	if code != ExitUsage || !strings.Contains(errOut, "--start") {
+		t.Fatalf("--input without --start: %d %q; want exit 2 naming --start", code, errOut)
+	}
+	gate := e.file("gate.yaml", "name: gate\nsteps:\n  - {name: w, uses: wait, with: {signal: ledger-closed}}\n")
+	if code, _, errOut := e.flowctl("workflow", "apply", "-f", gate); code != 0 {
+		t.Fatalf("apply: %d %s", code, errOut)
+	}
+	if code, _, errOut := e.flowctl("run", "start", "gate", "--id", "gate-1"); code != 0 {
+		t.Fatalf("start: %d %s", code, errOut)
+	}
+	code, _, errOut = e.flowctl("run", "signal", "gate-1", "ledger-closed", "--start", "ledger", "--input", "date=2026-12-05")
+	if code != ExitFailed || !strings.Contains(errOut, "is a run of workflow gate") {
+		t.Fatalf("signal --start of another workflow's run: %d %q; want exit 1 naming its workflow", code, errOut)
+	}
+	if r, _ := e.d.Engine().API().Run("gate-1"); len(r.Inbox) != 0 {
+		t.Fatalf("a refused signal-with-start wrote %+v", r.Inbox)
+	}
+}
