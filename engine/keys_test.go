@@ -35,10 +35,32 @@ func TestKeyRunsOneAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := e.API()
-	pollUntil(t, 20*time.Second, "a later run of acct-a shown waiting for its key", func() bool {
+	// Shown waiting for its key, and listed as it is shown: among the waiting runs, not
+	// among the pending ones (asked while a-3 waited before and after the listings).
+	listed := func(status string) bool {
+		page, err := api.Runs(client.ListOptions{Workflow: "keyed", Status: status, Limit: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(page.Runs, func(r client.Run) bool { return r.ID == "a-3" })
+	}
+	waiting := func() bool {
 		r, err := api.Run("a-3")
 		return err == nil && r.Status == "waiting" && r.Waiting != nil && r.Waiting.Kind == client.WaitConcurrency &&
 			r.Waiting.Key == "acct-a" && r.Waiting.Limit == 1 && len(r.Waiting.Holders) == 1
+	}
+	pollUntil(t, 20*time.Second, "a later run of acct-a shown and listed waiting for its key", func() bool {
+		if !waiting() {
+			return false
+		}
+		inWaiting, inPending := listed("waiting"), listed("pending")
+		if !waiting() {
+			return false
+		}
+		if !inWaiting || inPending {
+			t.Fatalf("a-3, waiting for its key: in --status waiting %v, in --status pending %v; want only the first", inWaiting, inPending)
+		}
+		return true
 	})
 	l, err := api.Limits()
 	if err != nil {

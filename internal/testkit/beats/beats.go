@@ -1,7 +1,7 @@
 // Package beats is a step's side effect that tests can read back in time: an exec step
-// that writes "RUN NANOS" to a file every 20ms while it runs, and the intervals each run
-// was seen running in, to check that runs which must not run at once (a concurrency
-// key's) never did, in real time.
+// that writes "RUN EPOCH NANOS" to a file every 20ms while it runs, and the intervals
+// each run (or each epoch of a run) was seen running in, to check that runs which must
+// not run at once (a concurrency key's) never did, in real time, nor two epochs of one.
 package beats
 
 import (
@@ -24,7 +24,7 @@ func Workflow(t testing.TB, name, dir string, n, limit int) string {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
+	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $FLOW_EPOCH $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
 	return fmt.Sprintf("name: %s\nconcurrency: {key: \"acct-{{ inputs.acct }}\", limit: %d}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, %q]}\n",
 		name, limit, script)
 }
@@ -34,24 +34,46 @@ type Interval struct{ First, Last int64 }
 
 // Intervals reads dir/beats: each run's first and last beat.
 func Intervals(dir string) map[string]Interval {
+	return read(dir, func(run, _ string) string { return run })
+}
+
+// Executions reads dir/beats: the first and last beat of each epoch of each run, keyed
+// "RUN@EPOCH". Two epochs of one run are two executions: a paused owner's step that
+// went on beside its run's next epoch crosses it here.
+func Executions(dir string) map[string]Interval {
+	return read(dir, func(run, epoch string) string { return run + "@" + epoch })
+}
+
+func read(dir string, key func(run, epoch string) string) map[string]Interval {
 	b, _ := os.ReadFile(filepath.Join(dir, "beats"))
 	out := map[string]Interval{}
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) != 2 {
-			continue
+		if len(f) != 3 {
+			continue // a line being written
 		}
-		n, err := strconv.ParseInt(f[1], 10, 64)
+		n, err := strconv.ParseInt(f[2], 10, 64)
 		if err != nil {
 			continue
 		}
-		iv, ok := out[f[0]]
+		k := key(f[0], f[1])
+		iv, ok := out[k]
 		if !ok {
 			iv = Interval{n, n}
 		}
-		out[f[0]] = Interval{min(iv.First, n), max(iv.Last, n)}
+		out[k] = Interval{min(iv.First, n), max(iv.Last, n)}
 	}
 	return out
+}
+
+// Keys are ivs' keys, sorted.
+func Keys(ivs map[string]Interval) []string {
+	keys := make([]string, 0, len(ivs))
+	for k := range ivs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // Crossings are the pairs of the runs given whose intervals cross ("a/b"), with how

@@ -102,9 +102,14 @@ func cancelRun(t *testing.T, cl *client.Client, id string) {
 // cancelled meanwhile (its step runs on until its trust deadline). Each step writes a
 // beat every 20ms while it runs; no two runs' beats interleave, and every run ends.
 //
-// The control is the same flowd linked with the leader's slot drain off (a slot free
-// once the state ends its run): the cancel of a paused owner's run lets the next run
-// start while the cancelled step still beats.
+// No two epochs of one run beat at once either: the paused owner's step stops at its
+// trust deadline, before the lease can lapse and the run be taken over.
+//
+// The controls switch off one guard each: the leader's slot drain (a slot free once the
+// state ends its run: the cancel of a paused owner's run lets the next run start while
+// the cancelled step still beats), and the step's trust deadline (steps.noTrustDeadline:
+// a paused owner's step beats on beside its run's next epoch, which took the key's slot
+// over at the lease's lapse).
 func TestKeyHoldsOneRunAtATime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("SIGKILLs and SIGSTOPs flowd processes")
@@ -159,6 +164,11 @@ func TestKeyHoldsOneRunAtATime(t *testing.T) {
 		if c := beats.Crossings(ivs, ids); len(c) > 0 {
 			t.Fatalf("runs of one key ran at once: %v", c)
 		}
+		// Nor two epochs of one run: the paused owner's step stopped at its trust
+		// deadline, before its run's next epoch began.
+		if ex := beats.Executions(dir); len(beats.Crossings(ex, beats.Keys(ex))) > 0 {
+			t.Fatalf("executions of one key ran at once: %v", beats.Crossings(ex, beats.Keys(ex)))
+		}
 		t.Logf("the shortest time between one run's last beat and the next one's first: %s", beats.ShortestGap(ivs))
 		if len(ivs) < len(ids)-1 {
 			t.Fatalf("only %d of %d runs beat: the test saw too little", len(ivs), len(ids))
@@ -182,5 +192,21 @@ func TestKeyHoldsOneRunAtATime(t *testing.T) {
 			return len(beats.Crossings(beats.Intervals(dir), ids)) > 0
 		})
 		t.Logf("control: %v", beats.Crossings(beats.Intervals(dir), ids))
+	})
+	t.Run("control-no-trust-deadline", func(t *testing.T) {
+		bin := FlowdLinkedWith(t, "github.com/flowrun/flow/steps.noTrustDeadline=1")
+		// Steps long enough (600 beats, 12 s and more) to outlive a 2 s lease's lapse
+		// and the takeover after it.
+		cl, nodes, dir := keyCluster(t, bin, "2s", 600)
+		ids := startKeyed(t, cl, 6)
+		stopped, owner := beatingOffLeader(t, cl, dir, ids, nil)
+		nodes[owner].Stop()
+		defer nodes[owner].Cont()
+		WaitFor(t, 60*time.Second, "the damage: "+stopped+"'s next epoch beating beside its paused owner's step", func() bool {
+			ex := beats.Executions(dir)
+			return len(beats.Crossings(ex, beats.Keys(ex))) > 0
+		})
+		ex := beats.Executions(dir)
+		t.Logf("control: %v", beats.Crossings(ex, beats.Keys(ex)))
 	})
 }
