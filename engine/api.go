@@ -412,8 +412,9 @@ type SignalOptions struct {
 
 // Signal sends a signal to a run (checkpoint/wait.go): kept in its inbox until a wait
 // step consumes it; a run parked on it wakes. The sender is the server's word for who
-// asked (audit.Actor). Refused, with nothing written: a run that has ended
-// (checkpoint.ErrConflict); a name no wait step of the run's workflow waits for
+// asked (audit.Actor). The same signal sent again under an ID the run holds is answered
+// as applied, also once the run has ended. Refused, with nothing written: a run that has
+// ended (checkpoint.ErrConflict); a name no wait step of the run's workflow waits for
 // (ErrBadInput); an ID applied before to another name or other data
 // (checkpoint.ErrConflict).
 func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions) error {
@@ -429,17 +430,22 @@ func (e *Engine) Signal(ctx context.Context, id, name string, opts SignalOptions
 	if err != nil {
 		return err
 	}
-	if r.Status.Terminal() {
-		return fmt.Errorf("%w: run %s has ended (%s): a signal reaches only a run that has not", checkpoint.ErrConflict, id, r.Status)
-	}
-	if err := e.signalTaken(r, name); err != nil {
-		return err
-	}
 	resent := resentSignal(r, opts.ID)
 	if resent != nil {
 		if why := resent.Unlike(entry.Signal); why != "" {
 			return fmt.Errorf("%w: run %s: %s", checkpoint.ErrConflict, id, why)
 		}
+		if r.Status.Terminal() {
+			// The same signal, applied before the run ended: a caller sending it again
+			// (its first answer lost) is answered as the first was.
+			return nil
+		}
+	}
+	if r.Status.Terminal() {
+		return fmt.Errorf("%w: run %s has ended (%s): a signal reaches only a run that has not", checkpoint.ErrConflict, id, r.Status)
+	}
+	if err := e.signalTaken(r, name); err != nil {
+		return err
 	}
 	// Judged after the checks above, so that a refused signal costs its sender nothing.
 	if err := e.takeSignalBytes(audit.Actor(ctx), len(opts.Data)); err != nil {

@@ -31,7 +31,8 @@ func TestSignalWithStart(t *testing.T) {
 	apply(t, e, "name: other\nsteps:\n  - {name: w, uses: wait, with: {signal: ledger-closed}}\n")
 	ctx := ctxT(t, 60*time.Second)
 
-	started, err := e.SignalWithStart(ctx, "close-1204", "ledger-closed", "ledger", map[string]any{"date": "2026-12-04"}, SignalOptions{Data: []byte(`{"rows": 3}`)})
+	first := SignalOptions{Data: []byte(`{"rows": 3}`), ID: "closed-1204"}
+	started, err := e.SignalWithStart(ctx, "close-1204", "ledger-closed", "ledger", map[string]any{"date": "2026-12-04"}, first)
 	if err != nil || !started {
 		t.Fatalf("signal-with-start of a new run: started %v, %v", started, err)
 	}
@@ -57,6 +58,16 @@ func TestSignalWithStart(t *testing.T) {
 	}
 	if len(v.Run.Inbox) != 1 || v.Run.Inbox[0].ConsumedBy != "closed" || string(v.Run.Inbox[0].Data) != `{"rows":3}` {
 		t.Fatalf("inbox %+v: want the one signal, with its data, taken by step closed", v.Run.Inbox)
+	}
+
+	// The same call again after the run ended (its first answer lost): answered as the
+	// first was, nothing written.
+	before := e.store.Applied()
+	if started, err := e.SignalWithStart(ctx, "close-1204", "ledger-closed", "ledger", map[string]any{"date": "2026-12-04"}, first); err != nil || started {
+		t.Fatalf("the same signal-with-start again after the run ended: started %v, %v; want it answered as applied", started, err)
+	}
+	if e.store.Applied() != before {
+		t.Fatalf("the repeated signal wrote to the log")
 	}
 
 	// An existing run is signalled; its inputs stay.
@@ -91,7 +102,7 @@ func TestSignalWithStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused[0].workflow = "ledger" // close-1205b is a run of other
-	before := e.store.Applied()
+	before = e.store.Applied()
 	for _, c := range refused {
 		started, err := e.SignalWithStart(ctx, c.id, c.signal, c.workflow, c.inputs, SignalOptions{})
 		if err == nil || started || c.want != nil && !errors.Is(err, c.want) {
