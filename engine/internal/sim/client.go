@@ -292,10 +292,12 @@ func (c *simClient) submitAll() {
 }
 
 // submitKeyed starts the keyed runs k1.. over two accounts at times of their own stream,
-// and cancels some of them a little later (often while they run: a cancel whose owner
-// is paused or cut off is what the slot's drain is for).
+// cancels some of them a little later (often while they run: a cancel whose owner is
+// paused or cut off is what the slot's drain is for), and retries one of them later (a
+// cancelled one goes back to its first place in the queue).
 func (c *simClient) submitKeyed() {
 	s := c.s
+	retried := false
 	for i := 1; i <= s.cfg.KeyedRuns; i++ {
 		at := time.Duration(s.keyed.Int64N(int64(s.cfg.SubmitIn)))
 		id := fmt.Sprintf("k%d", i)
@@ -306,6 +308,14 @@ func (c *simClient) submitKeyed() {
 			c.cancelLater(id, at+time.Duration(s.keyed.Int64N(int64(4*time.Second))))
 		case 1:
 			c.stopAndCancel(id, at+time.Duration(s.keyed.Int64N(int64(2*time.Second))), 10)
+		}
+		// A retry puts a cancelled run back at its first place in the queue, ahead of
+		// later runs of its key (the leader's unapplied-assign and term-tail guards).
+		// One a seed: each keyed run holds its account for seconds, and the runs of an
+		// account must all end within the liveness bound.
+		if !retried && s.keyed.IntN(2) == 0 {
+			retried = true
+			c.retryLater(id, "keyed", at+2*time.Second+time.Duration(s.keyed.Int64N(int64(6*time.Second))))
 		}
 		c.later(at, func() {
 			c.call("start "+id+" keyed", "ops", func(ctx context.Context, api *engine.API) error {
