@@ -45,11 +45,12 @@ const (
 // Revision is the newest revision of the entries this code reads and writes (the "v"
 // of a format-1 message, the second field of a format-2 one; logformat.go). Revision 2
 // adds the retire entry, 3 the waits (signal, decide, park, wake, and a commit's
-// consumption of a signal) and the nightly operations, 4 the cluster version entry; a
+// consumption of a signal) and the nightly operations, 4 the cluster version entry, 5
+// (log format 3 only: MaxRevision) a run started by a message (trigger event); a
 // format-1 message is written at the lowest revision that holds its entries
 // (RevisionOf). A message of a newer revision stops the applier (it was written by
 // newer code): "upgrade flowd".
-const Revision = 4
+const Revision = 5
 
 // ItemWhole is the Item of an entry about a whole step rather than one foreach item.
 const ItemWhole = -1
@@ -115,7 +116,7 @@ type Entry struct {
 type Submit struct {
 	Workflow    string          `json:"workflow"`
 	Version     int             `json:"version"`
-	Trigger     string          `json:"trigger"` // manual | cron | retry | child | backfill | handler
+	Trigger     string          `json:"trigger"` // manual | cron | retry | child | backfill | handler | event (format 3)
 	ScheduledAt time.Time       `json:"scheduled_at,omitzero"`
 	MaxEpochs   int             `json:"max_epochs"`
 	Inputs      json.RawMessage `json:"inputs,omitempty"`
@@ -322,9 +323,9 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 		return bad("negative max_epochs, version or max_tree")
 	}
 	switch s.Trigger {
-	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill, TriggerHandler:
+	case TriggerManual, TriggerCron, TriggerRetry, TriggerChild, TriggerBackfill, TriggerHandler, TriggerEvent:
 	default:
-		return bad("trigger %q: use manual, cron, retry, child or backfill", s.Trigger)
+		return bad("trigger %q: use manual, cron, retry, child, backfill, handler or event", s.Trigger)
 	}
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
@@ -405,6 +406,9 @@ func RevisionFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func RevisionOf(e *Entry) int {
+	if e.Submit != nil && e.Submit.Trigger == TriggerEvent {
+		return 5
+	}
 	if e.Submit != nil && e.Submit.Trace != "" {
 		return 4
 	}
@@ -492,6 +496,9 @@ func (rd reader) decodeJSON(seq uint64, data []byte) (Message, error) {
 func (m Message) check(seq uint64) error {
 	if len(m.Entries) == 0 {
 		return &CorruptError{Seq: seq, Detail: "no entries"}
+	}
+	if m.Revision > MaxRevision(m.Format) {
+		return &CorruptError{Seq: seq, Detail: fmt.Sprintf("revision %d in a format-%d message, which holds revisions up to %d", m.Revision, m.Format, MaxRevision(m.Format))}
 	}
 	for i := range m.Entries {
 		if !knownKind(m.Entries[i].Kind, m.Revision) {

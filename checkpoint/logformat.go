@@ -21,12 +21,27 @@ import (
 //     node, [entries...]], each entry a map keyed by the same names. Outputs and
 //     inputs, which are JSON, ride as byte strings, neither escaped nor re-parsed.
 //     docs/decisions.md has the measurements it was chosen by.
+//   - Format 3: format 2's encoding (the array says 3), whose messages may hold
+//     revision 5's entries: the fourth round's flow control (a run started by a
+//     message, trigger "event"). An entry a format does not hold is refused at the
+//     writer (ErrInvalidEntry: the cluster version is too low) and is corruption to a
+//     reader, so no node ever applies what an older member of the cluster would stop at.
 const (
-	LogFormatJSON   = 1
-	LogFormatBinary = 2
+	LogFormatJSON        = 1
+	LogFormatBinary      = 2
+	LogFormatFlowControl = 3
 	// NewestLogFormat is the newest log format this code writes.
-	NewestLogFormat = LogFormatBinary
+	NewestLogFormat = LogFormatFlowControl
 )
+
+// MaxRevision is the newest revision of entries a message of format may hold: format
+// 1 and 2 up to 4 (what the releases before format 3 read), format 3 up to Revision.
+func MaxRevision(format int) int {
+	if format < LogFormatFlowControl {
+		return 4
+	}
+	return Revision
+}
 
 // readFormatsLinked, set at link time (-X
 // github.com/flowrun/flow/checkpoint.readFormatsLinked=1), makes this binary read, and
@@ -53,7 +68,7 @@ func readerOf(format int) reader {
 	if format < LogFormatBinary {
 		return reader{format, 3}
 	}
-	return reader{format, Revision}
+	return reader{format, MaxRevision(format)}
 }
 
 // MaxReadFormat is the newest log format this binary reads.
@@ -149,10 +164,15 @@ func (rd reader) decodeBinary(seq uint64, data []byte) (Message, error) {
 	if len(data) < 3 || data[0] != 0x84 || data[1] > 0x17 || data[2] > 0x17 {
 		return Message{}, &CorruptError{Seq: seq, Detail: "decode: neither a format-1 (JSON) nor a format-2 (CBOR) message"}
 	}
-	if f, rev := int(data[1]), int(data[2]); f > rd.format || f == LogFormatBinary && rev > rd.revision {
+	f, rev := int(data[1]), int(data[2])
+	if f > rd.format || f >= LogFormatBinary && rev > rd.revision && rev <= MaxRevision(f) {
 		return Message{}, fmt.Errorf("%w: the message at sequence %d has log format %d revision %d, this flowd reads formats up to %d (revisions up to %d)", ErrNewerFormat, seq, f, rev, rd.format, rd.revision)
-	} else if f != LogFormatBinary {
+	} else if f < LogFormatBinary {
 		return Message{}, &CorruptError{Seq: seq, Detail: fmt.Sprintf("format %d in a CBOR message", f)}
+	} else if rev > MaxRevision(f) {
+		// No writer puts a newer revision in an older format (the writer refuses it):
+		// an older member would stop at it, so every node must skip it alike.
+		return Message{}, &CorruptError{Seq: seq, Detail: fmt.Sprintf("revision %d in a format-%d message, which holds revisions up to %d", rev, f, MaxRevision(f))}
 	}
 	var env binaryEnvelope
 	if err := cborDec.Unmarshal(data, &env); err != nil {
@@ -161,7 +181,7 @@ func (rd reader) decodeBinary(seq uint64, data []byte) (Message, error) {
 	if env.Revision < 1 {
 		return Message{}, &CorruptError{Seq: seq, Detail: fmt.Sprintf("revision %d", env.Revision)}
 	}
-	m := Message{Format: LogFormatBinary, Revision: env.Revision, Node: env.Node, Entries: env.Entries}
+	m := Message{Format: f, Revision: env.Revision, Node: env.Node, Entries: env.Entries}
 	if err := m.check(seq); err != nil {
 		return Message{}, err
 	}
@@ -185,7 +205,7 @@ func EncodeEntry(format int, e *Entry) ([]byte, error) {
 
 // EncodeEnvelopeIn joins entries EncodeEntry encoded in format into one message
 // without re-encoding them. revision is the highest RevisionOf of the entries (format
-// 1) or Revision (format 2).
+// 1) or MaxRevision(format) (formats 2 and 3).
 func EncodeEnvelopeIn(format int, node string, revision int, entries [][]byte) []byte {
 	if format < LogFormatBinary {
 		return EncodeJSONEnvelope(node, revision, entries)
@@ -194,7 +214,7 @@ func EncodeEnvelopeIn(format int, node string, revision int, entries [][]byte) [
 	for i, e := range entries {
 		raws[i] = e
 	}
-	b, err := cborEnc.Marshal(binaryEnvelopeRaw{Format: LogFormatBinary, Revision: revision, Node: node, Entries: raws})
+	b, err := cborEnc.Marshal(binaryEnvelopeRaw{Format: min(format, NewestLogFormat), Revision: revision, Node: node, Entries: raws})
 	if err != nil { // raw messages EncodeEntry made, a string and two small integers
 		panic(fmt.Sprintf("checkpoint: encode a format-2 envelope: %v", err))
 	}
@@ -204,7 +224,7 @@ func EncodeEnvelopeIn(format int, node string, revision int, entries [][]byte) [
 // EncodeMessageIn encodes entries as one log message in a log format (format 1: at the
 // lowest revision that holds them all).
 func EncodeMessageIn(format int, node string, entries ...Entry) ([]byte, error) {
-	revision := Revision
+	revision := MaxRevision(format)
 	if format < LogFormatBinary {
 		revision = 1
 	}
@@ -218,6 +238,20 @@ func EncodeMessageIn(format int, node string, entries ...Entry) ([]byte, error) 
 		if format < LogFormatBinary {
 			revision = max(revision, RevisionOf(&entries[i]))
 		}
+		if RevisionOf(&entries[i]) > MaxRevision(format) {
+			return nil, fmt.Errorf("%w: %s", ErrInvalidEntry, NeedsFormat(&entries[i], format))
+		}
 	}
 	return EncodeEnvelopeIn(format, node, revision, datas), nil
+}
+
+// NeedsFormat says why entry e cannot be written in format: which entry needs which
+// cluster version, and what raises it.
+func NeedsFormat(e *Entry, format int) string {
+	what := fmt.Sprintf("a %s entry of revision %d", e.Kind, RevisionOf(e))
+	if e.Submit != nil && e.Submit.Trigger == TriggerEvent {
+		what = "a run started by a message (trigger event)"
+	}
+	return fmt.Sprintf("%s needs cluster version %d, the cluster is at %d: the leader raises it once every node runs a release that reads log format %d (flowctl cluster status)",
+		what, LogFormatFlowControl, format, LogFormatFlowControl)
 }

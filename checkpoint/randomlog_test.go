@@ -157,7 +157,7 @@ func TestKindsAreWhatTheDecoderAccepts(t *testing.T) {
 		t.Fatalf("Kinds() has %d kinds, want at least the 23 of revision 4: %v", len(kinds), kinds)
 	}
 	for _, k := range append(kinds, "nope", "Submit") {
-		msg := fmt.Appendf(nil, `{"v":%d,"node":"x","entries":[{"k":%q,"at":"2026-11-29T02:00:00Z"}]}`, Revision, k)
+		msg := fmt.Appendf(nil, `{"v":%d,"node":"x","entries":[{"k":%q,"at":"2026-11-29T02:00:00Z"}]}`, MaxRevision(LogFormatJSON), k)
 		_, err := DecodeMessage(1, msg)
 		var corrupt *CorruptError
 		unknown := errors.As(err, &corrupt) && strings.Contains(corrupt.Detail, "unknown kind")

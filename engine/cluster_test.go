@@ -33,17 +33,17 @@ func rawFormats(t *testing.T, e *Engine) []int {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := 2
-		if len(m.Data) > 0 && m.Data[0] == '{' {
-			f = 1
+		f := 1 // JSON; a CBOR message says its format in its second byte
+		if len(m.Data) > 1 && m.Data[0] != '{' {
+			f = int(m.Data[1])
 		}
 		out = append(out, f)
 	}
 	return out
 }
 
-// A cluster of new nodes moves to version 2 at once: the messages before the
-// cluster_version entry are format 1, every one after it format 2, and a run goes
+// A cluster of new nodes moves to the newest version at once: the messages before the
+// cluster_version entry are format 1, every one after it format 3 (format 2's CBOR), and a run goes
 // through in format 2 as in format 1. log dump decodes both.
 func TestAFreshClusterWritesFormat2AfterTheRaise(t *testing.T) {
 	e := startEngine(t, nil)
@@ -78,7 +78,7 @@ func TestAFreshClusterWritesFormat2AfterTheRaise(t *testing.T) {
 		t.Fatalf("no cluster_version entry in the log: %v", formats)
 	}
 	for i, f := range formats {
-		if want := map[bool]int{true: 1, false: 2}[i <= raised]; f != want {
+		if want := map[bool]int{true: 1, false: checkpoint.NewestLogFormat}[i <= raised]; f != want {
 			t.Fatalf("message %d (the raise at %d) is format %d, want %d: %v", i+1, raised+1, f, want, formats)
 		}
 	}

@@ -188,10 +188,13 @@ func (w *Writer) encode(entries []checkpoint.Entry) (*request, error) {
 	}
 	r := &request{data: make([][]byte, 0, len(entries)), format: w.format(), revision: 1, note: true}
 	if r.format >= checkpoint.LogFormatBinary {
-		r.revision = checkpoint.Revision
+		r.revision = checkpoint.MaxRevision(r.format)
 	}
 	for i := range entries {
 		e := &entries[i]
+		if checkpoint.RevisionOf(e) > checkpoint.MaxRevision(r.format) {
+			return nil, fmt.Errorf("%w: %s", checkpoint.ErrInvalidEntry, checkpoint.NeedsFormat(e, r.format))
+		}
 		data, err := w.encodeEntry(r.format, *e)
 		if err != nil {
 			return nil, err

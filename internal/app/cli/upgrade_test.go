@@ -18,11 +18,11 @@ func TestClusterVersionCommandsAndLogDump(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("cluster status: %d %s %s", code, out, errOut)
 	}
-	if st.ClusterVersion != 2 || len(st.Nodes) != 1 || st.Nodes[0].Binary == "" || len(st.Nodes[0].Formats) != 2 ||
+	if st.ClusterVersion != 3 || len(st.Nodes) != 1 || st.Nodes[0].Binary == "" || len(st.Nodes[0].Formats) != 3 ||
 		len(st.Members) != 1 || !st.Members[0].Live || st.Members[0].ID != "node-a" {
 		t.Fatalf("cluster status: %s", out)
 	}
-	for _, k := range []string{`"cluster_version": 2`, `"binary"`, `"formats"`, `"members"`} {
+	for _, k := range []string{`"cluster_version": 3`, `"binary"`, `"formats"`, `"members"`} {
 		if !strings.Contains(out, k) {
 			t.Errorf("cluster status -o json lacks %s:\n%s", k, out)
 		}
@@ -66,8 +66,8 @@ func TestClusterVersionCommandsAndLogDump(t *testing.T) {
 		}
 		formats[m.Format]++
 	}
-	if formats[1] == 0 || formats[2] == 0 {
-		t.Fatalf("log dump: messages by format %v; want both (format 1 until the raise, 2 after)", formats)
+	if formats[1] == 0 || formats[3] == 0 {
+		t.Fatalf("log dump: messages by format %v; want both (format 1 until the raise, 3 after)", formats)
 	}
 	code, out, _ = e.flowctl("log", "dump", "--run", "r-1", "--from", "2", "-o", "json")
 	var msgs []client.LogMessage

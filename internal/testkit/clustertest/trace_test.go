@@ -43,9 +43,9 @@ func TestOneTraceAcrossAFailoverAndAnOwnerKill(t *testing.T) {
 	logsOnFailure(t, names, nodes)
 	cl := dial(t, c)
 	status := func() client.ClusterStatus { return statusOf(t, cl) }
-	WaitFor(t, 30*time.Second, "three nodes, a leader, cluster version 2", func() bool {
+	WaitFor(t, 30*time.Second, "three nodes, a leader, cluster version 3", func() bool {
 		st := status()
-		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 2
+		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 3
 	})
 	yaml := "name: traced\nsteps:\n"
 	for i := 1; i <= 4; i++ {

@@ -42,11 +42,11 @@ func previousRelease(t *testing.T) (string, bool) {
 // stops, every run started succeeds and verifies (each step committed once), no epoch
 // changes but the hand-backs (released), the schedule loses and doubles no tick, and
 // the log holds format-1 messages only until the last node came back on the new build;
-// then the cluster version moves to 2 and format 2 appears.
+// then the cluster version moves to 3 and CBOR (format 3) appears.
 //
 // The control is the gate off (the new build linked with logstream.writeNewestLinked:
 // writers use the newest format whatever the cluster version): the first node restarted
-// writes format 2 at once, and the old nodes' appliers stop at the first such message
+// writes the newest format at once, and the old nodes' appliers stop at the first such message
 // ("upgrade flowd").
 func TestRollingUpgrade(t *testing.T) {
 	if testing.Short() {
@@ -171,7 +171,7 @@ func TestRollingUpgrade(t *testing.T) {
 				}
 				if control {
 					WaitFor(t, 30*time.Second, "format 2 in the log", func() bool { firstFormat2 = firstCBOR(t, url); return firstFormat2 != 0 })
-					at := fmt.Sprintf("the message at sequence %d has log format 2", firstFormat2)
+					at := fmt.Sprintf("the message at sequence %d has log format 3", firstFormat2)
 					stopped := func() bool {
 						for _, other := range names[i+1:] {
 							if l := LogOf(nodes[other]); strings.Contains(l, "upgrade flowd") && strings.Contains(l, at) {
@@ -187,7 +187,7 @@ func TestRollingUpgrade(t *testing.T) {
 					return
 				}
 			}
-			WaitFor(t, 30*time.Second, "cluster version 2", func() bool { return status().ClusterVersion == 2 })
+			WaitFor(t, 30*time.Second, "cluster version 3", func() bool { return status().ClusterVersion == 3 })
 			WaitFor(t, 30*time.Second, "format 2 in the log", func() bool { firstFormat2 = firstCBOR(t, url); return firstFormat2 != 0 })
 			mu.Lock()
 			before := len(started)
@@ -211,8 +211,8 @@ func TestRollingUpgrade(t *testing.T) {
 				})
 			} else {
 				WaitFor(t, 60*time.Second, "the previous build to refuse to start", func() bool { return !late.Alive() })
-				if l := LogOf(late); late.ExitCode() == 0 || !strings.Contains(l, "the cluster version is 2") || !strings.Contains(l, "reads format 2") {
-					t.Fatalf("the previous build on a cluster at version 2: exit %d, log:\n%s", late.ExitCode(), tail(l))
+				if l := LogOf(late); late.ExitCode() == 0 || !strings.Contains(l, "the cluster version is 3") || !strings.Contains(l, "reads format 3") {
+					t.Fatalf("the previous build on a cluster at version 3: exit %d, log:\n%s", late.ExitCode(), tail(l))
 				}
 			}
 			mu.Lock()
