@@ -47,7 +47,8 @@ type loader struct {
 	// a timeout, a schedule, an input) leaves them to run: a file's errors are reported
 	// together, not one pass at a time.
 	stepsBroken bool
-	ops         int // work done by validate's graph passes, for the test of linear time
+	ops         int          // work done by validate's graph passes, for the test of linear time
+	onNodes     []*yaml.Node // each of the workflow's triggers' mapping, for checkTriggers' errors
 }
 
 func (l *loader) errAt(line, col int, msg, hint string) *Error {
@@ -165,7 +166,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline", "on"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -192,6 +193,8 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			l.outputs(v, w)
 		case "schedule":
 			w.Schedule = l.schedule(v)
+		case "on":
+			l.triggers(v, w)
 		case "steps":
 			stepsNode = v
 			l.steps(k, v, w)

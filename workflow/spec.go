@@ -33,7 +33,10 @@ type Workflow struct {
 	// why it never ran, which its templates read as run.id and run.error.
 	Handles  *HandledTick `json:"handles,omitempty"`
 	Schedule *Schedule    `json:"schedule,omitempty"`
-	Steps    []*Step      `json:"steps"`
+	// On are the workflow's triggers: runs started (or signalled) by messages on NATS
+	// subjects (triggers.go).
+	On    []Trigger `json:"on,omitempty"`
+	Steps []*Step   `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
 	// rendered when it succeeds (a parent's workflow step gets them as its output).
 	Outputs map[string]string `json:"outputs,omitempty"`
@@ -185,6 +188,7 @@ func (l *loader) load(data []byte, opts Options) (*Workflow, error) {
 	}
 	w := &Workflow{Source: string(data), MaxEpochs: DefaultMaxEpochs}
 	l.workflow(doc.Content[0], w)
+	l.checkTriggers(w)
 	// The whole-graph checks run whenever the steps themselves were read without error,
 	// so that one bad field (a deadline, a timeout) does not hide the errors they find.
 	if !l.stepsBroken && len(w.Steps) > 0 {
