@@ -161,7 +161,7 @@ func PermissionsOf(role, user string) (Permissions, error) {
 // flowStreams are flow's JetStream streams (the buckets' and the object store's
 // included), named as the engine names them (engine's TestNodeRoleDoesAllAFlowdDoes
 // fails if a node needs another).
-var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
+var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS", "FLOW_EVENTS"}
 
 // FlowStreams are flow's JetStream streams, the buckets' and the object store's
 // included (a copy).
@@ -172,7 +172,7 @@ func FlowStreams() []string { return slices.Clone(flowStreams) }
 // renames by purging a subject), and the step logs (retention removes a retired run's). It may update none, and purge no bucket: a term raise
 // (a purge of the leader bucket) goes through a node's admin path (engine
 // raisingElector).
-var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS"}
+var NodePurges = []string{"FLOW_LOG", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS", "FLOW_EVENTS"}
 
 // nodePublish is what flowd publishes to, read from what it does (a traced node that
 // starts, leads, snapshots, compacts and joins from a snapshot): on each of flow's

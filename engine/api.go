@@ -408,6 +408,9 @@ type SignalOptions struct {
 	// ID: the same signal (name and data) sent again with an ID applied before is applied
 	// once; another signal with that ID is refused (checkpoint.ErrConflict).
 	ID string
+	// Trigger is the trigger of a run SignalWithStart starts (default manual; a
+	// workflow's message trigger: event).
+	Trigger string
 }
 
 // Signal sends a signal to a run (checkpoint/wait.go): kept in its inbox until a wait

@@ -74,6 +74,8 @@ type Engine struct {
 	// the embedded server, else adminNC's (Config.NATSAdminOptions).
 	adminNC *nats.Conn
 	adminJS jetstream.JetStream
+	// triggers starts runs from messages while this node leads (triggers.go).
+	triggers *triggerService
 	// gatePasses counts the leader's looks at the roster (tests wait on it).
 	gatePasses atomic.Int64
 	// sup keeps the long-lived NATS interactions alive: the log's consumer, the
@@ -112,6 +114,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, signalBytes: newSignalLimiter(), log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
 	e.sup = supervise.New(supervise.WithLogger(e.log))
+	e.triggers = newTriggerService(e)
 	e.cfg.Lease.Supervisor = e.sup
 	e.mu.waiters = map[string][]chan struct{}{}
 	e.people = map[string]string{}
@@ -180,6 +183,9 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.cancel = cancel
 	if !e.cfg.DisableScheduler {
 		e.supervise(runCtx, e.leader.Part())
+		if e.js != nil { // a simulated node has no JetStream to read messages from
+			e.supervise(runCtx, e.triggers.part())
+		}
 	}
 	e.supervise(runCtx, e.workers.Part())
 	e.reporter.Start(runCtx)

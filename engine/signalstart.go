@@ -54,7 +54,7 @@ func (e *Engine) SignalWithStart(ctx context.Context, id, name, workflowName str
 	if err != nil {
 		return false, err
 	}
-	submit, err := e.submitOf(ctx, w, id, resolved, at, RunOptions{})
+	submit, err := e.submitOf(ctx, w, id, resolved, at, RunOptions{Trigger: opts.Trigger})
 	if err != nil {
 		return false, err
 	}

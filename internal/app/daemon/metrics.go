@@ -59,6 +59,8 @@ func newMetrics() *metrics {
 		"flow_nats_reconnects_total":        "Times this node's NATS connection was lost and made again.",
 		"flow_part_restarts_total":          "Times a long-lived NATS interaction (log-consumer, election, lease-watcher, tasks, api) was started again after it failed or fell silent, by part.",
 		"flow_part_healthy":                 "1 if the part (log-consumer, election, lease-watcher, tasks, api) has heard from NATS within its silence limit.",
+		"flow_trigger_messages_total":       "Messages of workflows' triggers (on:) this node handled while it led, by workflow and outcome (started, signalled, seen, refused, retried).",
+		"flow_trigger_problem":              "1 while this node's triggers cannot run as applied (a stream that cannot capture a subject, a consumer not made, the cluster version below 3); the log and readyz say why.",
 		"flow_step_containment":             "1 for how this node contains exec steps' processes: pid-namespace, user-pid-namespace, subreaper or process-group (none).",
 	} {
 		var labels []string
@@ -77,6 +79,8 @@ func newMetrics() *metrics {
 			labels = []string{"decision"}
 		case "flow_step_containment":
 			labels = []string{"mode"}
+		case "flow_trigger_messages_total":
+			labels = []string{"workflow", "outcome"}
 		}
 		m.descs[name] = prometheus.NewDesc(name, help, labels, nil)
 	}
@@ -173,6 +177,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter("flow_part_restarts_total", float64(n), name)
 	}
 	gauge("flow_step_containment", 1, string(steps.Containment()))
+	tr := e.Triggers()
+	for k, n := range tr.Messages {
+		counter("flow_trigger_messages_total", float64(n), k[0], k[1])
+	}
+	gauge("flow_trigger_problem", map[bool]float64{true: 1, false: 0}[tr.Problem != ""])
 	for _, p := range m0.Parts {
 		up := 0.0
 		if p.Healthy {

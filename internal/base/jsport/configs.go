@@ -172,3 +172,24 @@ func StepLogsConfig(replicas int) jetstream.StreamConfig {
 // StepLogsMaxAge is how long FLOW_STEPLOGS keeps a message at most: 90 days, three
 // times the default retention of runs.
 const StepLogsMaxAge = 90 * 24 * time.Hour
+
+// EventsMaxAge is how long FLOW_EVENTS keeps a message: longer than any outage a
+// trigger's messages should outlive; a message is consumed once its run is in the log.
+const EventsMaxAge = 7 * 24 * time.Hour
+
+// EventsConfig is FLOW_EVENTS: the subjects of the workflows' triggers that name no
+// stream of their own (engine/triggers.go keeps the list), file storage, a week of
+// messages at most, JetStream's de-duplication by Nats-Msg-Id within its window.
+func EventsConfig(replicas int, subjects []string) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        port.EventsStream,
+		Description: "flow events: messages that start or signal runs (workflows' on: triggers)",
+		Subjects:    subjects,
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      EventsMaxAge,
+		MaxBytes:    1 << 30,
+		Replicas:    max(replicas, 1),
+	}
+}

@@ -21,6 +21,7 @@ const (
 	DLQSubject     = "flow.dlq."      // a notice's subject is this and the run's ID
 	SnapshotBucket = "FLOW_SNAPSHOTS" // state snapshots (an object store)
 	StepLogStream  = "FLOW_STEPLOGS"  // what steps printed
+	EventsStream   = "FLOW_EVENTS"    // the messages of workflows' triggers (on:), on their own subjects
 	StepLogSubject = "flow.steplogs." // a run's records are on this and its ID (StepLogToken)
 )
 
