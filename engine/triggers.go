@@ -59,6 +59,12 @@ const (
 	TriggerRetried   = "retried"   // the start failed for now (NATS, the log): given back
 )
 
+// triggerIDPerDelivery is the control of the trigger's de-duplication in real processes
+// (-ldflags "-X github.com/flowrun/flow/engine.triggerIDPerDelivery=1"; empty in every
+// release): a run ID also names the message's stream sequence, so a message delivered
+// twice starts two runs (clustertest's TestTriggerStartsOneRunPerMessageAcrossFailover).
+var triggerIDPerDelivery string
+
 // consumerPrefix starts the names of flow's trigger consumers.
 const consumerPrefix = "on_"
 
@@ -348,7 +354,7 @@ func (ts *triggerService) start(ctx context.Context, tr trigger, m jetstream.Msg
 	if err != nil {
 		return TriggerRefused, err
 	}
-	if ts.e.hooks.TriggerIDPerDelivery.Load() { // the control: every delivery a run of its own
+	if ts.e.hooks.TriggerIDPerDelivery.Load() || triggerIDPerDelivery != "" { // the control: every delivery a run of its own
 		id = fmt.Sprintf("%s-%d", id, msg.Seq)
 	}
 	ctx, cancel := context.WithTimeout(audit.WithActor(ctx, "trigger:"+tr.workflow), 30*time.Second)
