@@ -88,7 +88,8 @@ func FuzzApply(f *testing.F) {
 	for i, m := range undecodable {
 		f.Add(msgs[fuzzSeeded], m, uint8(i))
 	}
-	// The same messages in log format 2 (CBOR), and one of each format after the other.
+	// The same messages in log format 2 (CBOR; format 3 for those of revision 5), and one
+	// of each format after the other.
 	for i := fuzzSeeded; i+1 < len(msgs) && i < fuzzSeeded+40; i += 2 {
 		var pair [2][]byte
 		for j := range pair {
@@ -96,7 +97,7 @@ func FuzzApply(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			if pair[j], err = EncodeMessageIn(LogFormatBinary, m.Node, m.Entries...); err != nil {
+			if pair[j], err = EncodeMessageIn(max(LogFormatBinary, m.Format), m.Node, m.Entries...); err != nil {
 				f.Fatal(err)
 			}
 		}

@@ -28,6 +28,8 @@ func facet(e Entry) string {
 		return "retry from a step"
 	case e.Kind == KindSubmit && e.Submit != nil && e.Submit.Parent != nil:
 		return "submit of a child"
+	case e.Kind == KindSubmit && e.Submit != nil && e.Submit.Trigger == TriggerEvent:
+		return "submit by a message (format 3)"
 	case e.Kind == KindCommit && e.Consume > 0:
 		return "commit consuming a signal"
 	case e.Kind == KindDeadlineMissed && e.Run == "":
@@ -55,7 +57,7 @@ func everyKind() []string {
 		want = append(want, string(k))
 	}
 	return append(want, "fail final", "fail not final", "cron_tick fired", "cron_tick not fired", "retry from a step",
-		"submit of a child", "commit consuming a signal", "deadline-missed of a tick", "park for signal",
+		"submit of a child", "submit by a message (format 3)", "commit consuming a signal", "deadline-missed of a tick", "park for signal",
 		"park for approval", "park for timer", "park for child", effectAgain, effectCascade, effectHandlers)
 }
 

@@ -1,11 +1,14 @@
 package checkpointtest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/fxamacker/cbor/v2"
 )
 
 // Epoch is the time of the first entry RandomLog writes; each later message is a
@@ -176,6 +179,10 @@ func RandomLog(seed uint64, n int) [][]byte {
 			entries[i].At = at
 			version = max(version, revision(&entries[i]))
 		}
+		if version > 4 {
+			msgs = append(msgs, format3(entries))
+			continue
+		}
 		data, err := json.Marshal(struct {
 			V       int     `json:"v"`
 			Node    string  `json:"node"`
@@ -191,6 +198,9 @@ func RandomLog(seed uint64, n int) [][]byte {
 
 // revision is the format revision that holds e (docs/checkpoint.md, "Log format").
 func revision(e *entry) int {
+	if e.Submit != nil && e.Submit.Trigger == "event" {
+		return 5
+	}
 	switch e.Kind {
 	case "cluster_version":
 		return 4
@@ -337,6 +347,12 @@ func (g *generator) submit(id string) []entry {
 		if rng.IntN(2) == 0 {
 			e.Actor, r.starter = "alice", "alice"
 		}
+		if g.nth%7 == 3 {
+			// Started by a message (trigger event, revision 5): its message is written
+			// in log format 3. Chosen by the count, not the RNG, so that the rest of the
+			// log is what it was before format 3.
+			sub.Trigger = "event"
+		}
 		return []entry{e}
 	}
 	g.ticks[wf]++ // a new fire time: a fired tick of a time already recorded submits nothing
@@ -413,4 +429,59 @@ func (g *generator) version(wf, digest string) []entry {
 	}
 	spec := fmt.Sprintf(`{"name":%q,"digest":%q%s,"steps":[{"name":"a"},{"name":"b","foreach":"x"},{"name":"c"}]}`, wf, digest, sched)
 	return []entry{{Kind: "workflow", Owner: "api", Actor: "bob", Workflow: &workflowDef{Name: wf, Digest: digest, Spec: json.RawMessage(spec)}}}
+}
+
+// format3 writes entries as a log format 3 message, as docs/checkpoint.md has it: the
+// CBOR array [3, 5, node, entries], each entry a map keyed by the JSON names, whole
+// numbers as integers, times as RFC 3339 text, and the fields that hold JSON (a
+// commit's output, a signal's data, a workflow's spec, a submit's inputs) as byte
+// strings of that JSON.
+func format3(entries []entry) []byte {
+	raws := make([]any, len(entries))
+	for i := range entries {
+		data, err := json.Marshal(&entries[i])
+		if err != nil {
+			panic(err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			panic(err)
+		}
+		raws[i] = cborValue("", v)
+	}
+	out, err := cbor.Marshal([]any{3, 5, "gen", raws})
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// cborValue is a JSON value as format 3 holds it under key.
+func cborValue(key string, v any) any {
+	switch key {
+	case "output", "data", "spec", "inputs":
+		b, _ := json.Marshal(v)
+		return b
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		for k, y := range x {
+			x[k] = cborValue(k, y)
+		}
+		return x
+	case []any:
+		for i, y := range x {
+			x[i] = cborValue("", y)
+		}
+		return x
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		f, _ := x.Float64()
+		return f
+	}
+	return v
 }
