@@ -349,22 +349,31 @@ func (ts *triggerService) handle(ctx context.Context, tr trigger, m jetstream.Ms
 
 // start is what one message makes: an outcome, and the error behind a refusal or retry.
 func (ts *triggerService) start(ctx context.Context, tr trigger, m jetstream.Msg) (string, error) {
-	msg := TriggerMessageOf(m)
-	id, inputs, err := tr.t.Render(tr.workflow, msg)
+	return ts.e.startFromMessage(ctx, tr.workflow, tr.t, TriggerMessageOf(m))
+}
+
+// startFromMessage is what trigger t of workflow wf makes of message msg: a run start
+// (or a signal-with-start) whose run ID msg renders. Below cluster version 3 nothing is
+// written and the message is to be tried again (TriggerRetried).
+func (e *Engine) startFromMessage(ctx context.Context, wf string, t workflow.Trigger, msg workflow.TriggerMessage) (string, error) {
+	if v := e.store.ClusterVersion(); v < checkpoint.LogFormatFlowControl {
+		return TriggerRetried, fmt.Errorf("the cluster version is %d; runs started by messages need %d", v, checkpoint.LogFormatFlowControl)
+	}
+	id, inputs, err := t.Render(wf, msg)
 	if err != nil {
 		return TriggerRefused, err
 	}
-	if ts.e.hooks.TriggerIDPerDelivery.Load() || triggerIDPerDelivery != "" { // the control: every delivery a run of its own
+	if e.hooks.TriggerIDPerDelivery.Load() || triggerIDPerDelivery != "" { // the control: every delivery a run of its own
 		id = fmt.Sprintf("%s-%d", id, msg.Seq)
 	}
-	ctx, cancel := context.WithTimeout(audit.WithActor(ctx, "trigger:"+tr.workflow), 30*time.Second)
+	ctx, cancel := context.WithTimeout(audit.WithActor(ctx, "trigger:"+wf), 30*time.Second)
 	defer cancel()
 	started := true
-	if tr.t.Signal != "" {
-		started, err = ts.e.SignalWithStart(ctx, id, tr.t.Signal, tr.workflow, inputs,
+	if t.Signal != "" {
+		started, err = e.SignalWithStart(ctx, id, t.Signal, wf, inputs,
 			SignalOptions{Data: msg.DataJSON(), ID: triggerSignalID(msg), Trigger: checkpoint.TriggerEvent})
 	} else {
-		_, err = ts.e.StartRun(ctx, tr.workflow, inputs, RunOptions{ID: id, Trigger: checkpoint.TriggerEvent})
+		_, err = e.StartRun(ctx, wf, inputs, RunOptions{ID: id, Trigger: checkpoint.TriggerEvent})
 	}
 	switch {
 	case err == nil && started:
@@ -377,6 +386,20 @@ func (ts *triggerService) start(ctx context.Context, tr trigger, m jetstream.Msg
 		return TriggerRefused, err
 	}
 	return TriggerRetried, err
+}
+
+// DeliverTriggerMessage is what the triggers part does with a message it fetched for
+// trigger index of workflow wf's latest version, without JetStream: the simulation
+// delivers its messages through it. The outcome is one of the Trigger* constants.
+func (a *API) DeliverTriggerMessage(ctx context.Context, wf string, index int, msg workflow.TriggerMessage) (string, error) {
+	w, err := a.e.Workflow(wf, 0)
+	if err != nil {
+		return TriggerRetried, err
+	}
+	if index < 0 || index >= len(w.On) {
+		return TriggerRefused, fmt.Errorf("%w: workflow %s has no trigger %d", ErrBadInput, wf, index)
+	}
+	return a.e.startFromMessage(ctx, wf, w.On[index], msg)
 }
 
 // triggerSignalID is the de-duplication key of a trigger's signal: the message's ID,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -161,4 +162,40 @@ func TestTriggersWaitForTheClusterVersion(t *testing.T) {
 	if _, err := e.js.Stream(context.Background(), port.EventsStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("FLOW_EVENTS below cluster version 3: %v, want none", err)
 	}
+}
+
+// BenchmarkTriggerMessages: messages published on a trigger's subject until each has
+// started its run (the submit applied), on one embedded node: the triggers part's
+// throughput (docs/perf.md).
+func BenchmarkTriggerMessages(b *testing.B) {
+	e := startEngine(b, nil)
+	if err := e.Ops().WaitClusterVersion(ctxT(b, 20*time.Second), checkpoint.LogFormatFlowControl); err != nil {
+		b.Fatal(err)
+	}
+	apply(b, e, "name: bench\ninputs:\n  n: {type: int}\non: {subject: \"bench.>\", id: \"b-{{ msg.data.n }}\", inputs: {n: \"{{ msg.data.n }}\"}}\nsteps:\n  - {name: a, uses: noop}\n")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := e.js.Stream(ctxT(b, 5*time.Second), port.EventsStream)
+		if err == nil && slices.Contains(s.CachedInfo().Config.Subjects, "bench.>") {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("FLOW_EVENTS never captured bench.>")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := e.js.PublishAsync("bench.x", fmt.Appendf(nil, `{"n":%d}`, i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-e.js.PublishAsyncComplete()
+	for triggerCount(e, "bench", TriggerStarted) < int64(b.N) {
+		if time.Now().After(deadline.Add(10 * time.Minute)) {
+			b.Fatalf("started %d of %d", triggerCount(e, "bench", TriggerStarted), b.N)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "runs/s")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/flowrun/flow/engine"
 	"github.com/flowrun/flow/internal/base/audit"
 	"github.com/flowrun/flow/logstream"
+	"github.com/flowrun/flow/workflow"
 )
 
 // The client: the people and programs that use the cluster, through a node's API as the
@@ -126,6 +127,9 @@ func (c *simClient) start() {
 	if s.cfg.KeyedRuns > 0 {
 		srcs = append(srcs, keyedWorkflow)
 	}
+	if s.cfg.Events > 0 {
+		srcs = append(srcs, eventWorkflow)
+	}
 	if s.cfg.Cron {
 		srcs = append(srcs, cronWorkflow(s.cfg.Catchup))
 	}
@@ -144,6 +148,7 @@ func (c *simClient) start() {
 				c.submitAll()
 				c.submitKeyed()
 				c.signalStarts()
+				c.events()
 				if s.cfg.Hold {
 					c.releaseAt(s.cfg.Release)
 				}
@@ -362,6 +367,54 @@ func (c *simClient) signalStarts() {
 	}
 }
 
+// eventTries bounds the deliveries of one copy of a message that found the cluster
+// unable to start its run (its version below 3, a node that did not answer).
+const eventTries = 30
+
+// events publishes messages e1.. on the trigger of "ledger", each one to three times,
+// and delivers every copy (to a live node, through the triggers part's handling) until
+// its run is started or found; a copy whose start could not be made is delivered again
+// a second later, as JetStream would after the triggers part's nak. Exactly one run per
+// message (invariant "event").
+func (c *simClient) events() {
+	s := c.s
+	for i := 1; i <= s.cfg.Events; i++ {
+		at := time.Duration(s.event.Int64N(int64(s.cfg.SubmitIn)))
+		for k := range 1 + s.event.IntN(3) {
+			msg := workflow.TriggerMessage{ID: fmt.Sprintf("FLOW_EVENTS-%d", 10*i+k), Subject: fmt.Sprintf("sim.ledger.e%d", i),
+				Stream: "FLOW_EVENTS", Seq: uint64(10*i + k), Data: fmt.Appendf(nil, `{"n":%d,"day":"2026-12-%02d"}`, i, i)}
+			c.deliver(i, msg, at+time.Duration(s.event.Int64N(int64(2*time.Second))), eventTries)
+		}
+	}
+}
+
+// deliver delivers msg at when, and again a second later while its outcome is that it
+// must be tried again (at most tries times).
+func (c *simClient) deliver(i int, msg workflow.TriggerMessage, when time.Duration, tries int) {
+	s := c.s
+	c.later(when, func() {
+		var outcome string
+		c.call(fmt.Sprintf("event %d seq %d", i, msg.Seq), "ops", func(ctx context.Context, api *engine.API) error {
+			var err error
+			outcome, err = api.DeliverTriggerMessage(ctx, "ledger", 0, msg)
+			if outcome == engine.TriggerRetried {
+				return nil // a nak, not an unknown outcome: delivered again below
+			}
+			return err
+		}, func(err error) {
+			s.stats.TriggerDeliveries++
+			switch {
+			case outcome == engine.TriggerStarted || outcome == engine.TriggerSeen:
+				s.eventSettled[i] = true
+			case outcome == engine.TriggerRetried && tries > 1:
+				c.deliver(i, msg, time.Second, tries-1)
+			case outcome == engine.TriggerRefused:
+				s.fail("event", "message %d (sequence %d) was refused: %v", i, msg.Seq, err)
+			}
+		})
+	})
+}
+
 // stopAndCancel is the slot drain's fault: when run id has a process alive (tried tries
 // times, 200ms apart, from at on), its node is paused for 1.5 TTL and the run cancelled
 // meanwhile: the books close while the process runs on until its watchdog stops it.
@@ -557,6 +610,19 @@ max_epochs: 4
 concurrency: {key: "acct-{{ inputs.acct }}", limit: 1}
 inputs:
   acct: {type: string}
+steps:
+  - {name: a, uses: sim}
+  - {name: b, uses: sim, needs: [a]}
+`
+
+// The ledger workflow is started by messages (issue 39's on:): the run ID is the
+// message's ledger number, so every copy of a message names one run.
+var eventWorkflow = `name: ledger
+max_epochs: 3
+inputs:
+  day: {type: string}
+on:
+  - {subject: "sim.ledger.>", id: "ev-{{ msg.data.n }}", inputs: {day: "{{ msg.data.day }}"}}
 steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a]}

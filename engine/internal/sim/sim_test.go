@@ -257,6 +257,7 @@ var controls = []control{
 	{"gate ignores roster", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.GateIgnoresRoster.Store(true) })}, []string{"gate", "liveness"}, 1},
 	{"no slot drain", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.NoSlotDrain.Store(true) })}, []string{"key"}, 443},
 	{"signal-start apart", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.SignalStartApart.Store(true) })}, []string{"sws"}, 1},
+	{"trigger ID per delivery", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.TriggerIDPerDelivery.Store(true) })}, []string{"event"}, 3},
 }
 
 // hooks is a Hooks with set applied: the engine-level switches are atomics, set once

@@ -310,6 +310,35 @@ func (s *Sim) final() error {
 		}
 		s.stats.SignalStarts++
 	}
+	// Invariant "event": a message started exactly one run, whichever nodes and leaders
+	// its copies and retries reached (the run ID, rendered from the message, is the key).
+	for i := 1; i <= s.cfg.Events; i++ {
+		id := fmt.Sprintf("ev-%d", i)
+		runs, err := s.ref.RunsWithIDPrefix(id, 10)
+		if err != nil {
+			return err
+		}
+		var mine []string
+		for _, r := range runs {
+			if r.ID == id || strings.HasPrefix(r.ID, id+"-") {
+				mine = append(mine, r.ID)
+				if r.Trigger != checkpoint.TriggerEvent {
+					s.fail("event", "run %s has trigger %q, not event", r.ID, r.Trigger)
+					return s.failure
+				}
+			}
+		}
+		switch {
+		case len(mine) > 1:
+			s.fail("event", "message %d started %d runs: %v", i, len(mine), mine)
+			return s.failure
+		case len(mine) == 0 && s.eventSettled[i]:
+			s.fail("event", "message %d: a delivery said its run started or existed, and there is none", i)
+			return s.failure
+		case len(mine) == 1:
+			s.stats.TriggerRuns++
+		}
+	}
 	for _, st := range []checkpoint.RunStatus{checkpoint.StatusSucceeded, checkpoint.StatusFailed, checkpoint.StatusCancelled} {
 		c, _ := s.ref.CountRuns(st)
 		switch st {
