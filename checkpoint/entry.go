@@ -136,6 +136,25 @@ type Submit struct {
 	// any node and in any epoch, is in its trace (revision 4; written only at cluster
 	// version 2 and up; internal/base/tracing).
 	Trace string `json:"trace,omitempty"`
+	// KeyScheme is how the run's steps' idempotency keys are made (revision 5, format 3
+	// only): 0, the run, step and item; KeySchemeRequest, an http step's key also covers
+	// its request (steps.RequestKey). Fixed per run at its submit, so that an attempt on
+	// an older node and its retry on a newer one send one key.
+	KeyScheme int `json:"key_scheme,omitempty"`
+}
+
+// KeySchemeRequest: an http step's idempotency key covers its run, step, item and the
+// request it sends (method, URL and body), so `retry --input` that changes the request
+// changes the key (issue 39).
+const KeySchemeRequest = 2
+
+// KeySchemeFor is the key scheme of a run submitted at cluster version v: the request's
+// from version 3 (LogFormatFlowControl) on, which every node reads.
+func KeySchemeFor(v int) int {
+	if v >= LogFormatFlowControl {
+		return KeySchemeRequest
+	}
+	return 0
 }
 
 // WorkflowDef is one applied workflow definition.
@@ -330,6 +349,9 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if len(s.Inputs) > 0 && !json.Valid(s.Inputs) {
 		return bad("inputs are not valid JSON")
 	}
+	if s.KeyScheme != 0 && s.KeyScheme != KeySchemeRequest {
+		return bad("key_scheme %d: use 2 or leave it out", s.KeyScheme)
+	}
 	if len(s.Trace) > 128 {
 		return bad("trace: %d bytes, a traceparent is 55", len(s.Trace))
 	}
@@ -406,7 +428,7 @@ func RevisionFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func RevisionOf(e *Entry) int {
-	if e.Submit != nil && e.Submit.Trigger == TriggerEvent {
+	if e.Submit != nil && (e.Submit.Trigger == TriggerEvent || e.Submit.KeyScheme != 0) {
 		return 5
 	}
 	if e.Submit != nil && e.Submit.Trace != "" {

@@ -249,8 +249,11 @@ func EncodeMessageIn(format int, node string, entries ...Entry) ([]byte, error) 
 // cluster version, and what raises it.
 func NeedsFormat(e *Entry, format int) string {
 	what := fmt.Sprintf("a %s entry of revision %d", e.Kind, RevisionOf(e))
-	if e.Submit != nil && e.Submit.Trigger == TriggerEvent {
+	switch {
+	case e.Submit != nil && e.Submit.Trigger == TriggerEvent:
 		what = "a run started by a message (trigger event)"
+	case e.Submit != nil && e.Submit.KeyScheme != 0:
+		what = "a run whose http keys cover their requests (key_scheme 2)"
 	}
 	return fmt.Sprintf("%s needs cluster version %d, the cluster is at %d: the leader raises it once every node runs a release that reads log format %d (flowctl cluster status)",
 		what, LogFormatFlowControl, format, LogFormatFlowControl)

@@ -99,6 +99,9 @@ type Run struct {
 	// Trace is the run's trace context (Submit.Trace), a W3C traceparent; a handler run
 	// has the run's that started it.
 	Trace string `json:"trace,omitempty"`
+	// KeyScheme is its steps' idempotency key scheme (Submit.KeyScheme); a handler run
+	// has the run's that started it.
+	KeyScheme int `json:"key_scheme,omitempty"`
 	// Waiting is what a parked run waits for (status waiting); nil otherwise.
 	Waiting *Waiting `json:"waiting,omitempty"`
 	// Resume: the run woke from a park; its next epoch is not counted.

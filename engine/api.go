@@ -202,6 +202,7 @@ func (e *Engine) submitOf(ctx context.Context, w *workflow.Workflow, id string, 
 	}
 	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
 	sub.Handlers = leader.HandlerSpecs(w)
+	sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -186,7 +187,12 @@ func (e *Engine) RetryFrom(ctx context.Context, id string, opts RetryOptions) er
 	}
 	entry := checkpoint.Entry{Kind: checkpoint.KindRetry, Actor: audit.Actor(ctx), Run: id, Owner: e.cfg.NodeID, Steps: reset, Reason: opts.Reason}
 	if len(opts.Inputs) > 0 {
-		typed, err := workflow.ResolveInputs(w, opts.Inputs, r.ScheduledAt)
+		// Checked over the run's inputs with the changes on top: an input the retry does
+		// not change (a required one among them) keeps its value.
+		merged := map[string]any{}
+		_ = json.Unmarshal(r.Inputs, &merged)
+		maps.Copy(merged, opts.Inputs)
+		typed, err := workflow.ResolveInputs(w, merged, r.ScheduledAt)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrBadInput, err)
 		}
@@ -362,6 +368,7 @@ func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([
 			if err != nil {
 				return out, fmt.Errorf("%w: %w", ErrBadInput, err)
 			}
+			sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
 			entry := checkpoint.Entry{Kind: checkpoint.KindCronTick, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub,
 				Tick: &checkpoint.CronTick{Workflow: name, At: t.UTC(), Outcome: checkpoint.TickBackfilled, RunID: bt.RunID}}
 			if e.hooks.BackfillRandomIDs.Load() || backfillRandomIDs != "" {

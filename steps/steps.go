@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -91,6 +92,21 @@ func IdempotencyKey(run, step string, item int) string {
 	return "flow-" + hex.EncodeToString(sum[:16])
 }
 
+// RequestKey is the idempotency key of an http step's request in a run of key scheme 2
+// (checkpoint.KeySchemeRequest): run, step and item, and what the request means, its
+// method, URL and body as rendered (JSON, map keys sorted). The same request in any
+// epoch or retry has one key; one that `retry --input` changed has another. Headers are
+// left out: a rotated token is the same request.
+func RequestKey(run, step string, item int, with map[string]any) string {
+	method, _ := with["method"].(string)
+	req, err := json.Marshal([]any{strings.ToUpper(method), with["url"], with["body"]})
+	if err != nil { // rendered templates are JSON values: cannot fail
+		req = []byte(fmt.Sprint(with["method"], with["url"], with["body"]))
+	}
+	sum := sha256.Sum256([]byte(run + "\x00" + step + "\x00" + strconv.Itoa(item) + "\x00request\x00" + string(req)))
+	return "flow-" + hex.EncodeToString(sum[:16])
+}
+
 // Registry maps step kinds to steps. Safe for concurrent use.
 type Registry struct {
 	mu    sync.RWMutex
@@ -140,7 +156,7 @@ func NewRegistry(maxOutput int, opts ...RegistryOption) *Registry {
 	}
 	r := &Registry{kinds: map[string]Step{}}
 	r.kinds["exec"] = x
-	r.kinds["http"] = HTTP{MaxOutput: maxOutput}
+	r.kinds[KindHTTP] = HTTP{MaxOutput: maxOutput}
 	r.kinds["sleep"] = WithCheck(Func(sleep), checkSleep) // a Func cannot have CheckWith
 	r.kinds["noop"] = Func(noop)
 	r.kinds[KindWait] = WithCheck(Func(engineOnly), checkWait)

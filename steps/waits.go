@@ -20,6 +20,9 @@ const (
 	KindApproval = "approval"
 	KindSleep    = "sleep"
 	KindWorkflow = "workflow" // a child run of another workflow
+	// KindHTTP is the http step, whose idempotency key may cover its request
+	// (RequestKey).
+	KindHTTP = "http"
 )
 
 // ParksItself reports whether the engine carries out a kind instead of running it.

@@ -95,6 +95,8 @@ type submit struct {
 	Deadline    time.Time  `json:"deadline,omitzero"`
 	// Handlers are the handler steps by event: on_failure, on_dead_letter, on_deadline.
 	Handlers map[string][]stepSpec `json:"handlers,omitempty"`
+	// KeyScheme 2: the run's http keys cover their requests (revision 5, format 3).
+	KeyScheme int `json:"key_scheme,omitempty"`
 }
 
 type stepSpec struct {
@@ -198,7 +200,7 @@ func RandomLog(seed uint64, n int) [][]byte {
 
 // revision is the format revision that holds e (docs/checkpoint.md, "Log format").
 func revision(e *entry) int {
-	if e.Submit != nil && e.Submit.Trigger == "event" {
+	if e.Submit != nil && (e.Submit.Trigger == "event" || e.Submit.KeyScheme != 0) {
 		return 5
 	}
 	switch e.Kind {
@@ -351,7 +353,7 @@ func (g *generator) submit(id string) []entry {
 			// Started by a message (trigger event, revision 5): its message is written
 			// in log format 3. Chosen by the count, not the RNG, so that the rest of the
 			// log is what it was before format 3.
-			sub.Trigger = "event"
+			sub.Trigger, sub.KeyScheme = "event", 2
 		}
 		return []entry{e}
 	}

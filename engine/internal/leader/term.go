@@ -440,6 +440,9 @@ func (t *termServices) cronOnce(ctx context.Context) (time.Time, bool) {
 			s.log.Warn("cron: a tick cannot fire", "workflow", p.Workflow.Name, "err", warn)
 		}
 		for _, e := range entries {
+			if e.Submit != nil {
+				e.Submit.KeyScheme = checkpoint.KeySchemeFor(s.cfg.State.ClusterVersion())
+			}
 			// One message per tick, in order: a tick's outcome follows the one before.
 			f := t.write(ctx, e)
 			if f == nil {

@@ -90,6 +90,13 @@ func (t *termServices) runTimers(ctx context.Context) {
 			pairs = append(pairs, []checkpoint.Entry{h})
 		}
 		for _, p := range pairs {
+			for i := range p {
+				if p[i].Submit != nil { // a copy: the plan's entries are the plan's
+					sub := *p[i].Submit
+					sub.KeyScheme = checkpoint.KeySchemeFor(s.cfg.State.ClusterVersion())
+					p[i].Submit = &sub
+				}
+			}
 			f := t.write(ctx, p...)
 			if f == nil {
 				return

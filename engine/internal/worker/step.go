@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -129,6 +130,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 	if err != nil {
 		return nil, 0, steps.Permanent(err)
 	}
+	key := x.idempotencyKey(st, item, scope)
 	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
 	restarts := 0 // attempts run again after a trust-deadline stop the lease outlived
 	for attempt := 1; ; attempt++ {
@@ -145,7 +147,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 		mask := x.masker()
 		lw := x.p.cfg.StepLogs.Open(steplog.Key{Run: x.run.ID, Step: st.Name, Item: item, Attempt: attempt, Epoch: x.epoch}, mask)
 		out, err := kind.Run(sctx, steps.Input{Run: x.run.ID, Workflow: x.run.Workflow, Step: st.Name, Item: item, Epoch: x.epoch,
-			Attempt: attempt, IdempotencyKey: steps.IdempotencyKey(x.run.ID, st.Name, item), With: with, Logger: newTeeLogger(x.log, lw),
+			Attempt: attempt, IdempotencyKey: key, With: with, Logger: newTeeLogger(x.log, lw),
 			StopGrace: x.p.stopGrace(), TrustUntil: x.lease.TrustUntil, Stdout: lw.Stream("stdout"), Stderr: lw.Stream("stderr")})
 		lw.Close() // what the step printed is kept, under this epoch, whatever became of it
 		out, err = mask.JSON(out), maskError(mask, err)
@@ -382,6 +384,33 @@ func decodeJSON(raw []byte) any {
 	}
 	return v
 }
+
+// idempotencyKey is the key of a step's (or item's) attempts: run, step and item; in a
+// run of key scheme 2, an http step's also covers its request (steps.RequestKey),
+// rendered with run.epoch as 0, so that a request that names its epoch still has one
+// key in every epoch.
+func (x *runExec) idempotencyKey(st *workflow.Step, item int, scope map[string]any) string {
+	if x.run.KeyScheme != checkpoint.KeySchemeRequest || st.Uses != steps.KindHTTP || keySchemeOff != "" || x.p.hooks.KeySchemeOff.Load() {
+		return steps.IdempotencyKey(x.run.ID, st.Name, item)
+	}
+	epochless := maps.Clone(scope)
+	if run, ok := scope["run"].(map[string]any); ok {
+		run = maps.Clone(run)
+		run["epoch"] = int64(0) // the same in every epoch
+		epochless["run"] = run
+	}
+	with, err := renderWith(st.With, epochless)
+	if err != nil { // it rendered with the real epoch, so this does not happen
+		return steps.IdempotencyKey(x.run.ID, st.Name, item)
+	}
+	return steps.RequestKey(x.run.ID, st.Name, item, with)
+}
+
+// keySchemeOff is the control of the request's key in real processes (-ldflags "-X
+// github.com/flowrun/flow/engine/internal/worker.keySchemeOff=1"; empty in every
+// release): every run's keys are its run, step and item only, and `retry --from
+// transfer --input date=...` sends another day's credits under the paid day's keys.
+var keySchemeOff string
 
 // runScope is what templates see as run: the run's ID and epoch, its error and failed
 // step ("" while it has none); in a handler run, those of the run it handles (its own

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -50,7 +51,12 @@ type Wallet struct {
 	latency  time.Duration
 	noGuards bool
 	seen     func(driver, traceparent string)
+	reused   atomic.Int64 // credits dropped because their key was another credit's
 }
+
+// Reused is how many credits were dropped because their idempotency key was another
+// credit's (another driver's or another day's).
+func (w *Wallet) Reused() int64 { return w.reused.Load() }
 
 // Option configures a Wallet.
 type Option func(*Wallet)
@@ -90,6 +96,9 @@ func (w *Wallet) Close() error { return w.db.Close() }
 
 func creditKey(date, driver string) []byte { return []byte("c/" + date + "/" + driver) }
 
+// keyIndex is where the wallet keeps which credit an idempotency key was first used for.
+func keyIndex(key string) []byte { return []byte("k/" + key) }
+
 // ErrStale is returned for a credit whose epoch is below the highest seen.
 var ErrStale = errors.New("wallet: stale epoch")
 
@@ -112,6 +121,22 @@ func (w *Wallet) Apply(driver, date string, cents, epoch int64, key string) (boo
 		}
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return false, false, err
+	}
+	// A key the wallet has seen on another credit is that credit's, as payment APIs
+	// answer a reused key with the first request's result: the credit is dropped as a
+	// duplicate. (So a retry that sent another day's credits under the paid day's keys
+	// would leave the drivers unpaid; flow's key covers the request: issue 39.)
+	if !w.noGuards {
+		if other, closer, err := w.db.Get(keyIndex(key)); err == nil {
+			first := string(other)
+			closer.Close()
+			if first != string(creditKey(date, driver)) {
+				w.reused.Add(1)
+				return false, true, nil
+			}
+		} else if !errors.Is(err, pebble.ErrNotFound) {
+			return false, false, err
+		}
 	}
 	b := w.db.NewBatch()
 	defer b.Close()
@@ -138,6 +163,7 @@ func (w *Wallet) Apply(driver, date string, cents, epoch int64, key string) (boo
 	}
 	v, _ := json.Marshal(Credit{Driver: driver, Date: date, Cents: cents, Epoch: epoch, Key: key})
 	_ = b.Set(creditKey(date, driver), v, nil)
+	_ = b.Set(keyIndex(key), creditKey(date, driver), nil)
 	return true, false, b.Commit(pebble.Sync)
 }
 
