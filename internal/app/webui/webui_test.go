@@ -386,12 +386,12 @@ func TestClusterPageShowsTheVersion(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for { // the leader raises the version soon after the start
 		_, body = get(t, c, n.srv.URL+"/ui/cluster")
-		if strings.Contains(body, "<b data-cluster-version>2</b>") || time.Now().After(deadline) {
+		if strings.Contains(body, "<b data-cluster-version>3</b>") || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // polling the page, with a deadline
 	}
-	for _, want := range []string{"<b data-cluster-version>2</b>", "Cluster version", "<td>1, 2</td>", "flowd "} {
+	for _, want := range []string{"<b data-cluster-version>3</b>", "Cluster version", "<td>1, 2, 3</td>", "flowd "} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("the cluster page lacks %q:\n%s", want, body)
 		}

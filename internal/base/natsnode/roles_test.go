@@ -275,6 +275,7 @@ func createFlowStreams(t *testing.T, ctx context.Context, js jetstream.JetStream
 		{Name: "FLOW_TASKS", Subjects: []string{"flow.tasks"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage},
 		{Name: "FLOW_DLQ", Subjects: []string{"flow.dlq.>"}},
 		{Name: "FLOW_STEPLOGS", Subjects: []string{"flow.steplogs.>"}},
+		{Name: "FLOW_EVENTS", Subjects: []string{"ledger.closed.>"}}, // the triggers' (made once a workflow has one)
 	} {
 		if _, err := js.CreateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
@@ -293,7 +294,7 @@ func createFlowStreams(t *testing.T, ctx context.Context, js jetstream.JetStream
 // A node's credential cannot seal, reconfigure or purge any of flow's streams and
 // buckets (issue 36: `$JS.API.STREAM.UPDATE.KV_FLOW_LEADER` with sealed: true was
 // accepted, and no election could be won again, not even after a restart). For each
-// of the nine, the node's sealing update and a change of its limits are refused and
+// of the ten, the node's sealing update and a change of its limits are refused and
 // the stream stays unsealed; a purge is refused on all but the ones it needs
 // (client.NodePurges). Negative control: with only the update and purge rights from
 // before issue 36 given back, the same update seals the leader bucket and the first
