@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/client"
 	"github.com/flowrun/flow/internal/testkit/clustertest"
 )
@@ -135,7 +136,7 @@ func TestComposeCluster(t *testing.T) {
 	}
 	clustertest.WaitFor(t, 3*time.Minute, "three flow nodes and a leader", func() bool {
 		st := status()
-		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == 2
+		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion == checkpoint.NewestLogFormat
 	})
 	c.must("--profile", "tools", "run", "--rm", "-T", "flowctl", "workflow", "apply", "-f", "/usr/share/flow/payout.yaml")
 	stepReach(t, c, conf)
