@@ -157,6 +157,10 @@ const (
 	// WaitConcurrency: a queued run one of whose concurrency keys is full (Key, Limit,
 	// Holders); its status is shown as waiting, its state's is pending.
 	WaitConcurrency = "concurrency"
+	// WaitLabel: a run no live node can take, for it needs worker labels (runs_on) none
+	// has (Label the first, Labels all of them); its status is shown as waiting, its
+	// state's is pending, and it starts when a node with them reports.
+	WaitLabel = "label"
 )
 
 // Waiting is what a waiting run waits for: a signal (Signal names it), people's
@@ -180,6 +184,9 @@ type Waiting struct {
 	Key     string   `json:"key,omitempty"`
 	Limit   int      `json:"limit,omitempty"`
 	Holders []string `json:"holders,omitempty"`
+	// Label and Labels, for a label wait: the worker labels no live node has.
+	Label  string   `json:"label,omitempty"`
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Limits is `flowctl limits`: the concurrency keys in use. Complete is false when more

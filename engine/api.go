@@ -59,6 +59,11 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err := e.checkChildLoop(w); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
 	}
+	if labels := w.Labels(); len(labels) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
+		// A node of an older release ignores runs_on and would take the run anyway.
+		return nil, fmt.Errorf("%w: %s: runs_on needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
+			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	}
 	spec, err := json.Marshal(w)
 	if err != nil {
 		return nil, err
@@ -163,7 +168,7 @@ func (e *Engine) StartRun(ctx context.Context, name string, inputs map[string]an
 	// The leader's short path (leader.Service.StartHere) only for a run ID made here
 	// (or derived from a client's nonce) and a workflow without a concurrency limit.
 	short := false
-	if (generated || e.hooks.FastPathGivenIDs.Load()) && w.Concurrency == 0 && len(w.ConcurrencyKeys) == 0 && e.leader != nil {
+	if (generated || e.hooks.FastPathGivenIDs.Load()) && w.Concurrency == 0 && len(w.ConcurrencyKeys) == 0 && len(w.Labels()) == 0 && e.leader != nil {
 		short, err = e.leader.StartHere(tctx, submit, e.workers)
 	}
 	if !short {

@@ -16,6 +16,7 @@ import (
 	"github.com/flowrun/flow/logstream"
 	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
 )
 
 // NATSUser is a user of the embedded server (flowd --auth): a name and a password
@@ -78,6 +79,10 @@ type Config struct {
 	// steps.WithExecUser), also on a Registry given here: a security setting must not
 	// be lost because an embedding program brought its own registry.
 	ExecUser *steps.User
+	// Labels are this node's worker labels (flowd --labels; workflow.ParseLabels): its
+	// workers take only runs whose workflow's labels (workflow.Workflow.Labels) it has
+	// all of, and the leader assigns a run only while a live node has them.
+	Labels []string
 	// MaxOutputBytes bounds one step output (default 1 MiB).
 	MaxOutputBytes int
 	// StepLogLimit bounds what is kept of one step attempt's printed lines (default
@@ -226,6 +231,14 @@ func (c Config) Validate() error {
 	}
 	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
 		return fmt.Errorf("engine: Config.Workers, StepParallelism and MaxOutputBytes must not be negative (0 takes the default)")
+	}
+	if len(c.Labels) > workflow.MaxLabels {
+		return fmt.Errorf("engine: Config.Labels: %d labels; at most %d", len(c.Labels), workflow.MaxLabels)
+	}
+	for _, l := range c.Labels {
+		if !workflow.ValidLabel(l) {
+			return fmt.Errorf("engine: Config.Labels: %q is not a label: use 1-63 of a-z, 0-9, '-' and '_', starting with a letter or digit", l)
+		}
 	}
 	if d.Registry.Has(worker.DrillStepKind) {
 		return fmt.Errorf("engine: Config.Registry: step kind %s is reserved for flowctl drill zombie; rename yours", worker.DrillStepKind)

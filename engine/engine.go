@@ -88,6 +88,8 @@ type Engine struct {
 	leader    *leader.Service
 	workers   *worker.Pool
 	reporter  *nodes.Reporter
+	// labels is the live nodes' worker labels, as last read (labels.go).
+	labels labelView
 
 	cancel  context.CancelFunc
 	parts   sync.WaitGroup // the supervised parts
@@ -115,6 +117,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, signalBytes: newSignalLimiter(), log: cfg.Logger.With("node", cfg.NodeID), stopped: make(chan struct{}), hooks: new(testhooks.Hooks)}
 	e.sup = supervise.New(supervise.WithLogger(e.log))
 	e.triggers = newTriggerService(e)
+	e.labels.e = e
 	e.cfg.Lease.Supervisor = e.sup
 	e.mu.waiters = map[string][]chan struct{}{}
 	e.people = map[string]string{}
@@ -151,7 +154,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	log := nodeLog{e.clog}
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
-		Registry: e.cfg.Registry, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
+		Registry: e.cfg.Registry, Labels: e.cfg.Labels, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
 		StepLogs: e.stepLogSink(), StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err
@@ -159,8 +162,8 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: raisingElector{e.elector, e}, State: e.store, Specs: e.specs, Log: log,
 		Leases: e.leases, Tasks: e.tasks, Snapshots: e.clog.Snapshots, Compactor: compactor{e},
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.ports.DLQ, m) },
-		Gate:        gatePromoter{e},
-		Admission:   e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
+		Gate:        gatePromoter{e}, Placeable: e.labels.placeable,
+		Admission: e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
 		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Retired: e.removeStepLogs, Silence: e.silence(),
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})
 	// A member of the cluster from now on: the cluster version does not move past what
@@ -168,7 +171,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err := retrySetup(ctx, e.log, e.register); err != nil { // a cluster still electing its JetStream leader answers nothing yet
 		return e.withStreamFindings(ctx, err)
 	}
-	e.reporter = nodes.NewReporter(e.ports.Nodes, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: e.cfg.readFormats()}, e.store.Applied, e.cfg.Clock, e.log)
+	e.reporter = nodes.NewReporter(e.ports.Nodes, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: e.cfg.readFormats(), Labels: e.cfg.Labels}, e.store.Applied, e.cfg.Clock, e.log)
 	// Live from now on: the leader's compaction keeps what this node still needs while it
 	// catches up.
 	e.reporter.Report(ctx)

@@ -109,8 +109,11 @@ type Metrics struct {
 	Queued, Assigned int
 	// ApplyLag is how many log messages this node has not applied (-1: unknown).
 	ApplyLag int64
-	// Workers' counters.
-	Stolen, HandedBack, TasksDeferred, StepAttempts, StepFailures int64
+	// WaitingForLabel counts the queued runs no live node can take, by the first worker
+	// label none has (of the first MaxParkedCounted queued runs; labels.go).
+	WaitingForLabel map[string]int
+	// Workers' counters. TasksNotHere: tasks put back for a worker label this node lacks.
+	Stolen, HandedBack, TasksDeferred, TasksNotHere, StepAttempts, StepFailures int64
 	// NATSReconnects counts the connection's reconnects; PartRestarts the supervised
 	// parts' restarts, and RestartsByPart by part name (every part that ever ran, even if
 	// it has ended since: a counter); Parts their health.
@@ -146,7 +149,8 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 		m.ApplyLag = int64(last - min(last, e.store.Applied()))
 	}
 	s := e.workers.Stats()
-	m.Stolen, m.HandedBack, m.TasksDeferred = s.Stolen.Load(), s.HandedBack.Load(), s.TasksDeferred.Load()
+	m.Stolen, m.HandedBack, m.TasksDeferred, m.TasksNotHere = s.Stolen.Load(), s.HandedBack.Load(), s.TasksDeferred.Load(), s.TasksNotHere.Load()
+	m.WaitingForLabel = e.waitingForLabel()
 	m.StepAttempts, m.StepFailures = s.StepAttempts.Load(), s.StepFailures.Load()
 	if e.nc != nil {
 		m.NATSReconnects = e.nc.Stats().Reconnects

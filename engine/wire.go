@@ -254,6 +254,7 @@ func (a *API) Run(id string) (client.Run, error) {
 	a.e.maskInputs(&out, &v.Run)
 	one := []client.Run{out}
 	a.e.showKeyWaits(one, []checkpoint.Run{v.Run})
+	a.e.showLabelWaits(one, []checkpoint.Run{v.Run})
 	return one[0], nil
 }
 
@@ -307,6 +308,7 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 		a.e.maskInputs(&page.Runs[i], &runs[i])
 	}
 	a.e.showKeyWaits(page.Runs, runs)
+	a.e.showLabelWaits(page.Runs, runs)
 	if len(asked) > 0 {
 		page.Runs = slices.DeleteFunc(page.Runs, func(r client.Run) bool {
 			return !slices.Contains(asked, checkpoint.RunStatus(r.Status))

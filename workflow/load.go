@@ -166,7 +166,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline", "on"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline", "on", "runs_on"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -195,6 +195,8 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			w.Schedule = l.schedule(v)
 		case "on":
 			l.triggers(v, w)
+		case "runs_on":
+			w.RunsOn = l.runsOn(v, "the workflow's")
 		case "steps":
 			stepsNode = v
 			l.steps(k, v, w)
@@ -368,7 +370,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			Retry: Retry{MaxAttempts: DefaultMaxAttempts, InitialInterval: Duration(time.Second), MaxInterval: Duration(time.Minute), Multiplier: 2}}
 		var nameNode *yaml.Node
 		var graphKeys bool // an error in name, needs or with (the rest do not break the graph)
-		l.mapping(sn, "a step", []string{"name", "uses", "with", "needs", "foreach", "parallelism", "retry", "timeout", "if", "concurrency"}, func(key string, _, v *yaml.Node) {
+		l.mapping(sn, "a step", []string{"name", "uses", "with", "needs", "foreach", "parallelism", "retry", "timeout", "if", "concurrency", "runs_on"}, func(key string, _, v *yaml.Node) {
 			before := len(l.errs)
 			defer func() {
 				if len(l.errs) > before && (key == "name" || key == "needs" || key == "with") {
@@ -418,6 +420,8 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 				// The contract names it; a step's slot is not built yet (issue 39), and
 				// a limit silently ignored would be worse than a refused file.
 				l.fail(v, "put concurrency: {key, limit} on the workflow: a run then holds its key's slot from its start to its end", "concurrency on a step is not supported yet")
+			case "runs_on":
+				st.RunsOn = l.runsOn(v, "the step's")
 			case "if":
 				st.If = l.str(v, "if")
 				st.templates = append(st.templates, tmplAt{"if", st.If, v.Line, v.Column})

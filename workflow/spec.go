@@ -35,8 +35,11 @@ type Workflow struct {
 	Schedule *Schedule    `json:"schedule,omitempty"`
 	// On are the workflow's triggers: runs started (or signalled) by messages on NATS
 	// subjects (triggers.go).
-	On    []Trigger `json:"on,omitempty"`
-	Steps []*Step   `json:"steps"`
+	On []Trigger `json:"on,omitempty"`
+	// RunsOn are the worker labels a node needs to run this workflow's runs (labels.go;
+	// Labels adds its steps').
+	RunsOn []string `json:"runs_on,omitempty"`
+	Steps  []*Step  `json:"steps"`
 	// Outputs are the run's outputs: templates over its steps' outputs and inputs,
 	// rendered when it succeeds (a parent's workflow step gets them as its output).
 	Outputs map[string]string `json:"outputs,omitempty"`
@@ -81,11 +84,14 @@ type Step struct {
 	Retry       Retry          `json:"retry"`
 	Timeout     Duration       `json:"timeout,omitempty"`
 	If          string         `json:"if,omitempty"`
-	Line        int            `json:"line"`
-	templates   []tmplAt       // every templated string of the step, with its place
-	usesNode    *yaml.Node
-	withNode    *yaml.Node // nil when the step has no with
-	needsNodes  []*yaml.Node
+	// RunsOn are the worker labels this step needs; its run needs them all
+	// (Workflow.Labels).
+	RunsOn     []string `json:"runs_on,omitempty"`
+	Line       int      `json:"line"`
+	templates  []tmplAt // every templated string of the step, with its place
+	usesNode   *yaml.Node
+	withNode   *yaml.Node // nil when the step has no with
+	needsNodes []*yaml.Node
 }
 
 // tmplAt is a templated string and where it is in the file.

@@ -20,7 +20,12 @@ import (
 // the rest of that workflow waits behind them, so a million runs waiting for one key
 // cost a pass a bounded number of reads. taken, if not nil, is told each run taken
 // with keys, and its keys.
-func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool), taken func(run string, keys []workflow.KeyLimit)) ([]*checkpoint.Run, error) {
+//
+// A run whose workflow names worker labels (runs_on: workflow.Workflow.Labels) is taken
+// only when placeable says a live node has them all (placeable nil: every run is): the
+// rest wait queued, without an epoch, as a run whose key is full does (and are passed
+// over within the same bound), and are taken in a later pass once such a node reports.
+func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool), taken func(run string, keys []workflow.KeyLimit), placeable func(labels []string) bool) ([]*checkpoint.Run, error) {
 	if room <= 0 {
 		return nil, nil
 	}
@@ -36,6 +41,15 @@ func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool),
 			}
 			if active[r.Workflow] >= limit {
 				return checkpoint.QueueSkipWorkflow
+			}
+		}
+		if placeable != nil {
+			if labels := RunLabels(specs, r); len(labels) > 0 && !placeable(labels) {
+				passedOver[r.Workflow]++
+				if passedOver[r.Workflow] >= MaxKeyPassOver {
+					return checkpoint.QueueSkipWorkflow
+				}
+				return checkpoint.QueueNext
 			}
 		}
 		keys := RunKeys(specs, r)
@@ -82,6 +96,17 @@ func concurrency(specs Specs, r *checkpoint.Run) int {
 		return 0
 	}
 	return wf.Concurrency
+}
+
+// RunLabels are the worker labels a node needs to run r (its workflow's and steps'
+// runs_on; nil: any node, or its definition unreadable: such a run fails on whichever
+// worker takes it, where the error is recorded).
+func RunLabels(specs Specs, r *checkpoint.Run) []string {
+	wf, err := specs.OfRun(r)
+	if err != nil {
+		return nil
+	}
+	return wf.Labels()
 }
 
 // AssignEntry is the entry that gives a run its next epoch (replacing its current one,

@@ -77,6 +77,9 @@ type Config struct {
 	Compactor Compactor
 	// Gate raises the cluster version (gate.go); nil: never raised.
 	Gate Gate
+	// Placeable says whether a live node has every one of labels (a run's runs_on:
+	// PlanAssign); nil: every run is placeable.
+	Placeable func(labels []string) bool
 	// DeadLetters publishes a dead-lettered run's notice (dlq.Publish).
 	DeadLetters func(ctx context.Context, m dlq.Message) error
 	Admission   *Admission

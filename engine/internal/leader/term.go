@@ -171,7 +171,7 @@ func (t *termServices) assignPending(ctx context.Context) {
 	t.readTail(ctx)
 	assigned, _ := s.cfg.State.Held()
 	room := s.cfg.Admission.Room(assigned)
-	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, t.countSlots, t.slots.admitted)
+	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, t.countSlots, t.slots.admitted, s.cfg.Placeable)
 	if err != nil {
 		s.log.Error("list pending runs", "err", err)
 	}

@@ -34,6 +34,10 @@ import (
 //	                           the state, the live leases and the watch (caught up as of the
 //	                           clock unless `watch` says otherwise); prints the counts used;
 //	                           nodrain is the control (SlotView.NoDrain)
+//	nodes                      the live nodes' worker labels, one node per line
+//	                           (comma-separated, "-" for none): assign then passes over
+//	                           runs whose runs_on no live node has (placeable); before
+//	                           it, every run is placeable
 //	watch asof=D | watch now   the lease watch is caught up as of t0+D, or as of the clock
 //	admission ahead=N [admitting=N]   Admission.Room for the state's assigned runs
 //	reconcile [ttl=D] [write]  one Reconciler.Pass at the clock's time
@@ -65,6 +69,7 @@ type transcript struct {
 	slots      *slotCounter
 	released   uint64     // the slot count's cursor (checkpoint.Store.Released)
 	asOf       *time.Time // nil: the watch is caught up as of the clock
+	liveNodes  [][]string // the live nodes' labels (nil: not given, every run placeable)
 }
 
 func newTranscript(t *testing.T) *transcript {
@@ -120,6 +125,16 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 			tr.leases[run] = ep
 		}
 		return fmt.Sprintf("%d live leases", len(tr.leases))
+	case "nodes":
+		tr.liveNodes = [][]string{}
+		for _, line := range lines(d.Input) {
+			labels, err := workflow.ParseLabels(strings.TrimPrefix(line, "-"))
+			if err != nil {
+				d.Fatalf(t, "nodes %q: %v", line, err)
+			}
+			tr.liveNodes = append(tr.liveNodes, labels)
+		}
+		return fmt.Sprintf("%d live nodes", len(tr.liveNodes))
 	case "watch":
 		if d.HasArg("now") {
 			tr.asOf = nil
@@ -176,7 +191,18 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 			counted = fmt.Sprintf("slots: %s; ending: %s\n", orNone(keys), orNone(ending))
 			return counts, true
 		}
-		runs, err := PlanAssign(tr.s, tr.specs, room, slots, tr.slots.admitted)
+		var placeable func([]string) bool
+		if tr.liveNodes != nil {
+			placeable = func(need []string) bool {
+				for _, have := range tr.liveNodes {
+					if len(workflow.Missing(need, have)) == 0 {
+						return true
+					}
+				}
+				return false
+			}
+		}
+		runs, err := PlanAssign(tr.s, tr.specs, room, slots, tr.slots.admitted, placeable)
 		if err != nil {
 			d.Fatalf(t, "plan: %v", err)
 		}

@@ -41,6 +41,9 @@ type Report struct {
 	// Stopped is when the node stopped cleanly (its goodbye; zero while it runs). Older
 	// readers ignore it, and count the node live until the report lapses, as before.
 	Stopped time.Time `json:"stopped,omitzero"`
+	// Labels are the node's worker labels (flowd --labels): the leader assigns a run
+	// whose workflow needs labels only while a live node reports them all.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Reporter puts this node's report in the bucket now and every ReportEvery.
@@ -57,8 +60,8 @@ type Reporter struct {
 	done   chan struct{}
 }
 
-// NewReporter reports node's applied sequence (applied) into kv, with about's Binary and
-// Formats.
+// NewReporter reports node's applied sequence (applied) into kv, with about's Binary,
+// Formats and Labels.
 func NewReporter(kv port.KV, node string, about Report, applied func() uint64, clock clockwork.Clock, log *slog.Logger) *Reporter {
 	return &Reporter{kv: kv, node: node, about: about, applied: applied, clock: clock, log: log}
 }
@@ -69,7 +72,7 @@ func (r *Reporter) Report(ctx context.Context) { r.put(ctx, false) }
 // put puts the report, a goodbye when stopped.
 func (r *Reporter) put(ctx context.Context, stopped bool) {
 	now := r.clock.Now().UTC()
-	rep := Report{Applied: r.applied(), At: now, Binary: r.about.Binary, Formats: r.about.Formats}
+	rep := Report{Applied: r.applied(), At: now, Binary: r.about.Binary, Formats: r.about.Formats, Labels: r.about.Labels}
 	if stopped {
 		rep.Stopped = now
 	}

@@ -149,6 +149,7 @@ func (c *simClient) start() {
 				c.submitKeyed()
 				c.signalStarts()
 				c.events()
+				c.labelled()
 				if s.cfg.Hold {
 					c.releaseAt(s.cfg.Release)
 				}
@@ -336,6 +337,57 @@ func (c *simClient) submitKeyed() {
 			})
 		})
 	}
+}
+
+// labelled applies the workflow "fin" (runs_on: finance on a step), again a second
+// later while the cluster version is below 3 (which runs_on needs: an older node would
+// take its runs) until a while after the faults, then starts the runs f1.. at times of
+// their own stream.
+func (c *simClient) labelled() {
+	s := c.s
+	if s.cfg.LabelledRuns == 0 {
+		return
+	}
+	var apply func()
+	apply = func() {
+		c.call("apply fin", "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.ApplyWorkflow(ctx, "fin.yaml", []byte(finWorkflow))
+			return err
+		}, func(err error) {
+			if err != nil && strings.Contains(err.Error(), "runs_on needs cluster version") {
+				// Until a while after the faults: a hold whose release was lost keeps
+				// the version at 1 for good, and the seed then has no labelled runs.
+				if s.now.Before(T0.Add(s.cfg.FaultsFor + 15*time.Second)) {
+					c.later(time.Second, apply)
+				} else {
+					s.tracef("cl", "fin not applied: the cluster version stays below 3")
+				}
+				return
+			}
+			if err != nil {
+				s.fail("sim", "apply fin: %v", err)
+				return
+			}
+			for i := 1; i <= s.cfg.LabelledRuns; i++ {
+				id := fmt.Sprintf("f%d", i)
+				s.finRuns[id] = true
+				c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
+					c.call("start "+id+" fin", "ops", func(ctx context.Context, api *engine.API) error {
+						_, err := api.StartRun(ctx, "fin", client.StartOptions{ID: id})
+						if isCode(err, client.CodeConflict) {
+							return nil
+						}
+						return err
+					}, func(err error) {
+						if err != nil {
+							s.fail("sim", "start %s: %v", id, err)
+						}
+					})
+				})
+			}
+		})
+	}
+	apply()
 }
 
 // signalStarts has one to three callers each signal-with-start the runs s1.. (of the
@@ -626,6 +678,15 @@ on:
 steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a]}
+`
+
+// The fin workflow's step b needs the worker label finance (issue 39's runs_on): its
+// runs go only to the finance node, and wait while it is down (invariant "label").
+var finWorkflow = `name: fin
+max_epochs: 4
+steps:
+  - {name: a, uses: sim}
+  - {name: b, uses: sim, needs: [a], runs_on: [finance]}
 `
 
 // The alarm workflow sleeps until a time (its input). Its first step is long (items one

@@ -98,6 +98,15 @@ var people = []engine.NATSUser{
 	{Name: "fin3", Password: "sim-password-fin3", Role: "admin"},
 }
 
+// labels are the node's worker labels: finance on the finance node of a seed with
+// labelled runs (Config.LabelledRuns), none elsewhere.
+func (n *node) labels() []string {
+	if n.s.cfg.LabelledRuns > 0 && n.id == n.s.cfg.FinanceNode {
+		return []string{"finance"}
+	}
+	return nil
+}
+
 // boot starts a new incarnation: its engine is built and started on a goroutine of its
 // own (Start makes calls the loop must answer); the node is up when Start returns.
 func (n *node) boot() {
@@ -114,7 +123,7 @@ func (n *node) boot() {
 	cfg := engine.Config{NodeID: n.name, Workers: s.cfg.Slots, Registry: reg, Clock: clk, Logger: n.logger(),
 		Lease:             epoch.Config{TTL: s.cfg.TTL, AllowShortTTL: true},
 		ReconcileInterval: s.cfg.ReconcileInterval, LockDelay: s.cfg.LockDelay,
-		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL, ReadFormat: n.reads}
+		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL, ReadFormat: n.reads, Labels: n.labels()}
 	s.check.Member(n.name, n.reads) // a member of the cluster from this start on
 	e, err := engine.NewOver(cfg, engine.Over{Ports: nodePorts{n, inc}.ports(), FS: n.fs, StateDir: "state",
 		Nonce: fmt.Sprintf("%s-%d", n.name, inc), Order: n.order, Hooks: s.cfg.Switches.Hooks})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/flowrun/flow/steps"
@@ -69,6 +70,14 @@ func (s *Sim) startProc(p *proc) {
 				}
 			}
 		}
+	}
+	if s.finRuns[p.in.Run] {
+		// Invariant "label": a run that needs the finance label runs every step on a
+		// node that has it.
+		if !slices.Contains(n.labels(), "finance") {
+			s.fail("label", "%s starts on %s, which has no finance label (runs_on: [finance])", p.key, n.name)
+		}
+		s.stats.LabelledSteps++
 	}
 	p.alive = true
 	n.procs[p] = struct{}{}

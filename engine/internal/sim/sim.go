@@ -74,6 +74,12 @@ type Config struct {
 	// deposed or a new leader's consumer would take it. Drawn from a stream of their own
 	// (Sim.event), in half the seeds (invariant "event").
 	Events int
+	// LabelledRuns are runs f1.. of the workflow "fin", whose step b needs the worker
+	// label finance (runs_on), which only node FinanceNode has (flowd --labels): they
+	// wait while it is down, and no step of theirs runs elsewhere (invariant "label").
+	// Drawn from a stream of their own (Sim.label), in half the seeds.
+	LabelledRuns int
+	FinanceNode  int
 	// Skew is each node's clock offset from the simulation's (its clockwork clock's
 	// readings; durations are the same).
 	Skew       []time.Duration
@@ -171,7 +177,11 @@ type Sim struct {
 	// delivery said started or found their run (invariant "event").
 	event        *rand.Rand
 	eventSettled map[int]bool
-	now          time.Time
+	// label draws the runs that need a worker label (Config.LabelledRuns); finRuns are
+	// their IDs (invariant "label").
+	label   *rand.Rand
+	finRuns map[string]bool
+	now     time.Time
 
 	in     inbox
 	q      eventQueue
@@ -234,6 +244,9 @@ type Stats struct {
 	// TriggerRuns: messages that started their run, exactly one (invariant "event");
 	// TriggerDeliveries: the deliveries of them all, the copies and retries included.
 	TriggerRuns, TriggerDeliveries int
+	// LabelledSteps: step processes of runs that need the finance label, each on the
+	// finance node (invariant "label").
+	LabelledSteps int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.
@@ -270,6 +283,16 @@ func New(seed uint64, sw Switches) *Sim {
 	s.event = rand.New(rand.NewPCG(seed^0x94d049bb133111eb, seed))
 	s.cfg.Events = []int{0, 0, 1, 3}[s.event.IntN(4)]
 	s.eventSettled = map[int]bool{}
+	s.label = rand.New(rand.NewPCG(seed^0xbf58476d1ce4e5b9, seed))
+	s.cfg.LabelledRuns = []int{0, 0, 2, 4}[s.label.IntN(4)]
+	s.cfg.FinanceNode = s.label.IntN(s.cfg.Nodes)
+	if s.cfg.OldNode >= 0 && s.cfg.Upgrade == 0 {
+		// An old node never upgraded keeps the cluster version at 1, and runs_on needs 3.
+		s.cfg.LabelledRuns = 0
+	}
+	// One node runs them all: liveness allows for them one after the other.
+	s.cfg.Settle += time.Duration(s.cfg.LabelledRuns) * 2 * s.cfg.StepMax
+	s.finRuns = map[string]bool{}
 	return s
 }
 

@@ -68,6 +68,9 @@ type Config struct {
 	Leases          Leases
 	Tasks           Tasks
 	Registry        *steps.Registry
+	// Labels are this node's worker labels: a task of a run whose workflow needs a label
+	// it lacks (workflow.Workflow.Labels) is put back for a node that has it.
+	Labels []string
 	// TTL is the lease TTL: it paces retries and bounds how long a stopped step may
 	// take to die (StopGrace).
 	TTL time.Duration
@@ -97,6 +100,9 @@ type Config struct {
 type Stats struct {
 	Stolen     atomic.Int64 // epochs stopped with lock-stolen-mid-run
 	HandedBack atomic.Int64 // runs handed back on drain
+	// TasksNotHere counts tasks put back because their run needs a worker label this
+	// node lacks.
+	TasksNotHere atomic.Int64
 	// TasksDeferred counts tasks put back because another holder still had the run's
 	// lease (a zombie of an older epoch): they come back after a quarter of a lease TTL.
 	TasksDeferred atomic.Int64
@@ -285,8 +291,17 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 		_ = msg.Nak(p.retryDelay())
 		return
 	}
-	if JudgeTask(p.read(t.Run), t) == TaskStale {
+	r := p.read(t.Run)
+	if JudgeTask(r, t) == TaskStale {
 		_ = msg.Ack() // the run moved on
+		return
+	}
+	if missing := p.missingLabels(r); len(missing) > 0 {
+		// Not for this node: put back, not claimed, for a node with the labels (the
+		// leader assigned it because one is live; if that one died meanwhile, the task
+		// goes round until another reports, or the run is cancelled).
+		p.stats.TasksNotHere.Add(1)
+		_ = msg.Nak(p.retryDelay())
 		return
 	}
 	if !p.take(t.Run, t.Epoch) {
@@ -345,6 +360,26 @@ func (p *Pool) handleTask(ctx context.Context, msg port.Delivery) {
 	_ = msg.Ack()
 	p.runClaimed(t.Run, t.Epoch, lease, log, false)
 }
+
+// missingLabels are the worker labels r's workflow needs that this node lacks (nil: it
+// may run r; also when r's definition cannot be read: the run then fails on its worker,
+// where the error is recorded).
+func (p *Pool) missingLabels(r *checkpoint.Run) []string {
+	if labelsOff != "" || p.hooks.LabelsOff.Load() {
+		return nil
+	}
+	wf, err := p.cfg.Specs.OfRun(r)
+	if err != nil {
+		return nil
+	}
+	return workflow.Missing(wf.Labels(), p.cfg.Labels)
+}
+
+// labelsOff is the control of worker labels in real processes (-ldflags "-X
+// github.com/flowrun/flow/engine/internal/worker.labelsOff=1"; empty in every build
+// but the control's): a worker takes every task, whatever labels its run needs, so a
+// runs_on step runs on a node without them (TestRunsOnControlLabelsOff).
+var labelsOff string
 
 // takeKey is an epoch of a run (Pool.mu.taking).
 type takeKey struct {

@@ -115,6 +115,8 @@ func waitingLine(r client.Run) string {
 		s = fmt.Sprintf("%d child run(s) of step %s: %s", len(w.Children), w.Step, strings.Join(w.Children, ", "))
 	case client.WaitConcurrency:
 		s = fmt.Sprintf("concurrency key %q (limit %d), held by %s", w.Key, w.Limit, strings.Join(w.Holders, ", "))
+	case client.WaitLabel:
+		s = fmt.Sprintf("a node with worker label %s (runs_on; no live node has it: start one with flowd --labels %s)", strings.Join(w.Labels, ", "), strings.Join(w.Labels, ","))
 	default:
 		s = fmt.Sprintf("%s (step %s)", w.Kind, w.Step)
 	}

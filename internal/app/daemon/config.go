@@ -21,6 +21,7 @@ import (
 	"github.com/flowrun/flow/internal/base/ident"
 	"github.com/flowrun/flow/internal/base/natsnode"
 	"github.com/flowrun/flow/steps"
+	"github.com/flowrun/flow/workflow"
 )
 
 // ErrConfig is returned (wrapped) for any configuration that cannot work.
@@ -69,6 +70,9 @@ type Config struct {
 	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
+	// Labels are this node's worker labels (--labels): it takes the runs of workflows
+	// whose runs_on (theirs and their steps') it has all of (workflow/labels.go).
+	Labels []string
 	// ExecUser, if set, is the user exec steps run as: --exec-user's, or, for a flowd
 	// running as root without it, an unprivileged one (DefaultExecUser). nil: flowd's
 	// own user (a flowd that is not root, or --exec-user root).
@@ -128,6 +132,7 @@ var options = []option{
 	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID. Default: flowd's own user, but as root the unprivileged " + DefaultExecUser + " (uid 65534 if there is none); root runs them as root, with a warning at every start (docs/security.md)"},
+	{"labels", "", "comma-separated worker labels of this node (finance,eu): only nodes with every label a workflow's or its steps' runs_on names run its runs; a run no live node can take waits (docs/workflow-spec.md, runs_on)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
 	{"hold-cluster-version", "false", "keep the cluster version (the log format writers use) where it is while this node is a member, while an upgrade is tried (docs/operations.md, Upgrading)"},
 	{"ui-proxy", "", "comma-separated addresses (or CIDR prefixes) of reverse proxies in front of the web UI: their X-Forwarded-Proto and X-Forwarded-For are believed (docs/ui.md)"},
@@ -414,6 +419,11 @@ func (c *Config) loadSecurity(get func(string) string, bad func(string, string, 
 		c.ExecEnv = append(c.ExecEnv, name)
 	}
 	c.loadExecUser(get("exec-user"), bad)
+	if labels, err := workflow.ParseLabels(get("labels")); err != nil {
+		bad("labels", "%v", err)
+	} else {
+		c.Labels = labels
+	}
 	c.checkSecretFiles(bad)
 }
 

@@ -53,6 +53,8 @@ func newMetrics() *metrics {
 		"flow_stolen_total":                 "Epochs this node stopped as lock-stolen-mid-run.",
 		"flow_handed_back_total":            "Runs handed back on drain.",
 		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
+		"flow_tasks_not_here_total":         "Tasks put back because their run needs a worker label (runs_on) this node lacks.",
+		"flow_runs_waiting_for_label":       "Queued runs no live node can take, by the first worker label (runs_on) none has, in this node's state.",
 		"flow_step_attempts_total":          "Step attempts started by this node's workers (retries included).",
 		"flow_step_failures_total":          "Step attempts on this node that failed (an error, a timeout, a lost lease).",
 		"flow_leases_acquired_total":        "Run leases this node's workers acquired.",
@@ -73,6 +75,8 @@ func newMetrics() *metrics {
 			labels = []string{"part"}
 		case "flow_runs_parked":
 			labels = []string{"kind"}
+		case "flow_runs_waiting_for_label":
+			labels = []string{"label"}
 		case "flow_runs_deadline_missed_total":
 			labels = []string{"workflow"}
 		case "flow_approvals_total":
@@ -161,6 +165,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_stolen_total", float64(m0.Stolen))
 	counter("flow_handed_back_total", float64(m0.HandedBack))
 	counter("flow_tasks_deferred_total", float64(m0.TasksDeferred))
+	counter("flow_tasks_not_here_total", float64(m0.TasksNotHere))
+	for label, n := range m0.WaitingForLabel {
+		gauge("flow_runs_waiting_for_label", float64(n), label)
+	}
 	counter("flow_step_attempts_total", float64(m0.StepAttempts))
 	counter("flow_step_failures_total", float64(m0.StepFailures))
 	counter("flow_leases_acquired_total", float64(m0.LeasesAcquired))

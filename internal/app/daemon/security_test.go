@@ -55,6 +55,8 @@ func TestSecurityConfigErrors(t *testing.T) {
 		{[]string{"--nats-insecure-plaintext=maybe"}, nil, "nats-insecure-plaintext: \"maybe\": use true or false"},
 		{[]string{"--nats-tls-cert", filepath.Join(dir, "none.pem"), "--nats-tls-key", seedFile}, nil, "is not a readable file"},
 		{[]string{"--exec-env", "PGHOST,A=B"}, nil, "exec-env: \"A=B\" is not a variable name"},
+		{[]string{"--labels", "finance,EU"}, nil, "labels: label \"EU\" is not allowed: use 1-63 of a-z"},
+		{nil, []string{"FLOWD_LABELS=finance,finance"}, "labels: label \"finance\" is given twice"},
 		{nil, []string{"FLOWD_NATS_PASSWORD=pw-secret-1"}, "--nats-user and --nats-password go together"},
 	} {
 		_, err := Load(c.args, c.env)
@@ -70,6 +72,9 @@ func TestSecurityConfigErrors(t *testing.T) {
 	c, err := Load([]string{"--auth", good, "--nats-listen", "0.0.0.0:4222", "--nats-tls-cert", seedFile, "--nats-tls-key", seedFile, "--exec-env", "PGHOST, PGUSER"}, nil)
 	if err != nil || len(c.AuthUsers) != 2 || c.AuthUsers[1].NKey != pub || strings.Join(c.ExecEnv, ",") != "PGHOST,PGUSER" || c.PlaintextWarning() != "" || c.natsOptions() != nil {
 		t.Fatalf("config %+v %v", c, err)
+	}
+	if c, err = Load([]string{"--labels", "finance, eu"}, nil); err != nil || strings.Join(c.Labels, ",") != "eu,finance" {
+		t.Fatalf("--labels: %v %v", c.Labels, err)
 	}
 	c, err = Load([]string{"--auth", good, "--nats-listen", "0.0.0.0:4222", "--nats-insecure-plaintext"}, nil)
 	if err != nil || !strings.Contains(c.PlaintextWarning(), "0.0.0.0:4222 takes plaintext connections") {
