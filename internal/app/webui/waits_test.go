@@ -129,3 +129,24 @@ func TestRunPageWaitsSignalAndApproval(t *testing.T) {
 		t.Fatalf("the run ended %s, decisions %+v, inbox %+v", r.Status, r.Decisions, r.Inbox)
 	}
 }
+
+// A run no live node can take for its runs_on is shown waiting for the label, with how to
+// start such a node.
+func TestRunPageWaitingForALabel(t *testing.T) {
+	n := startPeopleNode(t)
+	if err := n.e.Ops().WaitClusterVersion(ctxT(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	n.apply(t, "name: fin\nsteps:\n  - {name: transfer, uses: noop, runs_on: [finance]}\n")
+	if _, err := n.e.StartRun(ctxT(t), "fin", nil, engine.RunOptions{ID: "f1"}); err != nil {
+		t.Fatal(err)
+	}
+	n.waitUntil(t, "f1", func(r client.Run) bool { return r.Waiting != nil && r.Waiting.Kind == client.WaitLabel })
+	c := browser(t)
+	if code, _ := post(t, c, n.srv.URL+"/ui/login", url.Values{"user": {"vera"}, "password": {"v-pw"}, "next": {"/ui/"}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d", code)
+	}
+	if _, page := get(t, c, n.srv.URL+"/ui/runs/f1"); !strings.Contains(page, "for a node with the worker label <b>finance</b>") || !strings.Contains(page, "flowd --labels") {
+		t.Fatalf("the page of a run waiting for a label:\n%s", page)
+	}
+}
