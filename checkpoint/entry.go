@@ -141,7 +141,18 @@ type Submit struct {
 	// its request (steps.RequestKey). Fixed per run at its submit, so that an attempt on
 	// an older node and its retry on a newer one send one key.
 	KeyScheme int `json:"key_scheme,omitempty"`
+	// Priority orders the run's admission among the queued runs: higher first, each
+	// waiting run's rising with its age (queue.go; revision 5, format 3 only; 0 the
+	// default, MinPriority to MaxPriority).
+	Priority int `json:"priority,omitempty"`
 }
+
+// The range of a run's priority (Submit.Priority; client.MinPriority and MaxPriority,
+// the same numbers, for programs that do not link the store).
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
 
 // KeySchemeRequest: an http step's idempotency key covers its run, step, item and the
 // request it sends (method, URL and body), so `retry --input` that changes the request
@@ -352,6 +363,9 @@ func (s *Submit) validate(bad func(string, ...any) error) error {
 	if s.KeyScheme != 0 && s.KeyScheme != KeySchemeRequest {
 		return bad("key_scheme %d: use 2 or leave it out", s.KeyScheme)
 	}
+	if s.Priority < MinPriority || s.Priority > MaxPriority {
+		return bad("priority %d: use %d to %d", s.Priority, MinPriority, MaxPriority)
+	}
 	if len(s.Trace) > 128 {
 		return bad("trace: %d bytes, a traceparent is 55", len(s.Trace))
 	}
@@ -428,7 +442,7 @@ func RevisionFor(kind Kind) int {
 // signal (a reader of format 2 would drop the consumption and let the signal be taken
 // twice).
 func RevisionOf(e *Entry) int {
-	if e.Submit != nil && (e.Submit.Trigger == TriggerEvent || e.Submit.KeyScheme != 0) {
+	if e.Submit != nil && (e.Submit.Trigger == TriggerEvent || e.Submit.KeyScheme != 0 || e.Submit.Priority != 0) {
 		return 5
 	}
 	if e.Submit != nil && e.Submit.Trace != "" {

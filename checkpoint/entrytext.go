@@ -211,7 +211,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 		case "items":
 			n, err = num()
 			e.Items = int(n)
-		case "steps", "max_epochs", "workflow", "version", "trigger", "max_tree", "inputs":
+		case "steps", "max_epochs", "workflow", "version", "trigger", "max_tree", "inputs", "priority":
 			if e.Submit == nil {
 				return Entry{}, fmt.Errorf("%s= belongs to a submit", k)
 			}
@@ -235,6 +235,9 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Submit.Version = int(n)
 			case "trigger":
 				e.Submit.Trigger = v
+			case "priority":
+				n, err = num()
+				e.Submit.Priority = int(n)
 			case "inputs": // k:v,k:v, each value text
 				in := map[string]string{}
 				for kv := range strings.SplitSeq(v, ",") {

@@ -252,6 +252,8 @@ func NeedsFormat(e *Entry, format int) string {
 	switch {
 	case e.Submit != nil && e.Submit.Trigger == TriggerEvent:
 		what = "a run started by a message (trigger event)"
+	case e.Submit != nil && e.Submit.Priority != 0:
+		what = fmt.Sprintf("a run of priority %d", e.Submit.Priority)
 	case e.Submit != nil && e.Submit.KeyScheme != 0:
 		what = "a run whose http keys cover their requests (key_scheme 2)"
 	}

@@ -401,7 +401,7 @@ func (tx *applyBatch) startHandler(c *cachedRun, idx int, e *Entry, event string
 	}
 	h := &Run{ID: id, Workflow: r.Workflow, Version: r.Version, Status: StatusPending, Trigger: TriggerHandler,
 		ScheduledAt: r.ScheduledAt, Inputs: r.Inputs, MaxEpochs: r.MaxEpochs, Epochs: []EpochRecord{},
-		CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At, StartedBy: r.StartedBy, Handler: ref, Trace: r.Trace, KeyScheme: r.KeyScheme}
+		CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At, StartedBy: r.StartedBy, Handler: ref, Trace: r.Trace, KeyScheme: r.KeyScheme, Priority: r.Priority}
 	hc := &cachedRun{run: h, steps: make(map[string]*Step, len(steps)), runDirty: true, dirtySteps: map[string]bool{}}
 	for _, st := range steps {
 		h.Steps = append(h.Steps, st.Name)

@@ -6,16 +6,17 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"time"
 )
 
 // runQueue is what the scheduler's admission needs of the state, kept in memory by the
 // applier after each commit (noteQueue) and rebuilt at open:
 //
 //   - the runs that need an assign (Run.NeedsAssign), in submission order (CreatedSeq)
-//     per workflow, so that the leader assigns the oldest first and stops after a few,
-//     whatever the backlog: a million pending runs cost a pass nothing; and a workflow
-//     whose concurrency limit holds its runs back is passed over in one step, not run by
-//     run (EachQueued);
+//     per workflow and priority, so that the leader assigns the first by priority and
+//     age and stops after a few, whatever the backlog: a million pending runs cost a
+//     pass nothing; and a workflow whose concurrency limit holds its runs back is passed
+//     over in one step per priority it uses, not run by run (EachQueued);
 //   - the runs that hold an epoch and are not terminal: pending with a usable epoch
 //     (assigned, waiting for a worker) or running. Their number is what the leader's
 //     admission bounds (docs/operations.md).
@@ -26,7 +27,7 @@ import (
 type runQueue struct {
 	mu    sync.Mutex
 	seq   map[string]queuedRun // queued run -> where it waits
-	lines map[string]*line     // per workflow: its queued runs in order
+	lines map[lineKey]*line    // per workflow and priority: its queued runs in order
 	held  map[string]heldRun
 	// parked are the runs parked in a wait (StatusWaiting), by workflow: they hold no
 	// epoch, but they hold their concurrency keys' slots (KeyHolders).
@@ -44,18 +45,29 @@ type runQueue struct {
 type queuedRun struct {
 	seq      uint64
 	workflow string
+	priority int
 }
 
-// line is one workflow's queued runs, sorted by (seq, id); entries absent from the
-// queue's seq map (or there with another workflow or seq) are stale.
+// lineKey names a line: one workflow's queued runs of one priority.
+type lineKey struct {
+	workflow string
+	priority int
+}
+
+// line is one workflow's queued runs of one priority, sorted by (seq, id); entries
+// absent from the queue's seq map (or there with another workflow, priority or seq) are
+// stale.
 type line struct {
 	order []queued
 	stale int
 }
 
+// queued is a line's entry: the run, its submission and its creation time (UnixNano:
+// its age raises its priority, EachQueuedAt).
 type queued struct {
-	seq uint64
-	id  string
+	seq     uint64
+	id      string
+	created int64
 }
 
 type heldRun struct {
@@ -72,7 +84,7 @@ func cmpQueued(a, b queued) int {
 
 func (q *runQueue) init() {
 	q.seq = map[string]queuedRun{}
-	q.lines = map[string]*line{}
+	q.lines = map[lineKey]*line{}
 	q.held = map[string]heldRun{}
 	q.parked = map[string]string{}
 }
@@ -107,25 +119,27 @@ func (q *runQueue) note(r *Run) {
 		q.held[r.ID] = heldRun{workflow: r.Workflow}
 		q.count(q.held[r.ID], 1)
 	}
-	at := queuedRun{r.CreatedSeq, r.Workflow}
+	at := queuedRun{r.CreatedSeq, r.Workflow, r.Priority}
 	old, waiting := q.seq[r.ID]
-	if waiting && (!r.NeedsAssign() || old != at) { // leaves its line (old != at cannot happen: a run's workflow and CreatedSeq never change; stay correct anyway)
+	if waiting && (!r.NeedsAssign() || old != at) { // leaves its line (old != at cannot happen: a run's workflow, priority and CreatedSeq never change; stay correct anyway)
 		delete(q.seq, r.ID)
-		l := q.lines[old.workflow]
+		k := lineKey{old.workflow, old.priority}
+		l := q.lines[k]
 		l.stale++
-		q.compact(old.workflow, l)
+		q.compact(k, l)
 		waiting = false
 	}
 	if !r.NeedsAssign() || waiting {
 		return
 	}
 	q.seq[r.ID] = at
-	l := q.lines[r.Workflow]
+	k := lineKey{r.Workflow, r.Priority}
+	l := q.lines[k]
 	if l == nil {
 		l = &line{}
-		q.lines[r.Workflow] = l
+		q.lines[k] = l
 	}
-	e := queued{r.CreatedSeq, r.ID}
+	e := queued{r.CreatedSeq, r.ID, r.CreatedAt.UnixNano()}
 	// New submits come in log order and append; a run handed back or retried goes back
 	// to its place among the older ones.
 	if n := len(l.order); n == 0 || cmpQueued(l.order[n-1], e) < 0 {
@@ -148,17 +162,17 @@ func (q *runQueue) count(h heldRun, d int) {
 	}
 }
 
-// live reports whether an entry of workflow's line is a queued run (lock held).
-func (q *runQueue) live(workflow string, e queued) bool {
+// live reports whether an entry of line k is a queued run (lock held).
+func (q *runQueue) live(k lineKey, e queued) bool {
 	at, ok := q.seq[e.id]
-	return ok && at == queuedRun{e.seq, workflow}
+	return ok && at == queuedRun{e.seq, k.workflow, k.priority}
 }
 
 // compact drops stale entries at the head of a line, and all of them once they are
 // most of it; an empty line is forgotten (lock held).
-func (q *runQueue) compact(workflow string, l *line) {
+func (q *runQueue) compact(k lineKey, l *line) {
 	i := 0
-	for i < len(l.order) && !q.live(workflow, l.order[i]) {
+	for i < len(l.order) && !q.live(k, l.order[i]) {
 		i++
 	}
 	if i > 0 {
@@ -166,13 +180,13 @@ func (q *runQueue) compact(workflow string, l *line) {
 		l.stale -= i
 	}
 	if len(l.order) == 0 {
-		delete(q.lines, workflow)
+		delete(q.lines, k)
 		return
 	}
 	if l.stale > 1024 && l.stale > len(l.order)/2 {
 		out := make([]queued, 0, len(l.order)-l.stale)
 		for _, e := range l.order {
-			if q.live(workflow, e) {
+			if q.live(k, e) {
 				out = append(out, e)
 			}
 		}
@@ -180,11 +194,11 @@ func (q *runQueue) compact(workflow string, l *line) {
 	}
 }
 
-// next returns workflow's first queued run after the entry after (nil: from the start).
-func (q *runQueue) next(workflow string, after *queued) (queued, bool) {
+// next returns line k's first queued run after the entry after (nil: from the start).
+func (q *runQueue) next(k lineKey, after *queued) (queued, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	l := q.lines[workflow]
+	l := q.lines[k]
 	if l == nil {
 		return queued{}, false
 	}
@@ -196,36 +210,43 @@ func (q *runQueue) next(workflow string, after *queued) (queued, bool) {
 		}
 	}
 	for ; i < len(l.order); i++ {
-		if e := l.order[i]; q.live(workflow, e) {
+		if e := l.order[i]; q.live(k, e) {
 			return e, true
 		}
 	}
 	return queued{}, false
 }
 
-// workflows returns the workflows with queued runs.
-func (q *runQueue) workflows() []string {
+// keys returns the lines with queued runs.
+func (q *runQueue) keys() []lineKey {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	names := make([]string, 0, len(q.lines))
-	for name := range q.lines {
-		names = append(names, name)
+	keys := make([]lineKey, 0, len(q.lines))
+	for k := range q.lines {
+		keys = append(keys, k)
 	}
-	return names
+	return keys
 }
 
-// heads is a heap of each workflow's next queued run: EachQueued's merge of the lines.
+// heads is a heap of each line's next queued run: EachQueuedAt's merge of the lines,
+// the highest effective priority first (Effective), then the oldest submission.
 type heads []head
 
 type head struct {
-	workflow string
-	at       queued
+	line lineKey
+	at   queued
+	eff  int64 // its effective priority, fixed for the walk (its now)
 }
 
-func (h heads) Len() int           { return len(h) }
-func (h heads) Less(i, j int) bool { return cmpQueued(h[i].at, h[j].at) < 0 }
-func (h heads) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *heads) Push(x any)        { *h = append(*h, x.(head)) }
+func (h heads) Len() int { return len(h) }
+func (h heads) Less(i, j int) bool {
+	if h[i].eff != h[j].eff {
+		return h[i].eff > h[j].eff
+	}
+	return cmpQueued(h[i].at, h[j].at) < 0
+}
+func (h heads) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *heads) Push(x any)   { *h = append(*h, x.(head)) }
 func (h *heads) Pop() any {
 	old := *h
 	x := old[len(old)-1]
@@ -247,20 +268,49 @@ const (
 	QueueStop
 )
 
-// EachQueued calls fn for each run that needs an assign (Run.NeedsAssign), oldest
-// submission (CreatedSeq, then ID) first across all workflows, until fn says stop. It
-// reads only the runs fn is given: as many as fn takes, plus one per workflow it skips,
-// however many are pending.
+// EachQueued calls fn for each run that needs an assign (Run.NeedsAssign), the
+// highest priority first and, within a priority, the oldest submission (CreatedSeq, then
+// ID) first across all workflows, until fn says stop (EachQueuedAt without aging).
 func (s *Store) EachQueued(fn func(*Run) QueueVerdict) error {
+	return s.EachQueuedAt(time.Time{}, 0, fn)
+}
+
+// Effective is a queued run's priority at now: its priority, raised by one for each
+// aging its creation is older than now (none when aging is 0, or for a creation after
+// now), so that a run of low priority waits behind runs of higher ones for at most
+// aging times the difference (the leader's starvation bound: docs/workflow-spec.md,
+// "Priorities"). Creation times are the submitting node's clock: a skew moves a run's
+// place by as much, never its admission's rules.
+func Effective(priority int, created, now time.Time, aging time.Duration) int64 {
+	eff := int64(priority)
+	if aging > 0 && !now.IsZero() && now.After(created) {
+		eff += int64(now.Sub(created) / aging)
+	}
+	return eff
+}
+
+// EachQueuedAt calls fn for each run that needs an assign (Run.NeedsAssign), in order
+// of effective priority at now (Effective, with aging), then of submission (CreatedSeq,
+// then ID) across all workflows, until fn says stop. It reads only the runs fn is given:
+// as many as fn takes, plus one per workflow and priority it skips, however many are
+// pending. The order is fixed for the walk: now does not move within it.
+func (s *Store) EachQueuedAt(now time.Time, aging time.Duration, fn func(*Run) QueueVerdict) error {
 	var h heads
-	for _, wf := range s.queue.workflows() {
-		if at, ok := s.queue.next(wf, nil); ok {
-			h = append(h, head{wf, at})
+	push := func(k lineKey, at queued) {
+		h = append(h, head{k, at, Effective(k.priority, time.Unix(0, at.created), now, aging)})
+	}
+	for _, k := range s.queue.keys() {
+		if at, ok := s.queue.next(k, nil); ok {
+			push(k, at)
 		}
 	}
 	heap.Init(&h)
+	skipped := map[string]bool{}
 	for h.Len() > 0 {
 		top := heap.Pop(&h).(head)
+		if skipped[top.line.workflow] {
+			continue
+		}
 		verdict := QueueNext
 		r, err := s.Run(top.at.id)
 		switch {
@@ -274,10 +324,12 @@ func (s *Store) EachQueued(fn func(*Run) QueueVerdict) error {
 		case QueueStop:
 			return nil
 		case QueueSkipWorkflow:
+			skipped[top.line.workflow] = true
 			continue
 		}
-		if at, ok := s.queue.next(top.workflow, &top.at); ok {
-			heap.Push(&h, head{top.workflow, at})
+		if at, ok := s.queue.next(top.line, &top.at); ok {
+			eff := Effective(top.line.priority, time.Unix(0, at.created), now, aging)
+			heap.Push(&h, head{top.line, at, eff})
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -14,7 +15,8 @@ import (
 
 // The admission view the applier keeps (queue.go) always equals what a scan of every
 // run finds: the runs needing an assign in submission order, and the counts of runs
-// assigned-and-waiting and running; after each message of a random log and after the
+// assigned-and-waiting and running (the runs in order of priority, then of submission:
+// EachQueued, without aging); after each message of a random log and after the
 // store is reopened (it is rebuilt at open).
 func TestQueueMatchesAScan(t *testing.T) {
 	dir := t.TempDir()
@@ -60,7 +62,9 @@ func checkQueue(t *rapid.T, s *Store, seq int) {
 			t.Fatal(err)
 		}
 	}
-	slices.SortFunc(want, func(a, b *Run) int { return cmp.Or(cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID)) })
+	slices.SortFunc(want, func(a, b *Run) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID))
+	})
 	var wantIDs, got []string
 	for _, r := range want {
 		wantIDs = append(wantIDs, r.ID)
@@ -102,7 +106,7 @@ func TestQueueOrderAndCompaction(t *testing.T) {
 	if want := []string{"r00007", "r03001", "r03002"}; !slices.Equal(ids, want) {
 		t.Fatalf("head %v, want %v", ids, want)
 	}
-	if n := len(rq.lines[""].order); n > 2002+1024 {
+	if n := len(rq.lines[lineKey{}].order); n > 2002+1024 {
 		t.Fatalf("the line holds %d entries for 2001 queued runs: stale entries were not dropped", n)
 	}
 	if rq.assigned != 2999 {
@@ -127,7 +131,7 @@ func lineIDs(rq *runQueue, workflow string, n int) []string {
 	var ids []string
 	var after *queued
 	for len(ids) < n {
-		e, ok := rq.next(workflow, after)
+		e, ok := rq.next(lineKey{workflow: workflow}, after)
 		if !ok {
 			break
 		}
@@ -137,11 +141,13 @@ func lineIDs(rq *runQueue, workflow string, n int) []string {
 	return ids
 }
 
-// EachQueued merges the workflows' lines oldest first, and a workflow skipped (its
-// concurrency limit reached) costs one read: after a random log over three workflows,
-// with a random number of runs taken per workflow before it is skipped and a random
-// point to stop, the runs EachQueued reads are exactly those a scan in submission order
-// says the scheduler must look at, and no more.
+// EachQueuedAt merges the lines (a workflow's runs of one priority) by effective
+// priority, then oldest first, and a workflow skipped (its concurrency limit reached)
+// costs one read per line: after a random log over three workflows (with runs of
+// several priorities), with a random number of runs taken per workflow before it is
+// skipped, a random point to stop and a random moment and aging, the runs EachQueuedAt
+// reads are exactly those a scan in order of effective priority and submission says the
+// scheduler must look at, and no more.
 func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 	dir := t.TempDir()
 	iteration := 0
@@ -163,6 +169,11 @@ func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 			limit[wf] = rapid.IntRange(0, 6).Draw(t, "limit "+wf)
 		}
 		stopAfter := rapid.IntRange(1, 40).Draw(t, "stop after")
+		// The walk's moment and aging: runs are created a millisecond per message apart
+		// (RandomLog), so an aging of a few milliseconds lifts old runs of low priority
+		// above newer ones of higher priority.
+		now := checkpointtest.Epoch.Add(time.Duration(rapid.IntRange(0, 200).Draw(t, "now ms")) * time.Millisecond)
+		aging := []time.Duration{0, time.Millisecond, 5 * time.Millisecond, time.Hour}[rapid.IntRange(0, 3).Draw(t, "aging")]
 
 		// The model: every queued run in submission order.
 		var queued []*Run
@@ -174,7 +185,10 @@ func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		slices.SortFunc(queued, func(a, b *Run) int { return cmp.Or(cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID)) })
+		slices.SortFunc(queued, func(a, b *Run) int {
+			return cmp.Or(cmp.Compare(Effective(b.Priority, b.CreatedAt, now, aging), Effective(a.Priority, a.CreatedAt, now, aging)),
+				cmp.Compare(a.CreatedSeq, b.CreatedSeq), cmp.Compare(a.ID, b.ID))
+		})
 		var want []string
 		taken, skipped, total := map[string]int{}, map[string]bool{}, 0
 		for _, r := range queued {
@@ -192,7 +206,7 @@ func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 
 		var got []string
 		taken, total = map[string]int{}, 0
-		if err := s.EachQueued(func(r *Run) QueueVerdict {
+		if err := s.EachQueuedAt(now, aging, func(r *Run) QueueVerdict {
 			got = append(got, r.ID)
 			if taken[r.Workflow] >= limit[r.Workflow] {
 				return QueueSkipWorkflow
@@ -206,7 +220,7 @@ func TestEachQueuedSkipsAWorkflowInOneRead(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got, want) {
-			t.Fatalf("limits %v, stop after %d: EachQueued read %v, want %v", limit, stopAfter, got, want)
+			t.Fatalf("limits %v, stop after %d, now %s, aging %s: EachQueuedAt read %v, want %v", limit, stopAfter, now, aging, got, want)
 		}
 	})
 }

@@ -26,7 +26,7 @@ func (tx *applyBatch) submit(idx int, e *Entry, sub *Submit) error {
 		ID: e.Run, Workflow: sub.Workflow, Version: sub.Version, Status: StatusPending,
 		Trigger: sub.Trigger, ScheduledAt: sub.ScheduledAt, Inputs: sub.Inputs, Spec: sub.Spec,
 		MaxEpochs: maxEpochs, Epochs: []EpochRecord{}, CreatedSeq: tx.seq, CreatedAt: e.At, UpdatedAt: e.At,
-		StartedBy: e.Actor, Deadline: sub.Deadline, Handlers: sub.Handlers, Trace: sub.Trace, KeyScheme: sub.KeyScheme,
+		StartedBy: e.Actor, Deadline: sub.Deadline, Handlers: sub.Handlers, Trace: sub.Trace, KeyScheme: sub.KeyScheme, Priority: sub.Priority,
 	}
 	if sub.Parent != nil {
 		if err := tx.adopt(r, sub.Parent, e.Epoch, sub.MaxTree); err != nil {

@@ -102,6 +102,9 @@ type Run struct {
 	// KeyScheme is its steps' idempotency key scheme (Submit.KeyScheme); a handler run
 	// has the run's that started it.
 	KeyScheme int `json:"key_scheme,omitempty"`
+	// Priority is its admission priority (Submit.Priority): higher first, rising with
+	// the time it waits (queue.go).
+	Priority int `json:"priority,omitempty"`
 	// Waiting is what a parked run waits for (status waiting); nil otherwise.
 	Waiting *Waiting `json:"waiting,omitempty"`
 	// Resume: the run woke from a park; its next epoch is not counted.

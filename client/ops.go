@@ -54,6 +54,9 @@ type StartOptions struct {
 	// Traceparent (W3C) makes the run's trace a part of the caller's: its spans, and
 	// the traceparent its steps get, are in that trace.
 	Traceparent string
+	// Priority, if set, orders the run's admission among the queued runs (higher
+	// first; -100 to 100; default: its workflow's priority:, else 0).
+	Priority *int
 }
 
 // StartRun starts a run of the workflow's latest version and returns its ID.
@@ -69,7 +72,7 @@ func (c *Client) StartRun(ctx context.Context, workflow string, opts StartOption
 		nonce = resend.NewNonce()
 		id = resend.RunIDFor(time.Now(), nonce)
 	}
-	err := c.callWith(ctx, "run.start", Request{Workflow: workflow, ID: id, Inputs: opts.Inputs, Traceparent: opts.Traceparent}, nonce, &started)
+	err := c.callWith(ctx, "run.start", Request{Workflow: workflow, ID: id, Inputs: opts.Inputs, Traceparent: opts.Traceparent, Priority: opts.Priority}, nonce, &started)
 	return started.ID, err
 }
 
@@ -371,6 +374,8 @@ type BackfillOptions struct {
 	Order         string
 	MaxParallel   int
 	DryRun        bool
+	// Priority, if set, is the backfill's runs' priority (default: the workflow's).
+	Priority *int
 }
 
 // Backfill starts a run per tick of the range that has none, with the tick's own run ID
@@ -378,7 +383,7 @@ type BackfillOptions struct {
 func (c *Client) Backfill(ctx context.Context, workflow string, opts BackfillOptions) ([]BackfillTick, error) {
 	var out []BackfillTick
 	err := c.call(ctx, "cron.backfill", Request{Workflow: workflow, From: opts.From, To: opts.To, OnlyMissed: opts.OnlyMissed,
-		IncludeFailed: opts.IncludeFailed, Order: opts.Order, MaxParallel: opts.MaxParallel, DryRun: opts.DryRun}, &out)
+		IncludeFailed: opts.IncludeFailed, Order: opts.Order, MaxParallel: opts.MaxParallel, DryRun: opts.DryRun, Priority: opts.Priority}, &out)
 	return out, err
 }
 

@@ -72,6 +72,9 @@ type Request struct {
 	DryRun        bool   `json:"dry_run,omitempty"`
 	// Traceparent is run.start's caller's trace context (W3C traceparent).
 	Traceparent string `json:"traceparent,omitempty"`
+	// Priority is run.start's and cron.backfill's priority for the runs they start
+	// (nil: the workflow's).
+	Priority *int `json:"priority,omitempty"`
 	// run.list's filters (ListOptions): Since and Until (RFC 3339) bound the creation
 	// time, Statuses add to Status, Inputs are input values the runs must have, Parent
 	// lists one run's children and handler runs, TopLevel none of those. Oldest lists
@@ -95,27 +98,35 @@ type RunPage struct {
 	Next string `json:"next,omitempty"`
 }
 
+// The range of a run's priority (StartOptions.Priority, `priority:`): higher first.
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
+
 // Run is the contract's JSON shape of a run.
 type Run struct {
-	ID           string          `json:"id"`
-	Workflow     string          `json:"workflow"`
-	Version      int             `json:"version"`
-	Status       string          `json:"status"`
-	Trigger      string          `json:"trigger"`
-	ScheduledAt  string          `json:"scheduled_at,omitempty"`
-	Epoch        int64           `json:"epoch"`
-	EpochChanges int             `json:"epoch_changes"`
-	MaxEpochs    int             `json:"max_epochs"`
-	Owner        string          `json:"owner,omitempty"`
-	Error        string          `json:"error,omitempty"`
-	FailedStep   string          `json:"failed_step,omitempty"`
-	DeadLetter   string          `json:"dead_letter_reason,omitempty"`
-	CreatedAt    string          `json:"created_at"`
-	UpdatedAt    string          `json:"updated_at"`
-	Inputs       json.RawMessage `json:"inputs,omitempty"`
-	Steps        []Step          `json:"steps,omitempty"`
-	Epochs       []Epoch         `json:"epochs"`
-	Fenced       []Fenced        `json:"fenced"`
+	ID           string `json:"id"`
+	Workflow     string `json:"workflow"`
+	Version      int    `json:"version"`
+	Status       string `json:"status"`
+	Trigger      string `json:"trigger"`
+	ScheduledAt  string `json:"scheduled_at,omitempty"`
+	Epoch        int64  `json:"epoch"`
+	EpochChanges int    `json:"epoch_changes"`
+	MaxEpochs    int    `json:"max_epochs"`
+	// Priority orders its admission among queued runs (higher first; issue 39).
+	Priority   int             `json:"priority"`
+	Owner      string          `json:"owner,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	FailedStep string          `json:"failed_step,omitempty"`
+	DeadLetter string          `json:"dead_letter_reason,omitempty"`
+	CreatedAt  string          `json:"created_at"`
+	UpdatedAt  string          `json:"updated_at"`
+	Inputs     json.RawMessage `json:"inputs,omitempty"`
+	Steps      []Step          `json:"steps,omitempty"`
+	Epochs     []Epoch         `json:"epochs"`
+	Fenced     []Fenced        `json:"fenced"`
 	// StartedBy is the person who started the run ("" without auth, or a schedule's).
 	StartedBy string `json:"started_by"`
 	// Waiting is what the run waits for, while its status is waiting.

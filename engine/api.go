@@ -59,6 +59,10 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err := e.checkChildLoop(w); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
 	}
+	if w.Priority != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
+		return nil, fmt.Errorf("%w: %s: priority needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
+			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	}
 	if labels := w.Labels(); len(labels) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
 		// A node of an older release ignores runs_on and would take the run anyway.
 		return nil, fmt.Errorf("%w: %s: runs_on needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
@@ -102,6 +106,9 @@ type RunOptions struct {
 	// Try is the API request's try (internal/base/resend): an ID derived from its nonce
 	// is as new as a generated one, and a try sent again finds its own run.
 	Try resend.Try
+	// Priority, if set, is the run's priority (checkpoint.Submit.Priority); default its
+	// workflow's, and for a child of a workflow without one, its parent's.
+	Priority *int
 }
 
 // StartRun submits a run of the latest version of a workflow. inputs are checked
@@ -194,6 +201,7 @@ func (e *Engine) submitOf(ctx context.Context, w *workflow.Workflow, id string, 
 		trigger = checkpoint.TriggerManual
 	}
 	raw, _ := json.Marshal(resolved)
+	var err error
 	if _, err := w.Keys(resolved); err != nil {
 		// A key that cannot render would be counted under workflow.UnrenderedKey, with
 		// every run like it: refuse it here, where the caller can give the input.
@@ -208,6 +216,9 @@ func (e *Engine) submitOf(ctx context.Context, w *workflow.Workflow, id string, 
 	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
 	sub.Handlers = leader.HandlerSpecs(w)
 	sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
+	if sub.Priority, err = e.priorityOf(w, opts); err != nil {
+		return checkpoint.Entry{}, err
+	}
 	for _, st := range w.Steps {
 		sub.Steps = append(sub.Steps, checkpoint.StepSpec{Name: st.Name, Foreach: st.Foreach != ""})
 	}
@@ -604,4 +615,27 @@ func (e *Engine) Decide(ctx context.Context, id, step string, approve bool, comm
 		return "", err
 	}
 	return st.Name, e.clog.Writer.Write(ctx, entry).Await(ctx)
+}
+
+// priorityOf is the priority of a run of w started with opts: opts.Priority, else w's,
+// else (a child of a workflow without one) its parent's. Refused (ErrBadInput): one out
+// of range, or one other than 0 below cluster version 3, where no node may write it.
+func (e *Engine) priorityOf(w *workflow.Workflow, opts RunOptions) (int, error) {
+	p := w.Priority
+	switch {
+	case opts.Priority != nil:
+		p = *opts.Priority
+	case p == 0 && opts.Parent != nil:
+		if parent, err := e.store.Run(opts.Parent.Run); err == nil {
+			p = parent.Priority
+		}
+	}
+	if p < checkpoint.MinPriority || p > checkpoint.MaxPriority {
+		return 0, fmt.Errorf("%w: priority %d: use %d to %d (higher first)", ErrBadInput, p, checkpoint.MinPriority, checkpoint.MaxPriority)
+	}
+	if p != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
+		return 0, fmt.Errorf("%w: priority %d needs cluster version %d (every node on this release; the cluster is at %d): leave it out, or finish the upgrade (flowctl cluster status)",
+			ErrBadInput, p, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	}
+	return p, nil
 }

@@ -79,6 +79,11 @@ type Config struct {
 	// steps.WithExecUser), also on a Registry given here: a security setting must not
 	// be lost because an embedding program brought its own registry.
 	ExecUser *steps.User
+	// PriorityAging raises a queued run's priority by one for each PriorityAging it has
+	// waited, when this node leads (default DefaultPriorityAging; flowd
+	// --priority-aging): a run of priority p waits behind runs of priority q submitted
+	// after it for at most (q - p) x PriorityAging.
+	PriorityAging time.Duration
 	// Labels are this node's worker labels (flowd --labels; workflow.ParseLabels): its
 	// workers take only runs whose workflow's labels (workflow.Workflow.Labels) it has
 	// all of, and the leader assigns a run only while a live node has them.
@@ -166,6 +171,9 @@ func (c Config) WithDefaults() Config {
 	if c.StepParallelism == 0 {
 		c.StepParallelism = 8
 	}
+	if c.PriorityAging == 0 {
+		c.PriorityAging = DefaultPriorityAging
+	}
 	if c.MaxOutputBytes == 0 {
 		c.MaxOutputBytes = logstream.DefaultMaxOutputBytes
 	}
@@ -232,6 +240,9 @@ func (c Config) Validate() error {
 	if c.Workers < 0 || c.StepParallelism < 0 || c.MaxOutputBytes < 0 {
 		return fmt.Errorf("engine: Config.Workers, StepParallelism and MaxOutputBytes must not be negative (0 takes the default)")
 	}
+	if c.PriorityAging < 0 {
+		return fmt.Errorf("engine: Config.PriorityAging %s: give a positive duration (0 takes the default, %s)", c.PriorityAging, DefaultPriorityAging)
+	}
 	if len(c.Labels) > workflow.MaxLabels {
 		return fmt.Errorf("engine: Config.Labels: %d labels; at most %d", len(c.Labels), workflow.MaxLabels)
 	}
@@ -245,6 +256,10 @@ func (c Config) Validate() error {
 	}
 	return d.Lease.Validate()
 }
+
+// DefaultPriorityAging is Config.PriorityAging's default: a backfill at -10 waits behind
+// tonight's payout at 10 for at most 200 minutes of its own waiting.
+const DefaultPriorityAging = 10 * time.Minute
 
 // DefaultMaxRunTree is the most runs one run's tree holds (the run and every descendant)
 // unless --max-run-tree says otherwise: Temporal's bound on a workflow's pending children

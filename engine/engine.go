@@ -162,7 +162,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.leader = leader.New(leader.Config{Node: e.cfg.NodeID, Elector: raisingElector{e.elector, e}, State: e.store, Specs: e.specs, Log: log,
 		Leases: e.leases, Tasks: e.tasks, Snapshots: e.clog.Snapshots, Compactor: compactor{e},
 		DeadLetters: func(ctx context.Context, m dlq.Message) error { return dlq.Publish(ctx, e.ports.DLQ, m) },
-		Gate:        gatePromoter{e}, Placeable: e.labels.placeable,
+		Gate:        gatePromoter{e}, Placeable: e.labels.placeable, PriorityAging: e.cfg.PriorityAging,
 		Admission: e.admission, TTL: e.cfg.Lease.TTL, ReconcileInterval: e.cfg.ReconcileInterval, LockDelay: e.cfg.LockDelay,
 		CronGrace: e.cfg.CronGrace, SnapshotEvery: e.cfg.SnapshotEvery, Retention: e.cfg.Retention, Retired: e.removeStepLogs, Silence: e.silence(),
 		Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock, Hooks: e.hooks, Logger: e.log})

@@ -252,6 +252,8 @@ type BackfillOptions struct {
 	// always found again from a range around one of them: an @every schedule's are
 	// counted from the range's start.
 	Ticks []time.Time
+	// Priority, if set, is the runs' priority (default: the workflow's priority:).
+	Priority *int
 }
 
 // BackfillTick is one tick of a backfill's range and what became of it: backfilled (a
@@ -369,6 +371,9 @@ func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([
 				return out, fmt.Errorf("%w: %w", ErrBadInput, err)
 			}
 			sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
+			if sub.Priority, err = e.priorityOf(w, RunOptions{Priority: opts.Priority}); err != nil {
+				return out, err
+			}
 			entry := checkpoint.Entry{Kind: checkpoint.KindCronTick, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub,
 				Tick: &checkpoint.CronTick{Workflow: name, At: t.UTC(), Outcome: checkpoint.TickBackfilled, RunID: bt.RunID}}
 			if e.hooks.BackfillRandomIDs.Load() || backfillRandomIDs != "" {

@@ -240,7 +240,7 @@ func (a *API) StartRun(ctx context.Context, workflow string, opts client.StartOp
 	for k, v := range opts.Inputs {
 		inputs[k] = v
 	}
-	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID, Traceparent: opts.Traceparent, Try: resend.TryOf(ctx)})
+	id, err := a.e.StartRun(ctx, workflow, inputs, RunOptions{ID: opts.ID, Traceparent: opts.Traceparent, Priority: opts.Priority, Try: resend.TryOf(ctx)})
 	return id, wireError(err)
 }
 
@@ -404,7 +404,7 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 	if err != nil {
 		return nil, wireError(err)
 	}
-	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed, Newest: opts.Order == "newest", DryRun: opts.DryRun}
+	eo := BackfillOptions{From: from, To: to, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed, Newest: opts.Order == "newest", DryRun: opts.DryRun, Priority: opts.Priority}
 	if opts.MaxParallel <= 0 || opts.DryRun {
 		ticks, err := a.e.Ops().Backfill(ctx, workflow, eo)
 		return wireBackfill(ticks, loc), wireError(err)
@@ -424,7 +424,7 @@ func (a *API) Backfill(ctx context.Context, workflow string, opts client.Backfil
 			out = append(out, t)
 			continue
 		}
-		one, err := a.e.Ops().Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed})
+		one, err := a.e.Ops().Backfill(ctx, workflow, BackfillOptions{From: t.At, To: to, Ticks: []time.Time{t.At}, OnlyMissed: opts.OnlyMissed, IncludeFailed: opts.IncludeFailed, Priority: opts.Priority})
 		out = append(out, one...)
 		if err != nil {
 			return wireBackfill(out, loc), wireError(err)

@@ -42,7 +42,7 @@ func ts(t time.Time) string {
 // wireRun is a run as the wire has it (with steps and fenced commits when v has them).
 func wireRun(r *checkpoint.Run, v *checkpoint.RunView) client.Run {
 	out := client.Run{ID: r.ID, Workflow: r.Workflow, Version: r.Version, Status: string(r.Status), Trigger: r.Trigger,
-		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs,
+		ScheduledAt: ts(r.ScheduledAt), Epoch: r.Epoch, EpochChanges: r.EpochChanges, MaxEpochs: r.MaxEpochs, Priority: r.Priority,
 		Owner: r.Owner, Error: r.Error, FailedStep: r.FailedStep, DeadLetter: r.DeadLetter,
 		CreatedAt: ts(r.CreatedAt), UpdatedAt: ts(r.UpdatedAt), Epochs: []client.Epoch{}, Fenced: []client.Fenced{},
 		StartedBy: r.StartedBy, Waiting: wireWaiting(r), Inbox: []client.Signal{}, Decisions: []client.Decision{}}

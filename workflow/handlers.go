@@ -35,7 +35,7 @@ func (w *Workflow) HandlerWorkflow(event string) *Workflow {
 	if len(steps) == 0 {
 		return nil
 	}
-	hw := &Workflow{Name: w.Name, Description: w.Description, MaxEpochs: w.MaxEpochs, Timeout: w.Timeout, Inputs: w.Inputs, RunsOn: w.RunsOn,
+	hw := &Workflow{Name: w.Name, Description: w.Description, MaxEpochs: w.MaxEpochs, Timeout: w.Timeout, Inputs: w.Inputs, RunsOn: w.RunsOn, Priority: w.Priority,
 		Schedule: w.Schedule, Steps: steps, Source: w.Source, Version: w.Version, Digest: w.Digest, byName: map[string]*Step{}}
 	for _, st := range steps {
 		hw.byName[st.Name] = st

@@ -71,3 +71,15 @@ func TestParseLabels(t *testing.T) {
 		}
 	}
 }
+
+func TestPriorityLoads(t *testing.T) {
+	w, err := Load("p.yaml", []byte("name: p\npriority: -10\non_failure: [{name: tell, uses: noop}]\n"+okSteps), builtins)
+	if err != nil || w.Priority != -10 || w.HandlerWorkflow(OnFailure).Priority != -10 {
+		t.Fatalf("priority: %+v, %v", w, err)
+	}
+	for _, bad := range []string{"101", "-101", "high", "1.5"} {
+		if _, err := Load("p.yaml", []byte("name: p\npriority: "+bad+"\n"+okSteps), builtins); err == nil || !strings.Contains(err.Error(), "p.yaml:2") {
+			t.Errorf("priority: %s: %v", bad, err)
+		}
+	}
+}

@@ -166,7 +166,7 @@ func (l *loader) duration(n *yaml.Node, what string) Duration {
 
 func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 	var nameNode, stepsNode *yaml.Node
-	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline", "on", "runs_on"}, func(key string, k, v *yaml.Node) {
+	l.mapping(n, "the workflow", []string{"name", "description", "max_epochs", "timeout", "concurrency", "deadline", "inputs", "outputs", "schedule", "steps", "on_failure", "on_dead_letter", "on_deadline", "on", "runs_on", "priority"}, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
 			nameNode = v
@@ -197,6 +197,8 @@ func (l *loader) workflow(n *yaml.Node, w *Workflow) {
 			l.triggers(v, w)
 		case "runs_on":
 			w.RunsOn = l.runsOn(v, "the workflow's")
+		case "priority":
+			w.Priority = l.integer(v, "priority", -100, 100)
 		case "steps":
 			stepsNode = v
 			l.steps(k, v, w)

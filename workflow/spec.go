@@ -20,6 +20,10 @@ type Workflow struct {
 	MaxEpochs   int      `json:"max_epochs"`
 	Timeout     Duration `json:"timeout,omitempty"`
 	Concurrency int      `json:"concurrency,omitempty"` // runs of this workflow at once; 0: no limit
+	// Priority is its runs' default priority (-100 to 100, higher first; run start
+	// --priority overrides it): the leader admits queued runs by priority, each waiting
+	// run's rising with its age.
+	Priority int `json:"priority,omitempty"`
 	// ConcurrencyKeys are `concurrency: {key, limit}`: runs per rendered key at once
 	// (concurrency.go).
 	ConcurrencyKeys []KeyLimit `json:"concurrency_keys,omitempty"`

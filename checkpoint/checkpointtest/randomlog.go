@@ -97,6 +97,8 @@ type submit struct {
 	Handlers map[string][]stepSpec `json:"handlers,omitempty"`
 	// KeyScheme 2: the run's http keys cover their requests (revision 5, format 3).
 	KeyScheme int `json:"key_scheme,omitempty"`
+	// Priority orders its admission (revision 5, format 3).
+	Priority int `json:"priority,omitempty"`
 }
 
 type stepSpec struct {
@@ -200,7 +202,7 @@ func RandomLog(seed uint64, n int) [][]byte {
 
 // revision is the format revision that holds e (docs/checkpoint.md, "Log format").
 func revision(e *entry) int {
-	if e.Submit != nil && (e.Submit.Trigger == "event" || e.Submit.KeyScheme != 0) {
+	if e.Submit != nil && (e.Submit.Trigger == "event" || e.Submit.KeyScheme != 0 || e.Submit.Priority != 0) {
 		return 5
 	}
 	switch e.Kind {
@@ -354,6 +356,8 @@ func (g *generator) submit(id string) []entry {
 			// in log format 3. Chosen by the count, not the RNG, so that the rest of the
 			// log is what it was before format 3.
 			sub.Trigger, sub.KeyScheme = "event", 2
+			// And of a priority, by the count too: some above the rest, some below.
+			sub.Priority = []int{5, -5, 0, 10}[(g.nth/7)%4]
 		}
 		return []entry{e}
 	}

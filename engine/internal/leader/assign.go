@@ -1,12 +1,31 @@
 package leader
 
 import (
+	"time"
+
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/workflow"
 )
 
+// PlanOptions are what PlanAssign reads besides the state.
+type PlanOptions struct {
+	// Slots counts the concurrency keys' slots (keys.go); nil: runs with keys wait.
+	Slots func() (KeyCounts, bool)
+	// Taken, if not nil, is told each run taken with keys, and its keys.
+	Taken func(run string, keys []workflow.KeyLimit)
+	// Placeable says whether a live node has all of a run's worker labels (nil: every
+	// run is placeable).
+	Placeable func(labels []string) bool
+	// Now and Aging order the queued runs: by priority raised by one per Aging waited
+	// (checkpoint.Effective; Aging 0: by priority alone), then oldest first.
+	Now   time.Time
+	Aging time.Duration
+}
+
 // PlanAssign picks the runs to assign now: those that need an assign
-// (checkpoint.Run.NeedsAssign), oldest submission first, at most room of them. A run of a
+// (checkpoint.Run.NeedsAssign), in order of effective priority at opts.Now (a run's
+// priority raised by one for each opts.Aging it has waited), then oldest submission
+// first, at most room of them. A run of a
 // workflow with a concurrency limit is taken only while fewer of that workflow's runs
 // hold an epoch, counting those taken in this pass; once a workflow is at its limit, its
 // later runs are passed over without being read, so that a million runs held back by a
@@ -18,14 +37,15 @@ import (
 // waits for a later pass. A run whose key is full is passed over alone (the next run of
 // its workflow may have another key), up to MaxKeyPassOver of one workflow per pass:
 // the rest of that workflow waits behind them, so a million runs waiting for one key
-// cost a pass a bounded number of reads. taken, if not nil, is told each run taken
-// with keys, and its keys.
+// cost a pass a bounded number of reads. opts.Taken, if not nil, is told each run
+// taken with keys, and its keys.
 //
 // A run whose workflow names worker labels (runs_on: workflow.Workflow.Labels) is taken
-// only when placeable says a live node has them all (placeable nil: every run is): the
+// only when opts.Placeable says a live node has them all (nil: every run is): the
 // rest wait queued, without an epoch, as a run whose key is full does (and are passed
 // over within the same bound), and are taken in a later pass once such a node reports.
-func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool), taken func(run string, keys []workflow.KeyLimit), placeable func(labels []string) bool) ([]*checkpoint.Run, error) {
+func PlanAssign(st State, specs Specs, room int, opts PlanOptions) ([]*checkpoint.Run, error) {
+	slots, taken, placeable := opts.Slots, opts.Taken, opts.Placeable
 	if room <= 0 {
 		return nil, nil
 	}
@@ -34,7 +54,7 @@ func PlanAssign(st State, specs Specs, room int, slots func() (KeyCounts, bool),
 	asked, canCount := false, false
 	passedOver := map[string]int{}
 	var plan []*checkpoint.Run
-	err := st.EachQueued(func(r *checkpoint.Run) checkpoint.QueueVerdict {
+	err := st.EachQueuedAt(opts.Now, opts.Aging, func(r *checkpoint.Run) checkpoint.QueueVerdict {
 		if limit := concurrency(specs, r); limit > 0 {
 			if active == nil {
 				active = st.HeldByWorkflow()

@@ -152,7 +152,7 @@ func TickSubmit(wf *workflow.Workflow, tick time.Time, trigger string) (*checkpo
 	}
 	raw, _ := json.Marshal(inputs)
 	sub := &checkpoint.Submit{Workflow: wf.Name, Version: wf.Version, Trigger: trigger,
-		ScheduledAt: tick.UTC(), MaxEpochs: wf.MaxEpochs, Inputs: raw}
+		ScheduledAt: tick.UTC(), MaxEpochs: wf.MaxEpochs, Inputs: raw, Priority: wf.Priority}
 	sub.Handlers = HandlerSpecs(wf)
 	if trigger != checkpoint.TriggerBackfill { // a backfilled tick's deadline passed long ago: no alarm
 		sub.Deadline = workflow.DeadlineFor(wf, tick, tick)

@@ -164,7 +164,7 @@ func (w *keyWorld) pass() {
 			AsOf: w.asOf, Now: w.now, Unapplied: w.behind() && !w.guards.noUnapplied, NoDrain: w.guards.noDrain},
 			func(id string) []workflow.KeyLimit { return RunKeys(w.specs, w.run(id)) })
 	}
-	plan, err := PlanAssign(w.s, w.specs, 4, slots, w.slots.admitted, nil)
+	plan, err := PlanAssign(w.s, w.specs, 4, PlanOptions{Slots: slots, Taken: w.slots.admitted})
 	if err != nil {
 		w.t.Fatal(err)
 	}

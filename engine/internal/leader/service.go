@@ -80,6 +80,9 @@ type Config struct {
 	// Placeable says whether a live node has every one of labels (a run's runs_on:
 	// PlanAssign); nil: every run is placeable.
 	Placeable func(labels []string) bool
+	// PriorityAging raises a queued run's priority by one for each PriorityAging it has
+	// waited (PlanAssign; 0: priorities alone, no starvation bound).
+	PriorityAging time.Duration
 	// DeadLetters publishes a dead-lettered run's notice (dlq.Publish).
 	DeadLetters func(ctx context.Context, m dlq.Message) error
 	Admission   *Admission

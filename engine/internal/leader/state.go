@@ -13,6 +13,7 @@ type State interface {
 	Run(id string) (*checkpoint.Run, error)
 	EachRun(opts checkpoint.ListOptions, fn func(*checkpoint.Run) bool) error
 	EachQueued(fn func(*checkpoint.Run) checkpoint.QueueVerdict) error
+	EachQueuedAt(now time.Time, aging time.Duration, fn func(*checkpoint.Run) checkpoint.QueueVerdict) error
 	ListRuns(opts checkpoint.ListOptions) ([]checkpoint.Run, string, error)
 	// Held counts the runs holding an epoch: assigned and unclaimed, and running.
 	Held() (assigned, running int)

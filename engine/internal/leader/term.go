@@ -171,7 +171,8 @@ func (t *termServices) assignPending(ctx context.Context) {
 	t.readTail(ctx)
 	assigned, _ := s.cfg.State.Held()
 	room := s.cfg.Admission.Room(assigned)
-	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, t.countSlots, t.slots.admitted, s.cfg.Placeable)
+	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, PlanOptions{Slots: t.countSlots, Taken: t.slots.admitted, Placeable: s.cfg.Placeable,
+		Now: s.clock.Now(), Aging: s.cfg.PriorityAging})
 	if err != nil {
 		s.log.Error("list pending runs", "err", err)
 	}

@@ -29,7 +29,7 @@ import (
 //	workflow                   applies a workflow (its YAML as the input)
 //	clock +D | clock =D        moves the clock forward by D, or to t0+D
 //	leases                     the live leases, one "run epoch" per line (replaces them)
-//	assign room=N [write] [unapplied] [nodrain]   PlanAssign with room N (Admission.Room gives it in
+//	assign room=N [write] [unapplied] [nodrain] [aging=D]   PlanAssign with room N (Admission.Room gives it in
 //	                           flowd); runs with concurrency keys are counted (keys.go) from
 //	                           the state, the live leases and the watch (caught up as of the
 //	                           clock unless `watch` says otherwise); prints the counts used;
@@ -67,9 +67,10 @@ type transcript struct {
 	reconciler Reconciler
 	delays     LockDelay
 	slots      *slotCounter
-	released   uint64     // the slot count's cursor (checkpoint.Store.Released)
-	asOf       *time.Time // nil: the watch is caught up as of the clock
-	liveNodes  [][]string // the live nodes' labels (nil: not given, every run placeable)
+	released   uint64        // the slot count's cursor (checkpoint.Store.Released)
+	asOf       *time.Time    // nil: the watch is caught up as of the clock
+	aging      time.Duration // PlanAssign's priority aging (0: none)
+	liveNodes  [][]string    // the live nodes' labels (nil: not given, every run placeable)
 }
 
 func newTranscript(t *testing.T) *transcript {
@@ -152,6 +153,15 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 	case "assign":
 		var room int
 		d.ScanArgs(t, "room", &room)
+		tr.aging = 0
+		if d.HasArg("aging") {
+			var a string
+			d.ScanArgs(t, "aging", &a)
+			var err error
+			if tr.aging, err = time.ParseDuration(a); err != nil {
+				d.Fatalf(t, "aging=%s: %v", a, err)
+			}
+		}
 		var counted string
 		slots := func() (KeyCounts, bool) {
 			asOf := tr.now
@@ -202,7 +212,7 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 				return false
 			}
 		}
-		runs, err := PlanAssign(tr.s, tr.specs, room, slots, tr.slots.admitted, placeable)
+		runs, err := PlanAssign(tr.s, tr.specs, room, PlanOptions{Slots: slots, Taken: tr.slots.admitted, Placeable: placeable, Now: tr.now, Aging: tr.aging})
 		if err != nil {
 			d.Fatalf(t, "plan: %v", err)
 		}
@@ -389,7 +399,7 @@ func (tr *transcript) write(t *testing.T, d *datadriven.TestData, es []checkpoin
 	if len(es) == 0 {
 		d.Fatalf(t, "no entries")
 	}
-	msg, err := checkpoint.EncodeMessage("transcript", es...)
+	msg, err := checkpoint.EncodeMessageIn(checkpoint.NewestLogFormat, "transcript", es...)
 	if err != nil {
 		d.Fatalf(t, "encode: %v", err)
 	}

@@ -371,9 +371,10 @@ func (c *simClient) labelled() {
 			for i := 1; i <= s.cfg.LabelledRuns; i++ {
 				id := fmt.Sprintf("f%d", i)
 				s.finRuns[id] = true
+				priority := []int{-5, 0, 5}[s.label.IntN(3)] // issue 39's priorities ride on these runs
 				c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
 					c.call("start "+id+" fin", "ops", func(ctx context.Context, api *engine.API) error {
-						_, err := api.StartRun(ctx, "fin", client.StartOptions{ID: id})
+						_, err := api.StartRun(ctx, "fin", client.StartOptions{ID: id, Priority: &priority})
 						if isCode(err, client.CodeConflict) {
 							return nil
 						}

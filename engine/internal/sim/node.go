@@ -123,7 +123,8 @@ func (n *node) boot() {
 	cfg := engine.Config{NodeID: n.name, Workers: s.cfg.Slots, Registry: reg, Clock: clk, Logger: n.logger(),
 		Lease:             epoch.Config{TTL: s.cfg.TTL, AllowShortTTL: true},
 		ReconcileInterval: s.cfg.ReconcileInterval, LockDelay: s.cfg.LockDelay,
-		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL, ReadFormat: n.reads, Labels: n.labels()}
+		NATSAuth: true, NATSUsers: people, ParkAfter: s.cfg.TTL, ReadFormat: n.reads, Labels: n.labels(),
+		PriorityAging: priorityAging}
 	s.check.Member(n.name, n.reads) // a member of the cluster from this start on
 	e, err := engine.NewOver(cfg, engine.Over{Ports: nodePorts{n, inc}.ports(), FS: n.fs, StateDir: "state",
 		Nonce: fmt.Sprintf("%s-%d", n.name, inc), Order: n.order, Hooks: s.cfg.Switches.Hooks})

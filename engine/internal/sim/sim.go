@@ -35,6 +35,11 @@ type Switches struct {
 	NoWatchdog bool
 }
 
+// priorityAging is the nodes' priority aging (engine.Config.PriorityAging): short, so
+// that a seed's queued runs of priority 0 overtake the labelled runs of priority -5 it
+// holds back, and are overtaken by those of 5, within its minutes.
+const priorityAging = 20 * time.Second
+
 // Config is one simulated cluster and its workload, drawn from the seed (newConfig).
 type Config struct {
 	Nodes int // flowd nodes

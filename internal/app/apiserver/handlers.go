@@ -96,7 +96,7 @@ func (s *Server) runStart(ctx context.Context, r *client.Request) (any, error) {
 	if r.Workflow == "" {
 		return nil, badRequest("a workflow name is required")
 	}
-	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs, Traceparent: r.Traceparent})
+	id, err := s.n.StartRun(ctx, r.Workflow, client.StartOptions{ID: r.ID, Inputs: r.Inputs, Traceparent: r.Traceparent, Priority: r.Priority})
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +419,7 @@ func (s *Server) cronBackfill(ctx context.Context, r *client.Request) (any, erro
 		return nil, badRequest("max_parallel %d: use 0 (all) to 10000", r.MaxParallel)
 	}
 	return s.n.Backfill(ctx, r.Workflow, client.BackfillOptions{From: r.From, To: r.To, OnlyMissed: r.OnlyMissed,
-		IncludeFailed: r.IncludeFailed, Order: r.Order, MaxParallel: r.MaxParallel, DryRun: r.DryRun})
+		IncludeFailed: r.IncludeFailed, Order: r.Order, MaxParallel: r.MaxParallel, DryRun: r.DryRun, Priority: r.Priority})
 }
 
 func (s *Server) drillZombie(ctx context.Context, _ *client.Request) (any, error) {

@@ -193,8 +193,19 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	var inputs []string
 	var wait bool
 	var runID, traceparent string
+	var priority int
 	start := &cobra.Command{Use: "start WORKFLOW", Short: "Start a run; prints its ID", Args: exactArgs(1, "WORKFLOW"),
-		RunE: func(_ *cobra.Command, args []string) error { return a.start(args[0], runID, traceparent, inputs, wait) }}
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var p *int
+			if cmd.Flags().Changed("priority") {
+				if priority < client.MinPriority || priority > client.MaxPriority {
+					return usage("--priority %d: use %d to %d (higher first)", priority, client.MinPriority, client.MaxPriority)
+				}
+				p = &priority
+			}
+			return a.start(args[0], runID, traceparent, inputs, wait, p)
+		}}
+	start.Flags().IntVar(&priority, "priority", 0, "the run's priority, -100 to 100, higher first (default: the workflow's priority:, else 0); a waiting run's rises with its age")
 	start.Flags().StringVar(&traceparent, "traceparent", "", "a W3C traceparent: the run's trace joins the caller's (default: $TRACEPARENT)")
 	start.Flags().StringArrayVar(&inputs, "input", nil, "an input as KEY=VALUE (repeat for several)")
 	start.Flags().BoolVar(&wait, "wait", false, "wait for the run to end; exit 1 unless it succeeded")

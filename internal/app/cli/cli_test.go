@@ -174,6 +174,14 @@ func TestCommands(t *testing.T) {
 		t.Fatalf("cancel a finished run: %d, want 1", code)
 	}
 
+	// --priority rides with the run: run get -o json says it.
+	if code, _, errOut := e.flowctl("run", "start", "hello", "--input", "n=1", "--wait", "--id", "r-prio", "--priority", "-7"); code != 0 {
+		t.Fatalf("run start --priority: %d %q", code, errOut)
+	}
+	if code, out, _ := e.flowctl("-o", "json", "run", "get", "r-prio"); code != 0 || !strings.Contains(out, `"priority": -7`) {
+		t.Fatalf("run get of a run of priority -7: %d %s", code, out)
+	}
+
 	// Bad input: one-line message, exit 2, nothing changed on the server.
 	applied = e.d.Engine().Applied()
 	for _, args := range [][]string{
@@ -182,6 +190,8 @@ func TestCommands(t *testing.T) {
 		{"run", "start", "hello", "--input", "n=five"},
 		{"run", "start", "hello", "--input", "m=1"},
 		{"run", "start", "nope"},
+		{"run", "start", "hello", "--priority", "101"},
+		{"run", "start", "hello", "--priority", "high"},
 		{"run", "list", "--status", "runing"},
 		{"run", "frobnicate"},
 		{"-o", "xml", "run", "list"},

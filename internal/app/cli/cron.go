@@ -37,11 +37,22 @@ func (a *app) cronCommands() []*cobra.Command {
 		Args: exactArgs(1, "WORKFLOW"), RunE: func(_ *cobra.Command, args []string) error { return a.cronNext(args[0], n) }}
 	next.Flags().IntVarP(&n, "n", "n", 5, "how many fire times (1 to 1000)")
 	var opts client.BackfillOptions
+	var priority int
 	backfill := &cobra.Command{Use: "backfill WORKFLOW --from TIME --to TIME", Short: "Run each tick of a range that has no run (with the tick's run ID)",
 		Long: "Run each tick of a range that has no run, with the tick's own run ID (trigger backfill), so that a tick never\n" +
 			"runs twice. TIME is RFC 3339 (2026-11-01T02:00:00Z) or a date (2026-11-01: midnight in the schedule's timezone);\n" +
 			"both ends are included and a --to in the future is now.",
-		Args: exactArgs(1, "WORKFLOW"), RunE: func(_ *cobra.Command, args []string) error { return a.backfill(args[0], opts) }}
+		Args: exactArgs(1, "WORKFLOW"), RunE: func(cmd *cobra.Command, args []string) error {
+			opts.Priority = nil
+			if cmd.Flags().Changed("priority") {
+				if priority < client.MinPriority || priority > client.MaxPriority {
+					return usage("--priority %d: use %d to %d (higher first)", priority, client.MinPriority, client.MaxPriority)
+				}
+				opts.Priority = &priority
+			}
+			return a.backfill(args[0], opts)
+		}}
+	backfill.Flags().IntVar(&priority, "priority", 0, "the backfill's runs' priority, -100 to 100 (default: the workflow's priority:, else 0): give it below tonight's runs' so they go first")
 	backfill.Flags().StringVar(&opts.From, "from", "", "the range's first time (RFC 3339, or a date at midnight in the schedule's timezone)")
 	backfill.Flags().StringVar(&opts.To, "to", "", "the range's last time (RFC 3339, or a date)")
 	backfill.Flags().BoolVar(&opts.OnlyMissed, "only-missed", false, "only the ticks the schedule recorded without a run (missed, skipped, paused)")

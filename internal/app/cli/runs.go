@@ -13,7 +13,7 @@ import (
 	"github.com/flowrun/flow/internal/base/tracing"
 )
 
-func (a *app) start(wf, id, traceparent string, inputs []string, wait bool) error {
+func (a *app) start(wf, id, traceparent string, inputs []string, wait bool, priority *int) error {
 	if traceparent == "" {
 		traceparent = a.getenv("TRACEPARENT") // as exec steps get it: a step's flowctl joins its trace
 	}
@@ -25,7 +25,7 @@ func (a *app) start(wf, id, traceparent string, inputs []string, wait bool) erro
 		return err
 	}
 	started, err := ask(a, func(c *client.Client, ctx context.Context) (string, error) {
-		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in, Traceparent: traceparent})
+		return c.StartRun(ctx, wf, client.StartOptions{ID: id, Inputs: in, Traceparent: traceparent, Priority: priority})
 	})
 	if err != nil {
 		return err

@@ -70,6 +70,9 @@ type Config struct {
 	NATSInsecurePlaintext bool
 	// ExecEnv names flowd's environment variables that exec steps also get.
 	ExecEnv []string
+	// PriorityAging is --priority-aging: a queued run's priority rises by one per this
+	// much waiting (engine.Config.PriorityAging).
+	PriorityAging time.Duration
 	// Labels are this node's worker labels (--labels): it takes the runs of workflows
 	// whose runs_on (theirs and their steps') it has all of (workflow/labels.go).
 	Labels []string
@@ -132,6 +135,7 @@ var options = []option{
 	{"nats-insecure-plaintext", "false", "let --auth serve a --nats-listen other hosts reach without TLS: passwords and answers cross the network in the clear (warned at every start)"},
 	{"exec-env", "", "comma-separated names of flowd's environment variables exec steps also get (by default they get only PATH, HOME, LANG, TZ, FLOW_* and their own env)"},
 	{"exec-user", "", "run exec steps as this user (name or uid), who cannot read flowd's data dir, users file or credentials; flowd must be root or hold CAP_SETUID and CAP_SETGID. Default: flowd's own user, but as root the unprivileged " + DefaultExecUser + " (uid 65534 if there is none); root runs them as root, with a warning at every start (docs/security.md)"},
+	{"priority-aging", "10m", "a queued run's priority rises by one for each this much it waits, when this node leads: a run waits behind runs of a priority d higher submitted after it for at most d times this (docs/workflow-spec.md, Priorities)"},
 	{"labels", "", "comma-separated worker labels of this node (finance,eu): only nodes with every label a workflow's or its steps' runs_on names run its runs; a run no live node can take waits (docs/workflow-spec.md, runs_on)"},
 	{"ui-host", "", "comma-separated names (or IP addresses) the web UI also answers to, besides loopback and the --http address; other names get 421 (docs/ui.md)"},
 	{"hold-cluster-version", "false", "keep the cluster version (the log format writers use) where it is while this node is a member, while an upgrade is tried (docs/operations.md, Upgrading)"},
@@ -331,6 +335,11 @@ func Load(args []string, env []string) (*Config, error) {
 		bad("drain-timeout", "%q: use a duration such as 30s", get("drain-timeout"))
 	} else {
 		c.DrainTime = d
+	}
+	if d, err := time.ParseDuration(get("priority-aging")); err != nil || d <= 0 {
+		bad("priority-aging", "%q: use a positive duration such as 10m (a queued run's priority rises by one per this much waiting)", get("priority-aging"))
+	} else {
+		c.PriorityAging = d
 	}
 	c.loadSecurity(get, bad)
 	var err error

@@ -73,7 +73,7 @@ func Start(ctx context.Context, cfg *Config, logger *slog.Logger) (*Daemon, erro
 		Lease: epoch.Config{TTL: cfg.LeaseTTL, FastFail: cfg.FastFail, Counters: &epoch.Counters{}}, SnapshotEvery: cfg.SnapshotEvery, ParkAfter: cfg.ParkAfter, MaxRunTree: cfg.MaxRunTree,
 		HoldClusterVersion: cfg.HoldClusterVersion,
 		Retention:          cfg.Retention, StepLogLimit: cfg.StepLogLimit, NATSOptions: cfg.natsOptions(), NATSAdminOptions: cfg.natsAdminOptions(), NATSAuth: cfg.Auth != "", NATSUsers: cfg.AuthUsers,
-		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser, Labels: cfg.Labels, Now: cfg.Now,
+		ExecEnv: cfg.ExecEnv, ExecUser: cfg.ExecUser, Labels: cfg.Labels, PriorityAging: cfg.PriorityAging, Now: cfg.Now,
 	}
 	if cfg.NATSURL == "" {
 		ecfg.NATSServerTLS = engine.TLSFiles{CertFile: cfg.NATSTLSCert, KeyFile: cfg.NATSTLSKey, CAFile: cfg.NATSTLSCA}

@@ -57,6 +57,7 @@ func TestSecurityConfigErrors(t *testing.T) {
 		{[]string{"--exec-env", "PGHOST,A=B"}, nil, "exec-env: \"A=B\" is not a variable name"},
 		{[]string{"--labels", "finance,EU"}, nil, "labels: label \"EU\" is not allowed: use 1-63 of a-z"},
 		{nil, []string{"FLOWD_LABELS=finance,finance"}, "labels: label \"finance\" is given twice"},
+		{[]string{"--priority-aging", "0s"}, nil, "priority-aging: \"0s\": use a positive duration"},
 		{nil, []string{"FLOWD_NATS_PASSWORD=pw-secret-1"}, "--nats-user and --nats-password go together"},
 	} {
 		_, err := Load(c.args, c.env)
