@@ -59,6 +59,9 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err := e.checkChildLoop(w); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
 	}
+	if w.Priority != 0 || len(w.Labels()) > 0 {
+		_ = e.flowControlVersion(ctx) // refused below if the version does not come in time
+	}
 	if w.Priority != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
 		return nil, fmt.Errorf("%w: %s: priority needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
 			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
@@ -216,7 +219,7 @@ func (e *Engine) submitOf(ctx context.Context, w *workflow.Workflow, id string, 
 	sub.Deadline = workflow.DeadlineFor(w, opts.ScheduledAt, at)
 	sub.Handlers = leader.HandlerSpecs(w)
 	sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
-	if sub.Priority, err = e.priorityOf(w, opts); err != nil {
+	if sub.Priority, err = e.priorityOf(ctx, w, opts); err != nil {
 		return checkpoint.Entry{}, err
 	}
 	for _, st := range w.Steps {
@@ -620,7 +623,7 @@ func (e *Engine) Decide(ctx context.Context, id, step string, approve bool, comm
 // priorityOf is the priority of a run of w started with opts: opts.Priority, else w's,
 // else (a child of a workflow without one) its parent's. Refused (ErrBadInput): one out
 // of range, or one other than 0 below cluster version 3, where no node may write it.
-func (e *Engine) priorityOf(w *workflow.Workflow, opts RunOptions) (int, error) {
+func (e *Engine) priorityOf(ctx context.Context, w *workflow.Workflow, opts RunOptions) (int, error) {
 	p := w.Priority
 	switch {
 	case opts.Priority != nil:
@@ -633,9 +636,25 @@ func (e *Engine) priorityOf(w *workflow.Workflow, opts RunOptions) (int, error) 
 	if p < checkpoint.MinPriority || p > checkpoint.MaxPriority {
 		return 0, fmt.Errorf("%w: priority %d: use %d to %d (higher first)", ErrBadInput, p, checkpoint.MinPriority, checkpoint.MaxPriority)
 	}
-	if p != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
+	if p != 0 && !e.flowControlVersion(ctx) {
 		return 0, fmt.Errorf("%w: priority %d needs cluster version %d (every node on this release; the cluster is at %d): leave it out, or finish the upgrade (flowctl cluster status)",
 			ErrBadInput, p, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
 	}
 	return p, nil
+}
+
+// flowControlWait is how long a request that needs cluster version 3 (runs_on, a
+// priority) waits for it: a cluster just started raises it within a leader's first looks
+// at the roster, and flowd --workflows applies its files at once.
+const flowControlWait = 5 * time.Second
+
+// flowControlVersion says whether the cluster is at version 3 (the flow-control
+// entries), waiting up to flowControlWait (or ctx) for it to be raised.
+func (e *Engine) flowControlVersion(ctx context.Context) bool {
+	if e.store.ClusterVersion() >= checkpoint.LogFormatFlowControl {
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, flowControlWait)
+	defer cancel()
+	return e.Ops().WaitClusterVersion(wctx, checkpoint.LogFormatFlowControl) == nil
 }

@@ -371,7 +371,7 @@ func (o Ops) Backfill(ctx context.Context, name string, opts BackfillOptions) ([
 				return out, fmt.Errorf("%w: %w", ErrBadInput, err)
 			}
 			sub.KeyScheme = checkpoint.KeySchemeFor(e.store.ClusterVersion())
-			if sub.Priority, err = e.priorityOf(w, RunOptions{Priority: opts.Priority}); err != nil {
+			if sub.Priority, err = e.priorityOf(ctx, w, RunOptions{Priority: opts.Priority}); err != nil {
 				return out, err
 			}
 			entry := checkpoint.Entry{Kind: checkpoint.KindCronTick, Actor: audit.Actor(ctx), Owner: e.cfg.NodeID, Run: bt.RunID, Submit: sub,
