@@ -396,6 +396,8 @@ type Node struct {
 	// Binary is the flowd build it runs; Formats the log formats it reads.
 	Binary  string `json:"binary,omitempty"`
 	Formats []int  `json:"formats,omitempty"`
+	// Labels are its worker labels (flowd --labels): it takes runs whose runs_on it has.
+	Labels []string `json:"labels,omitempty"`
 	// Problems are the node's parts that fell silent (as /readyz says them).
 	Problems []string `json:"problems,omitempty"`
 }

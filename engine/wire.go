@@ -46,7 +46,7 @@ func (a *API) Hosting() (*nats.Conn, *supervise.Supervisor, time.Duration) {
 func (a *API) Status() client.Node {
 	e := a.e
 	return client.Node{ID: e.NodeID(), Applied: e.Applied(), Leader: e.isLeader(), LeasesDegraded: e.leasesDegraded(),
-		Binary: Binary(), Formats: e.cfg.readFormats()}
+		Binary: Binary(), Formats: e.cfg.readFormats(), Labels: e.cfg.Labels}
 }
 
 // Cluster is what this node reads of the cluster: the leader the leader key names with

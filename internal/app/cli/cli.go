@@ -527,9 +527,9 @@ func clusterTable(w io.Writer, st client.ClusterStatus) {
 	fmt.Fprintf(w, "LEADER\t%s (term %d)\n", dash(st.Leader), st.Term)
 	fmt.Fprintf(w, "LOG\t%d to %d, newest snapshot at %d\n", st.FirstSeq, st.LastSeq, st.SnapshotSeq)
 	clusterVersionLines(w, st)
-	fmt.Fprintln(w, "\nNODE\tAPPLIED\tLEADER")
+	fmt.Fprintln(w, "\nNODE\tAPPLIED\tLEADER\tLABELS")
 	for _, n := range st.Nodes {
-		fmt.Fprintf(w, "%s\t%d\t%v\n", n.ID, n.Applied, n.Leader)
+		fmt.Fprintf(w, "%s\t%d\t%v\t%s\n", n.ID, n.Applied, n.Leader, dash(strings.Join(n.Labels, ",")))
 	}
 	membersTable(w, st)
 }

@@ -81,7 +81,7 @@ func TestTableGolden(t *testing.T) {
 			{At: "2026-11-03T02:00:00+07:00", RunID: "nightly-payout-20261102T190000Z", Outcome: "backfilled"}})
 	}
 	cases["cluster-status"] = func(w io.Writer) {
-		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, FirstSeq: 8000, LastSeq: 9003, SnapshotSeq: 7999, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true}},
+		clusterTable(w, client.ClusterStatus{Leader: "node-b", Term: 57, FirstSeq: 8000, LastSeq: 9003, SnapshotSeq: 7999, Nodes: []client.Node{{ID: "node-a", Applied: 9001}, {ID: "node-b", Applied: 9001, Leader: true, Labels: []string{"eu", "finance"}}},
 			ClusterVersion: 1, VersionNote: "node node-c reads log formats up to 1",
 			Hold: &client.ClusterHold{By: "olga", Reason: "trying v2 on node-b", At: "2026-12-03T01:00:00Z"},
 			Members: []client.ClusterMember{{ID: "node-a", Binary: "flowd 31c36d6aa1b2", Formats: []int{1, 2}, Live: true},
