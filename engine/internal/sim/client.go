@@ -323,20 +323,24 @@ func (c *simClient) submitKeyed() {
 			retried = true
 			c.retryLater(id, "keyed", at+2*time.Second+time.Duration(s.keyed.Int64N(int64(6*time.Second))))
 		}
-		c.later(at, func() {
-			c.call("start "+id+" keyed", "ops", func(ctx context.Context, api *engine.API) error {
-				_, err := api.StartRun(ctx, "keyed", client.StartOptions{ID: id, Inputs: map[string]string{"acct": acct}})
-				if isCode(err, client.CodeConflict) {
-					return nil
-				}
-				return err
-			}, func(err error) {
-				if err != nil {
-					s.fail("sim", "start %s: %v", id, err)
-				}
-			})
-		})
+		c.later(at, func() { c.startGiven("keyed", client.StartOptions{ID: id, Inputs: map[string]string{"acct": acct}}) })
 	}
+}
+
+// startGiven starts a run of wf under the ID opts gives: a conflict is an earlier try
+// of this start that landed.
+func (c *simClient) startGiven(wf string, opts client.StartOptions) {
+	c.call("start "+opts.ID+" "+wf, "ops", func(ctx context.Context, api *engine.API) error {
+		_, err := api.StartRun(ctx, wf, opts)
+		if isCode(err, client.CodeConflict) {
+			return nil
+		}
+		return err
+	}, func(err error) {
+		if err != nil {
+			c.s.fail("sim", "start %s: %v", opts.ID, err)
+		}
+	})
 }
 
 // labelled applies the workflow "fin" (runs_on: finance on a step), again a second
@@ -373,17 +377,7 @@ func (c *simClient) labelled() {
 				s.finRuns[id] = true
 				priority := []int{-5, 0, 5}[s.label.IntN(3)] // issue 39's priorities ride on these runs
 				c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
-					c.call("start "+id+" fin", "ops", func(ctx context.Context, api *engine.API) error {
-						_, err := api.StartRun(ctx, "fin", client.StartOptions{ID: id, Priority: &priority})
-						if isCode(err, client.CodeConflict) {
-							return nil
-						}
-						return err
-					}, func(err error) {
-						if err != nil {
-							s.fail("sim", "start %s: %v", id, err)
-						}
-					})
+					c.startGiven("fin", client.StartOptions{ID: id, Priority: &priority})
 				})
 			}
 		})
