@@ -83,3 +83,11 @@ func TestPriorityLoads(t *testing.T) {
 		}
 	}
 }
+
+// rate_limit (the contract's, not built yet) is refused as such, not as an unknown key.
+func TestRateLimitRefusedAsNotYetBuilt(t *testing.T) {
+	_, err := Load("r.yaml", []byte("name: r\nsteps:\n  - {name: a, uses: noop, rate_limit: {key: wallet, limit: 50, per: 1s}}\n"), builtins)
+	if err == nil || !strings.Contains(err.Error(), "rate_limit on a step is not supported yet") || !strings.Contains(err.Error(), "r.yaml:3") {
+		t.Fatalf("rate_limit: %v", err)
+	}
+}

@@ -372,7 +372,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			Retry: Retry{MaxAttempts: DefaultMaxAttempts, InitialInterval: Duration(time.Second), MaxInterval: Duration(time.Minute), Multiplier: 2}}
 		var nameNode *yaml.Node
 		var graphKeys bool // an error in name, needs or with (the rest do not break the graph)
-		l.mapping(sn, "a step", []string{"name", "uses", "with", "needs", "foreach", "parallelism", "retry", "timeout", "if", "concurrency", "runs_on"}, func(key string, _, v *yaml.Node) {
+		l.mapping(sn, "a step", []string{"name", "uses", "with", "needs", "foreach", "parallelism", "retry", "timeout", "if", "concurrency", "runs_on", "rate_limit"}, func(key string, _, v *yaml.Node) {
 			before := len(l.errs)
 			defer func() {
 				if len(l.errs) > before && (key == "name" || key == "needs" || key == "with") {
@@ -424,6 +424,11 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 				l.fail(v, "put concurrency: {key, limit} on the workflow: a run then holds its key's slot from its start to its end", "concurrency on a step is not supported yet")
 			case "runs_on":
 				st.RunsOn = l.runsOn(v, "the step's")
+			case "rate_limit":
+				// The contract names it; a cluster-wide rate is not built yet (issue 39), and
+				// a rate silently ignored would let a downstream be flooded.
+				l.fail(v, "bound the step's requests with parallelism: (per run) and the runs with concurrency: {key, limit} on the workflow until then",
+					"rate_limit on a step is not supported yet")
 			case "if":
 				st.If = l.str(v, "if")
 				st.templates = append(st.templates, tmplAt{"if", st.If, v.Line, v.Column})
