@@ -70,6 +70,14 @@ func TestNodeCredentialCannotSealAndRepairMendsIt(t *testing.T) {
 			if code, out := flowctl(url, append(otto, "run", "start", "one", "--id", "before", "--wait")...); code != 0 {
 				t.Fatalf("a run: exit %d: %s", code, out)
 			}
+			// FLOW_EVENTS exists once a workflow has a trigger (the leader makes it).
+			ev := filepath.Join(t.TempDir(), "ledger.yaml")
+			if err := os.WriteFile(ev, []byte(ledgerTrigger), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if code, out := flowctl(url, append(otto, "workflow", "apply", "-f", ev)...); code != 0 {
+				t.Fatalf("workflow apply (a trigger): exit %d: %s", code, out)
+			}
 			if code, out := flowctl(url, append(otto, "cluster", "snapshot")...); code != 0 { // the object store exists too
 				t.Fatalf("cluster snapshot: exit %d: %s", code, out)
 			}
@@ -92,6 +100,13 @@ func TestNodeCredentialCannotSealAndRepairMendsIt(t *testing.T) {
 			targets := client.FlowStreams()
 			if old {
 				targets = []string{"KV_FLOW_LEADER"}
+			} else {
+				WaitFor(t, 60*time.Second, "FLOW_EVENTS made for the trigger", func() bool {
+					sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+					defer scancel()
+					_, err := js.Stream(sctx, "FLOW_EVENTS")
+					return err == nil
+				})
 			}
 			for _, name := range targets {
 				st, err := js.Stream(ctx, name)

@@ -137,7 +137,7 @@ func TestRollingUpgrade(t *testing.T) {
 				nodes[n].Restart(t)
 				WaitFor(t, 60*time.Second, n+" back", func() bool {
 					for _, nd := range status().Nodes {
-						if nd.ID == n && len(nd.Formats) == 2 {
+						if nd.ID == n && len(nd.Formats) >= 2 {
 							return true
 						}
 					}
@@ -162,7 +162,7 @@ func TestRollingUpgrade(t *testing.T) {
 					nodes[n].Restart(t)
 					WaitFor(t, 60*time.Second, n+" back on the new build", func() bool {
 						for _, nd := range status().Nodes {
-							if nd.ID == n && len(nd.Formats) == 2 {
+							if nd.ID == n && len(nd.Formats) >= 2 {
 								return true
 							}
 						}
