@@ -161,7 +161,7 @@ func PermissionsOf(role, user string) (Permissions, error) {
 // flowStreams are flow's JetStream streams (the buckets' and the object store's
 // included), named as the engine names them (engine's TestNodeRoleDoesAllAFlowdDoes
 // fails if a node needs another).
-var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS", "FLOW_EVENTS"}
+var flowStreams = []string{"FLOW_LOG", "FLOW_TASKS", "FLOW_DLQ", "KV_FLOW_LEADER", "KV_FLOW_LEASES", "KV_FLOW_NODES", "KV_FLOW_CLUSTER", "OBJ_FLOW_SNAPSHOTS", "FLOW_STEPLOGS", "FLOW_EVENTS", "KV_FLOW_RATES"}
 
 // FlowStreams are flow's JetStream streams, the buckets' and the object store's
 // included (a copy).
@@ -206,6 +206,6 @@ func nodePublish() []string {
 	}
 	return append(out,
 		"flow.log", "flow.tasks", "flow.dlq.>", "flow.steplogs.>",
-		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$KV.FLOW_CLUSTER.>", "$O.FLOW_SNAPSHOTS.>",
+		"$KV.FLOW_LEADER.>", "$KV.FLOW_LEASES.>", "$KV.FLOW_NODES.>", "$KV.FLOW_CLUSTER.>", "$KV.FLOW_RATES.>", "$O.FLOW_SNAPSHOTS.>",
 		Subject+".node", "$SRV.PING.flow.*", "$SYS.REQ.SERVER.*.VARZ")
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/flowrun/flow/engine/internal/gate"
 	"github.com/flowrun/flow/engine/internal/leader"
 	"github.com/flowrun/flow/engine/internal/nodes"
+	"github.com/flowrun/flow/engine/internal/rates"
 	"github.com/flowrun/flow/engine/internal/specs"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/engine/internal/worker"
@@ -54,6 +55,7 @@ type Engine struct {
 	// simulation); ports are its streams and buckets, on JetStream or over.
 	over  *Over
 	ports port.Ports
+	rates *rates.Limiter // paces rate-limited steps (set by Start)
 
 	// The node's I/O, opened by Start (node.go).
 	srv      *natsnode.Server // nil with an external NATS
@@ -152,9 +154,11 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	e.specs = specs.New(e.store)
 	e.admission = leader.NewAdmission(leader.QueueAhead(e.cfg.Workers), e.hooks)
 	log := nodeLog{e.clog}
+	e.rates = rates.New(rates.Config{KV: e.ports.Rates, Clock: e.cfg.Clock, Logger: e.log,
+		Local: e.ports.Rates == nil || ratesLocal != "" || e.hooks.RatesLocal.Load()})
 	e.workers = worker.New(worker.Config{Node: e.cfg.NodeID, Workers: e.cfg.Workers, StepParallelism: e.cfg.StepParallelism,
 		MaxOutputBytes: e.cfg.MaxOutputBytes, State: e.store, Specs: e.specs, Log: log, Leases: e.leases, Tasks: e.tasks,
-		Registry: e.cfg.Registry, Labels: e.cfg.Labels, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
+		Registry: e.cfg.Registry, Rates: e.rates, Labels: e.cfg.Labels, TTL: e.cfg.Lease.TTL, ParkAfter: e.cfg.ParkAfter, StartChild: e.startChild, MaxRunTree: e.cfg.MaxRunTree, Silence: e.silence(), Backoff: e.cfg.Lease.Backoff, Clock: e.cfg.Clock,
 		StepLogs: e.stepLogSink(), StepObserver: e.cfg.StepObserver, Hooks: e.hooks, Logger: e.log})
 	if err := e.cfg.Registry.Register(worker.DrillStepKind, e.workers.DrillStep()); err != nil {
 		return err
@@ -323,3 +327,9 @@ func (e *Engine) waitFor(ctx context.Context, cond func() bool) error {
 		}
 	}
 }
+
+// ratesLocal is the control of the shared rate-limit bucket in real processes (-ldflags
+// "-X github.com/flowrun/flow/engine.ratesLocal=1"; empty in every build of flowd): each
+// node paces rate_limit keys alone, so n nodes start n times the rate
+// (TestRateLimitHoldsAcrossNodes's control).
+var ratesLocal string

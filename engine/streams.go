@@ -86,7 +86,9 @@ func (e *Engine) wantedStreams() []jsport.Want {
 	tasksW.Recreate = true // the reconciler queues again every run assigned and not claimed
 	stepLogsW := jsport.WantStream(jsport.StepLogsConfig(e.replicas))
 	stepLogsW.Recreate = true // what steps printed is lost; nothing decides by it
-	return []jsport.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW, stepLogsW}
+	ratesW := jsport.WantKV(jsport.RatesConfig(e.replicas))
+	ratesW.Recreate = true // rate limits pace again from now: the starts already reserved may go beside the first new ones
+	return []jsport.Want{logW, tasksW, dlqW, leaderW, leasesW, nodesW, gateW, snapW, stepLogsW, ratesW}
 }
 
 // checkStreams looks at flow's streams once they are open. With an admin path (the

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRunsOnLoadsAndUnites(t *testing.T) {
@@ -84,10 +85,31 @@ func TestPriorityLoads(t *testing.T) {
 	}
 }
 
-// rate_limit (the contract's, not built yet) is refused as such, not as an unknown key.
-func TestRateLimitRefusedAsNotYetBuilt(t *testing.T) {
-	_, err := Load("r.yaml", []byte("name: r\nsteps:\n  - {name: a, uses: noop, rate_limit: {key: wallet, limit: 50, per: 1s}}\n"), builtins)
-	if err == nil || !strings.Contains(err.Error(), "rate_limit on a step is not supported yet") || !strings.Contains(err.Error(), "r.yaml:3") {
-		t.Fatalf("rate_limit: %v", err)
+// rate_limit on a step loads as {key, limit, per}, and each bad form is refused at its
+// place with what to write instead.
+func TestRateLimitLoads(t *testing.T) {
+	w, err := Load("r.yaml", []byte("name: r\nsteps:\n  - {name: a, uses: noop, rate_limit: {key: wallet, limit: 50, per: 1s}}\n"), builtins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := w.RateLimits()["a"]
+	if got.Key != "wallet" || got.Limit != 50 || time.Duration(got.Per) != time.Second || got.Interval() != 20*time.Millisecond {
+		t.Fatalf("rate: %+v", got)
+	}
+	for _, bad := range []struct{ rate, says string }{
+		{"{key: wallet, limit: 50}", "needs key, limit and per"},
+		{"{key: Wallet!, limit: 50, per: 1s}", "is not allowed"},
+		{`{key: "{{ inputs.x }}", limit: 50, per: 1s}`, "is not allowed"},
+		{"{key: wallet, limit: 0, per: 1s}", "out of range"},
+		{"{key: wallet, limit: 50, per: 0s}", "not a duration"},
+		{"{key: wallet, limit: 50, per: 48h}", "out of range"},
+		{"{key: wallet, limit: 1000000, per: 1s}", "finer than the cluster can pace"},
+		{"{key: wallet, limit: 5, per: 1s, burst: 9}", "burst"},
+		{"50", "rate limit"},
+	} {
+		_, err := Load("r.yaml", []byte("name: r\nsteps:\n  - name: a\n    uses: noop\n    rate_limit: "+bad.rate+"\n"), builtins)
+		if err == nil || !strings.Contains(err.Error(), bad.says) || !strings.Contains(err.Error(), "r.yaml:5") {
+			t.Errorf("rate_limit: %s: %v", bad.rate, err)
+		}
 	}
 }

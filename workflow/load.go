@@ -425,10 +425,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			case "runs_on":
 				st.RunsOn = l.runsOn(v, "the step's")
 			case "rate_limit":
-				// The contract names it; a cluster-wide rate is not built yet (issue 39), and
-				// a rate silently ignored would let a downstream be flooded.
-				l.fail(v, "bound the step's requests with parallelism: (per run) and the runs with concurrency: {key, limit} on the workflow until then",
-					"rate_limit on a step is not supported yet")
+				st.RateLimit = l.rateLimit(v)
 			case "if":
 				st.If = l.str(v, "if")
 				st.templates = append(st.templates, tmplAt{"if", st.If, v.Line, v.Column})

@@ -90,9 +90,11 @@ type Step struct {
 	If          string         `json:"if,omitempty"`
 	// RunsOn are the worker labels this step needs; its run needs them all
 	// (Workflow.Labels).
-	RunsOn     []string `json:"runs_on,omitempty"`
-	Line       int      `json:"line"`
-	templates  []tmplAt // every templated string of the step, with its place
+	RunsOn []string `json:"runs_on,omitempty"`
+	// RateLimit paces the step's attempts across the cluster (nil: unpaced).
+	RateLimit  *RateLimit `json:"rate_limit,omitempty"`
+	Line       int        `json:"line"`
+	templates  []tmplAt   // every templated string of the step, with its place
 	usesNode   *yaml.Node
 	withNode   *yaml.Node // nil when the step has no with
 	needsNodes []*yaml.Node

@@ -23,6 +23,7 @@ func (p nodePorts) ports() port.Ports {
 		Tasks:     queuePort{p},
 		Nodes:     kvPort{p, srv.kv[port.NodesBucket]},
 		Cluster:   kvPort{p, srv.kv[port.ClusterBucket]},
+		Rates:     kvPort{p, srv.kv[port.RatesBucket]},
 		DLQ:       dlqPort{p},
 		Snapshots: objectsPort{p},
 		Terms:     termsPort{p},

@@ -62,7 +62,7 @@ func newServer(s *Sim) *server {
 	for _, b := range []struct {
 		name string
 		ttl  time.Duration
-	}{{port.LeaderBucket, ttl}, {port.LeaseBucket, ttl}, {port.NodesBucket, time.Minute}, {port.ClusterBucket, 0}} {
+	}{{port.LeaderBucket, ttl}, {port.LeaseBucket, ttl}, {port.NodesBucket, time.Minute}, {port.ClusterBucket, 0}, {port.RatesBucket, 0}} {
 		srv.kv[b.name] = &bucket{srv: srv, name: b.name, ttl: b.ttl, keys: map[string]*kvEntry{}}
 	}
 	srv.tasks = &taskQueue{srv: srv, ackWait: max(ttl, time.Second), dedup: map[string]time.Time{}}

@@ -14,6 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/rates"
 	"github.com/flowrun/flow/engine/internal/tasks"
 	"github.com/flowrun/flow/epoch"
 	"github.com/flowrun/flow/internal/base/backoff"
@@ -68,6 +69,9 @@ type Config struct {
 	Leases          Leases
 	Tasks           Tasks
 	Registry        *steps.Registry
+	// Rates paces the attempts of steps with a rate_limit (nil: they go unpaced, which
+	// only tests that declare none may leave).
+	Rates *rates.Limiter
 	// Labels are this node's worker labels: a task of a run whose workflow needs a label
 	// it lacks (workflow.Workflow.Labels) is put back for a node that has it.
 	Labels []string

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/engine/internal/rates"
 	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/steplog"
 	"github.com/flowrun/flow/steps"
@@ -134,6 +135,9 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
 	restarts := 0 // attempts run again after a trust-deadline stop the lease outlived
 	for attempt := 1; ; attempt++ {
+		if err := x.paced(st, item); err != nil {
+			return nil, attempt, err
+		}
 		if err := x.lease.Check(); err != nil {
 			return nil, attempt, x.steal(err)
 		}
@@ -425,4 +429,19 @@ func runScope(r *checkpoint.Run, wf *workflow.Workflow, epoch int64) map[string]
 		return map[string]any{"id": h.Run, "epoch": epoch, "error": h.Error, "failed_step": h.FailedStep, "handler_id": r.ID}
 	}
 	return map[string]any{"id": r.ID, "epoch": epoch, "error": r.Error, "failed_step": r.FailedStep}
+}
+
+// paced waits for a rate-limited step's moment (engine/internal/rates): every attempt
+// is a start the downstream sees. The wait holds the epoch's worker and lease: the
+// moment is reserved, and known (docs/decisions.md, "Rate limits: a reserved moment").
+// The epoch's end ends the wait, and the lease is checked after it, before the start.
+func (x *runExec) paced(st *workflow.Step, item int) error {
+	if st.RateLimit == nil || x.p.cfg.Rates == nil {
+		return nil
+	}
+	err := x.p.cfg.Rates.Wait(x.ctx, *st.RateLimit, rates.Waiter{Run: x.run.ID, Step: st.Name, Item: item})
+	if err != nil && x.ctx.Err() != nil {
+		return context.Cause(x.ctx)
+	}
+	return err
 }

@@ -71,6 +71,14 @@ func ClusterConfig(replicas int) jetstream.KeyValueConfig {
 		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)}
 }
 
+// RatesConfig is the rate limits' bucket: one entry per key, its next moment (file
+// storage: a cluster restarted does not forget the moments it reserved ahead).
+func RatesConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: port.RatesBucket, History: 1,
+		Description: "flow rate limits: each key's next moment a rate-limited step may start",
+		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)}
+}
+
 // DLQConfig is the dead-letter notices' stream.
 func DLQConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{

@@ -50,6 +50,9 @@ func Open(ctx context.Context, js jetstream.JetStream, o Options) (port.Ports, e
 	if p.Cluster, err = OpenKV(ctx, js, ClusterConfig(o.Replicas), log); err != nil {
 		return p, err
 	}
+	if p.Rates, err = OpenKV(ctx, js, RatesConfig(o.Replicas), log); err != nil {
+		return p, err
+	}
 	if _, err := EnsureStream(ctx, js, DLQConfig(o.Replicas)); err != nil {
 		return p, fmt.Errorf("jsport: the DLQ stream: %w", mapErr(err))
 	}

@@ -22,6 +22,7 @@ const (
 	SnapshotBucket = "FLOW_SNAPSHOTS" // state snapshots (an object store)
 	StepLogStream  = "FLOW_STEPLOGS"  // what steps printed
 	EventsStream   = "FLOW_EVENTS"    // the messages of workflows' triggers (on:), on their own subjects
+	RatesBucket    = "FLOW_RATES"     // each rate_limit key's next moment (engine/internal/rates)
 	StepLogSubject = "flow.steplogs." // a run's records are on this and its ID (StepLogToken)
 )
 
@@ -51,6 +52,9 @@ type Ports struct {
 	Snapshots Objects
 	// StepLogs keeps what steps printed (nil: nothing is kept).
 	StepLogs StepLogs
+	// Rates holds the rate limits' cells (nil: rate-limited steps pace on this node
+	// alone, as a node of an older build would not know them at all).
+	Rates KV
 	// Terms raises the leader bucket's revisions (the admin path; nil: none).
 	Terms TermRaiser
 }

@@ -76,6 +76,7 @@ type Hooks struct {
 	NoTermTail            atomic.Bool  // a new leader counts concurrency keys' slots without first applying what the last leader wrote (TestKeySlotsControls' "term tail off")
 	SignalStartApart      atomic.Bool  // signal-with-start writes the submit and the signal as two log messages (the simulation's "sws" control)
 	LabelsOff             atomic.Bool  // workers take every task, whatever runs_on its run needs (the worker labels' control)
+	RatesLocal            atomic.Bool  // each node paces rate_limit keys alone, in its memory (the shared bucket's control)
 	KeySchemeOff          atomic.Bool  // every run's http keys are run, step and item only, whatever its key scheme (TestRetryWithAnotherDatePaysItOnce's control)
 	TriggerIDPerDelivery  atomic.Bool  // a trigger's run ID also names the message's stream sequence, so it de-duplicates nothing (TestTriggers' control)
 
