@@ -172,6 +172,10 @@ const (
 	// has (Label the first, Labels all of them); its status is shown as waiting, its
 	// state's is pending, and it starts when a node with them reports.
 	WaitLabel = "label"
+	// WaitRate: a running run one of whose steps waits on its worker for a rate limit's
+	// moment (Key, Step), as its node last reported (within a few seconds); its state's
+	// status is running.
+	WaitRate = "rate"
 )
 
 // Waiting is what a waiting run waits for: a signal (Signal names it), people's
@@ -205,6 +209,31 @@ type Waiting struct {
 type Limits struct {
 	Keys     []KeyUse `json:"keys"`
 	Complete bool     `json:"complete"`
+	// Rates are the rate limits' keys (rate_limit on a step) the cluster has paced.
+	Rates []RateUse `json:"rates"`
+}
+
+// RateUse is one rate limit's key: the rate its last start declared (Limit per Per, a
+// duration such as "1s"), the starts reserved and not yet due, when a start reserved
+// now would go (RFC 3339), the steps waiting for their moment as the live nodes last
+// reported them, and the workflows applied that use it.
+type RateUse struct {
+	Key       string       `json:"key"`
+	Limit     int          `json:"limit"`
+	Per       string       `json:"per"`
+	Reserved  int          `json:"reserved"`
+	Next      string       `json:"next"`
+	Waiting   []RateWaiter `json:"waiting"`
+	Workflows []string     `json:"workflows"`
+}
+
+// RateWaiter is a step waiting for a rate's moment on a node.
+type RateWaiter struct {
+	Run   string `json:"run"`
+	Step  string `json:"step"`
+	Item  int    `json:"item"`
+	Node  string `json:"node"`
+	Since string `json:"since"`
 }
 
 // KeyUse is one concurrency key: its limit, the runs holding its slots (holding an epoch

@@ -59,7 +59,7 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err := e.checkChildLoop(w); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
 	}
-	if w.Priority != 0 || len(w.Labels()) > 0 {
+	if w.Priority != 0 || len(w.Labels()) > 0 || len(w.RateLimits()) > 0 {
 		_ = e.flowControlVersion(ctx) // refused below if the version does not come in time
 	}
 	if w.Priority != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
@@ -69,6 +69,11 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if labels := w.Labels(); len(labels) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
 		// A node of an older release ignores runs_on and would take the run anyway.
 		return nil, fmt.Errorf("%w: %s: runs_on needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
+			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	}
+	if len(w.RateLimits()) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
+		// A node of an older release ignores rate_limit and would start the step unpaced.
+		return nil, fmt.Errorf("%w: %s: rate_limit needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
 			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
 	}
 	spec, err := json.Marshal(w)

@@ -175,7 +175,7 @@ func (e *Engine) Start(ctx context.Context) (err error) {
 	if err := retrySetup(ctx, e.log, e.register); err != nil { // a cluster still electing its JetStream leader answers nothing yet
 		return e.withStreamFindings(ctx, err)
 	}
-	e.reporter = nodes.NewReporter(e.ports.Nodes, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: e.cfg.readFormats(), Labels: e.cfg.Labels}, e.store.Applied, e.cfg.Clock, e.log)
+	e.reporter = nodes.NewReporter(e.ports.Nodes, e.cfg.NodeID, nodes.Report{Binary: Binary(), Formats: e.cfg.readFormats(), Labels: e.cfg.Labels}, e.store.Applied, e.cfg.Clock, e.log).WithRateWaits(e.rateWaits)
 	// Live from now on: the leader's compaction keeps what this node still needs while it
 	// catches up.
 	e.reporter.Report(ctx)

@@ -112,6 +112,8 @@ type Metrics struct {
 	// WaitingForLabel counts the queued runs no live node can take, by the first worker
 	// label none has (of the first MaxParkedCounted queued runs; labels.go).
 	WaitingForLabel map[string]int
+	// Rates are this node's rate limits' counters, by key (the keys its steps paced).
+	Rates map[string]RateCounts
 	// Workers' counters. TasksNotHere: tasks put back for a worker label this node lacks.
 	Stolen, HandedBack, TasksDeferred, TasksNotHere, StepAttempts, StepFailures int64
 	// NATSReconnects counts the connection's reconnects; PartRestarts the supervised
@@ -151,6 +153,7 @@ func (e *Engine) Metrics(ctx context.Context) Metrics {
 	s := e.workers.Stats()
 	m.Stolen, m.HandedBack, m.TasksDeferred, m.TasksNotHere = s.Stolen.Load(), s.HandedBack.Load(), s.TasksDeferred.Load(), s.TasksNotHere.Load()
 	m.WaitingForLabel = e.waitingForLabel()
+	m.Rates = e.rateCounts()
 	m.StepAttempts, m.StepFailures = s.StepAttempts.Load(), s.StepFailures.Load()
 	if e.nc != nil {
 		m.NATSReconnects = e.nc.Stats().Reconnects

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"slices"
 	"strings"
 
@@ -108,12 +109,16 @@ func (e *Engine) showKeyWaits(out []client.Run, runs []checkpoint.Run) {
 
 // Limits is `flowctl limits`: every concurrency key in use, with its holders and the
 // number of runs waiting for it.
-func (a *API) Limits() (client.Limits, error) {
+func (a *API) Limits(ctx context.Context) (client.Limits, error) {
 	uses, complete, err := a.e.keyUses(true)
 	if err != nil {
 		return client.Limits{}, wireError(err)
 	}
-	out := client.Limits{Keys: []client.KeyUse{}, Complete: complete}
+	rates, err := a.e.rateUses(ctx)
+	if err != nil {
+		return client.Limits{}, wireError(err)
+	}
+	out := client.Limits{Keys: []client.KeyUse{}, Complete: complete, Rates: rates}
 	for k, u := range uses {
 		out.Keys = append(out.Keys, client.KeyUse{Key: k, Limit: u.limit, Holders: append([]string{}, u.holders...), Waiting: u.waiting, Workflows: u.workflows})
 	}

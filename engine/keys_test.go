@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -62,7 +63,7 @@ func TestKeyRunsOneAtATime(t *testing.T) {
 		}
 		return true
 	})
-	l, err := api.Limits()
+	l, err := api.Limits(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

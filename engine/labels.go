@@ -33,6 +33,14 @@ type labelView struct {
 	ok bool
 	// sets are the labels of each live node.
 	sets [][]string
+	// waits are the steps the live nodes reported waiting for a rate's moment, by run.
+	waits map[string]rateWaitAt
+}
+
+// rateWaitAt is a rate wait as a node reported it.
+type rateWaitAt struct {
+	nodes.RateWait
+	Node string
 }
 
 // live are the live nodes' label sets (ok false: never read, or the bucket did not
@@ -51,10 +59,16 @@ func (v *labelView) live() ([][]string, bool) {
 		return v.sets, v.ok
 	}
 	sets := make([][]string, 0, len(live))
-	for _, r := range live {
+	waits := map[string]rateWaitAt{}
+	for node, r := range live {
 		sets = append(sets, r.Labels)
+		for _, w := range r.RateWaits {
+			if have, ok := waits[w.Run]; !ok || w.Since.Before(have.Since) {
+				waits[w.Run] = rateWaitAt{w, node}
+			}
+		}
 	}
-	v.sets, v.at, v.ok = sets, now, true
+	v.sets, v.waits, v.at, v.ok = sets, waits, now, true
 	return sets, true
 }
 

@@ -255,6 +255,7 @@ func (a *API) Run(id string) (client.Run, error) {
 	one := []client.Run{out}
 	a.e.showKeyWaits(one, []checkpoint.Run{v.Run})
 	a.e.showLabelWaits(one, []checkpoint.Run{v.Run})
+	a.e.showRateWaits(one, []checkpoint.Run{v.Run})
 	return one[0], nil
 }
 
@@ -309,6 +310,7 @@ func (a *API) Runs(opts client.ListOptions) (client.RunPage, error) {
 	}
 	a.e.showKeyWaits(page.Runs, runs)
 	a.e.showLabelWaits(page.Runs, runs)
+	a.e.showRateWaits(page.Runs, runs)
 	if len(asked) > 0 {
 		page.Runs = slices.DeleteFunc(page.Runs, func(r client.Run) bool {
 			return !slices.Contains(asked, checkpoint.RunStatus(r.Status))

@@ -44,7 +44,22 @@ type Report struct {
 	// Labels are the node's worker labels (flowd --labels): the leader assigns a run
 	// whose workflow needs labels only while a live node reports them all.
 	Labels []string `json:"labels,omitempty"`
+	// RateWaits are the steps waiting on the node for a rate limit's moment as it
+	// reported (at most MaxRateWaits): how any node shows a run waiting of kind rate.
+	RateWaits []RateWait `json:"rate_waits,omitempty"`
 }
+
+// RateWait is one step waiting for a rate limit's moment.
+type RateWait struct {
+	Run   string    `json:"run"`
+	Step  string    `json:"step"`
+	Item  int       `json:"item"`
+	Key   string    `json:"key"`
+	Since time.Time `json:"since"`
+}
+
+// MaxRateWaits bounds the rate waits a report carries (the oldest are kept).
+const MaxRateWaits = 64
 
 // Reporter puts this node's report in the bucket now and every ReportEvery.
 type Reporter struct {
@@ -52,6 +67,7 @@ type Reporter struct {
 	node    string
 	about   Report // Binary and Formats
 	applied func() uint64
+	waits   func() []RateWait // nil: none
 	clock   clockwork.Clock
 	log     *slog.Logger
 
@@ -66,6 +82,13 @@ func NewReporter(kv port.KV, node string, about Report, applied func() uint64, c
 	return &Reporter{kv: kv, node: node, about: about, applied: applied, clock: clock, log: log}
 }
 
+// WithRateWaits makes every report carry waits() (the first MaxRateWaits). Call it
+// before Start.
+func (r *Reporter) WithRateWaits(waits func() []RateWait) *Reporter {
+	r.waits = waits
+	return r
+}
+
 // Report puts the report once.
 func (r *Reporter) Report(ctx context.Context) { r.put(ctx, false) }
 
@@ -75,6 +98,9 @@ func (r *Reporter) put(ctx context.Context, stopped bool) {
 	rep := Report{Applied: r.applied(), At: now, Binary: r.about.Binary, Formats: r.about.Formats, Labels: r.about.Labels}
 	if stopped {
 		rep.Stopped = now
+	} else if r.waits != nil {
+		w := r.waits()
+		rep.RateWaits = w[:min(len(w), MaxRateWaits)]
 	}
 	b, _ := json.Marshal(rep)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -301,7 +301,7 @@ func (s *Server) limits(ctx context.Context, _ *client.Request) (any, error) {
 	if err := s.n.CatchUp(ctx); err != nil {
 		return nil, err
 	}
-	return s.n.Limits()
+	return s.n.Limits(ctx)
 }
 
 func (s *Server) dlqList(ctx context.Context, r *client.Request) (any, error) {

@@ -55,7 +55,7 @@ type Node interface {
 	Ticks(workflow string) ([]client.Tick, error)
 
 	// Limits are the concurrency keys in use as this node's state has them.
-	Limits() (client.Limits, error)
+	Limits(ctx context.Context) (client.Limits, error)
 
 	StartRun(ctx context.Context, workflow string, opts client.StartOptions) (string, error)
 	// Run is a run with its steps, epochs and fenced commits.

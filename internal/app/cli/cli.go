@@ -247,7 +247,7 @@ func (a *app) commands(getenv func(string) string) *cobra.Command {
 	drill := group("drill", "Fault drills on a live cluster")
 	drill.AddCommand(&cobra.Command{Use: "zombie", Short: "Pause a worker past its lease, let another take over, and show its commit fenced",
 		Args: cobra.NoArgs, RunE: func(*cobra.Command, []string) error { return a.drillZombie() }})
-	limits := &cobra.Command{Use: "limits", Short: "Concurrency keys: each key's limit, the runs holding it, the runs waiting", Args: cobra.NoArgs,
+	limits := &cobra.Command{Use: "limits", Short: "Concurrency keys (limit, holders, runs waiting) and rate limits (rate, starts reserved, steps waiting)", Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error { return show(a, (*client.Client).Limits, limitsTable) }}
 	root.AddCommand(wf, run, dlq, cronCmd, cluster, drill, limits, a.logCommand(), a.authCommand(), a.benchCommand())
 	return root
@@ -546,6 +546,19 @@ func limitsTable(w io.Writer, l client.Limits) {
 	}
 	if !l.Complete {
 		fmt.Fprintln(w, "(waiting counts the first 10000 queued runs only)")
+	}
+	if len(l.Rates) == 0 {
+		return
+	}
+	// The rates: a step waiting for its moment holds its worker; RESERVED are the starts
+	// reserved ahead (each due an interval after the last).
+	fmt.Fprintln(w, "\nRATE KEY\tRATE\tRESERVED\tWAITING\tWORKFLOWS")
+	for _, r := range l.Rates {
+		var waiting []string
+		for _, x := range r.Waiting {
+			waiting = append(waiting, x.Run+"/"+x.Step+"@"+x.Node)
+		}
+		fmt.Fprintf(w, "%s\t%d/%s\t%d\t%s\t%s\n", r.Key, r.Limit, r.Per, r.Reserved, dash(strings.Join(waiting, ",")), dash(strings.Join(r.Workflows, ",")))
 	}
 }
 

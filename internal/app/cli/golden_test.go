@@ -51,6 +51,12 @@ func TestTableGolden(t *testing.T) {
 		Decisions: []client.Decision{{Seq: 15, Step: "approve", Actor: "ann", Approve: true, Comment: "totals match", At: "2026-11-29T02:20:00Z"}},
 	}
 	cases["run-get-waiting"] = func(w io.Writer) { runTable(w, waiting) }
+	cases["limits"] = func(w io.Writer) {
+		limitsTable(w, client.Limits{Complete: true,
+			Keys: []client.KeyUse{{Key: "payout-2026-11-29", Limit: 1, Holders: []string{"20261129-020000.000-abc123"}, Waiting: 1, Workflows: []string{"nightly-payout"}}},
+			Rates: []client.RateUse{{Key: "wallet", Limit: 50, Per: "1s", Reserved: 12, Next: "2026-11-29T02:00:02.24Z", Workflows: []string{"nightly-payout"},
+				Waiting: []client.RateWaiter{{Run: "20261129-020000.000-abc123", Step: "transfer", Item: 617, Node: "node-b", Since: "2026-11-29T02:00:02Z"}}}}})
+	}
 	cases["run-history"] = func(w io.Writer) {
 		historyTable(w, []client.Event{
 			{Seq: 2, Kind: "submit", Owner: "node-a", Actor: "otto", Outcome: "accepted"},

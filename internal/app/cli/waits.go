@@ -117,6 +117,8 @@ func waitingLine(r client.Run) string {
 		s = fmt.Sprintf("concurrency key %q (limit %d), held by %s", w.Key, w.Limit, strings.Join(w.Holders, ", "))
 	case client.WaitLabel:
 		s = fmt.Sprintf("a node with worker label %s (runs_on; no live node has it: start one with flowd --labels %s)", strings.Join(w.Labels, ", "), strings.Join(w.Labels, ","))
+	case client.WaitRate:
+		s = fmt.Sprintf("rate limit %s: step %s waits on its worker for its moment (flowctl limits)", w.Key, w.Step)
 	default:
 		s = fmt.Sprintf("%s (step %s)", w.Kind, w.Step)
 	}

@@ -55,6 +55,11 @@ func newMetrics() *metrics {
 		"flow_tasks_deferred_total":         "Tasks put back because another holder still had the run's lease.",
 		"flow_tasks_not_here_total":         "Tasks put back because their run needs a worker label (runs_on) this node lacks.",
 		"flow_runs_waiting_for_label":       "Queued runs no live node can take, by the first worker label (runs_on) none has, in this node's state.",
+		"flow_rate_starts_total":            "Rate-limited step attempts this node started at their reserved moment, by rate_limit key.",
+		"flow_rate_late_total":              "Rate-limited starts that woke past their moment's slack and reserved again, by key.",
+		"flow_rate_conflicts_total":         "Rate reservations made again because another start's came first, by key.",
+		"flow_rate_wait_seconds_total":      "Time rate-limited starts on this node waited for their moment, by key.",
+		"flow_rate_waiting":                 "Rate-limited starts waiting on this node for their moment now, by key.",
 		"flow_step_attempts_total":          "Step attempts started by this node's workers (retries included).",
 		"flow_step_failures_total":          "Step attempts on this node that failed (an error, a timeout, a lost lease).",
 		"flow_leases_acquired_total":        "Run leases this node's workers acquired.",
@@ -77,6 +82,8 @@ func newMetrics() *metrics {
 			labels = []string{"kind"}
 		case "flow_runs_waiting_for_label":
 			labels = []string{"label"}
+		case "flow_rate_starts_total", "flow_rate_late_total", "flow_rate_conflicts_total", "flow_rate_wait_seconds_total", "flow_rate_waiting":
+			labels = []string{"key"}
 		case "flow_runs_deadline_missed_total":
 			labels = []string{"workflow"}
 		case "flow_approvals_total":
@@ -168,6 +175,13 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("flow_tasks_not_here_total", float64(m0.TasksNotHere))
 	for label, n := range m0.WaitingForLabel {
 		gauge("flow_runs_waiting_for_label", float64(n), label)
+	}
+	for key, r := range m0.Rates {
+		counter("flow_rate_starts_total", float64(r.Starts), key)
+		counter("flow_rate_late_total", float64(r.Late), key)
+		counter("flow_rate_conflicts_total", float64(r.Conflicts), key)
+		counter("flow_rate_wait_seconds_total", r.Waited.Seconds(), key)
+		gauge("flow_rate_waiting", float64(r.Waiting), key)
 	}
 	counter("flow_step_attempts_total", float64(m0.StepAttempts))
 	counter("flow_step_failures_total", float64(m0.StepFailures))

@@ -281,7 +281,7 @@ func createFlowStreams(t *testing.T, ctx context.Context, js jetstream.JetStream
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"FLOW_LEADER", "FLOW_LEASES", "FLOW_NODES", "FLOW_CLUSTER"} {
+	for _, b := range []string{"FLOW_LEADER", "FLOW_LEASES", "FLOW_NODES", "FLOW_CLUSTER", "FLOW_RATES"} {
 		if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b, History: 1, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func createFlowStreams(t *testing.T, ctx context.Context, js jetstream.JetStream
 // A node's credential cannot seal, reconfigure or purge any of flow's streams and
 // buckets (issue 36: `$JS.API.STREAM.UPDATE.KV_FLOW_LEADER` with sealed: true was
 // accepted, and no election could be won again, not even after a restart). For each
-// of the ten, the node's sealing update and a change of its limits are refused and
+// of the eleven, the node's sealing update and a change of its limits are refused and
 // the stream stays unsealed; a purge is refused on all but the ones it needs
 // (client.NodePurges). Negative control: with only the update and purge rights from
 // before issue 36 given back, the same update seals the leader bucket and the first
