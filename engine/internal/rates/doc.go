@@ -1,22 +1,28 @@
 // Package rates paces rate-limited steps across the cluster (a step's
 // `rate_limit: {key, limit, per}`), by the generic cell rate algorithm over one KV entry
-// per key in the FLOW_RATES bucket.
+// per key in the FLOW_RATES bucket, on the server's clock.
 //
-// A key's entry holds its theoretical arrival time (TAT): the moment from which the next
-// start may go. A start reserves its moment at = max(TAT, now) and moves TAT to at plus
-// the interval (per/limit) by a compare-and-set on the entry's revision; it then waits
-// until at, and goes only if it wakes within the slack of it. Reservations are therefore
-// spaced by the interval whichever node made them, in any order and across any failover
-// (the entry is replicated state; no leader holds it), and a start that went late (a
-// paused process, a node that slept) does not go at all: it reserves again at the back.
+// A key's entry is the last reservation: the theoretical arrival time (TAT) its writer
+// read (Base) and its writer's rate. Its moment is max(Base, the entry's own server
+// stamp), and the key's next TAT that moment plus the writer's interval (per/limit). A
+// start reserves by writing the next entry on the read one's revision (a compare-and-set:
+// two nodes that read the same entry cannot both write after it), then reads its own
+// write back for its stamp: its moment is known to within that read, on the bucket
+// leader's clock, and it waits for it on its own clock from the write's
+// acknowledgement. Reservations are therefore spaced by the interval whichever node
+// made them, whatever the nodes' clocks say, across any failover of flow's leader (the
+// entry is replicated state; no flow leader holds it). A start that woke past its
+// moment's slack (a paused process, a node that slept) does not go: it reserves again,
+// behind the others.
 //
 // The guarantee, with slack = min(100ms, per/10): in any window of length per, at most
-// limit + 1 + limit·slack/per starts go (1.1·limit + 1 at most). Nodes read their own
-// clocks: a node whose clock is ahead by d reserves d early, so skew adds limit·d/per
-// (clocks are assumed NTP-close, as leases' trust deadlines already assume).
+// limit + 1 + limit·slack/per starts go (1.1·limit + 1 at most), plus what a round
+// trip's delay between the write and its acknowledgement shifts. The one clock is the
+// bucket's leader's: when JetStream moves the bucket's leadership to a server whose
+// clock differs by d, the starts around that move may be d closer.
 //
-// What it costs: a read and a conditional write of one replicated entry per start (two
-// round trips; a conflict with another node's reservation costs another two). A
-// reservation whose holder dies before its moment is a gap: the rate is never exceeded
-// by a lost reservation, only not reached.
+// What it costs: three round trips per start (read, conditional write, read back); a
+// conflict with another node's reservation costs them again. A reservation whose
+// holder dies before its moment, or that another's write overtook before its read-back,
+// is a gap: the rate is never exceeded by a lost reservation, only not reached.
 package rates

@@ -19,13 +19,33 @@ import (
 	"github.com/flowrun/flow/workflow"
 )
 
-// Cell is a key's entry in the bucket.
+// Cell is a key's entry in the bucket. Its moments are on the server's clock: the
+// entry's own Created stamp (port.Entry) is the reservation's "now", so that no node's
+// clock takes part (a node whose clock is off reserves as well as any other).
 type Cell struct {
-	// TAT is the theoretical arrival time: the next start may go from it on.
-	TAT time.Time `json:"tat"`
-	// Limit and Per are the rate of the start that wrote it (for `flowctl limits`).
+	// Base is the theoretical arrival time the writer read (TAT of the entry before).
+	Base time.Time `json:"base"`
+	// Limit and Per are the writer's rate: its interval is Per/Limit.
 	Limit int           `json:"limit"`
 	Per   time.Duration `json:"per"`
+}
+
+// At is the moment the entry's writer reserved: max(Base, created), created its write's
+// time on the server.
+func (c Cell) At(created time.Time) time.Time {
+	if c.Base.After(created) {
+		return c.Base
+	}
+	return created
+}
+
+// TAT is the next start's earliest moment after the entry: its writer's moment plus its
+// interval.
+func (c Cell) TAT(created time.Time) time.Time {
+	if c.Limit <= 0 || c.Per <= 0 {
+		return time.Time{}
+	}
+	return c.At(created).Add(c.Per / time.Duration(c.Limit))
 }
 
 // Slack is how late after its reserved moment a start may still go: min(100ms, per/10).
@@ -119,71 +139,95 @@ func (l *Limiter) Waiters() []Waiter {
 	return out
 }
 
-// Next is the moment a start reserved now would get, given a key's cell: max(TAT, now).
-func Next(c Cell, now time.Time) time.Time {
-	if c.TAT.After(now) {
-		return c.TAT
-	}
-	return now
+// reservation is a moment reserved: At on the server's clock (this node's in Local
+// mode); Wait is how long after Taken (this node's clock, when the write was
+// acknowledged) that is.
+type reservation struct {
+	At    time.Time
+	Taken time.Time
+	Wait  time.Duration
 }
 
-// Reserve takes the key's next moment: it returns when the start may go. Conflicts
-// with other nodes' reservations are retried at once; any other failure with backoff,
-// until ctx ends.
-func (l *Limiter) Reserve(ctx context.Context, r workflow.RateLimit) (time.Time, error) {
+// Reserve takes the key's next moment. Conflicts with other nodes' reservations are
+// retried at once; any other failure with backoff, until ctx ends.
+func (l *Limiter) Reserve(ctx context.Context, r workflow.RateLimit) (reservation, error) {
 	st := l.StatsOf(r.Key)
 	if l.cfg.Local {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		at := Next(Cell{TAT: l.local[r.Key]}, l.clock.Now())
+		now := l.clock.Now()
+		at := Cell{Base: l.local[r.Key]}.At(now)
 		l.local[r.Key] = at.Add(r.Interval())
-		return at, nil
+		return reservation{At: at, Taken: now, Wait: at.Sub(now)}, nil
 	}
 	for attempt := 0; ; attempt++ {
-		at, err := l.reserveOnce(ctx, r)
+		res, err := l.reserveOnce(ctx, r)
 		switch {
 		case err == nil:
-			return at, nil
+			return res, nil
 		case ctx.Err() != nil:
-			return time.Time{}, context.Cause(ctx)
-		case errors.Is(err, port.ErrWrongRevision) || errors.Is(err, port.ErrKeyExists):
+			return reservation{}, context.Cause(ctx)
+		case errors.Is(err, errOvertaken) || errors.Is(err, port.ErrWrongRevision) || errors.Is(err, port.ErrKeyExists):
 			st.Conflicts.Add(1)
 			continue
 		}
 		l.log.Warn("rate limit: reservation failed; trying again", "key", r.Key, "err", err)
 		select {
 		case <-ctx.Done():
-			return time.Time{}, context.Cause(ctx)
+			return reservation{}, context.Cause(ctx)
 		case <-l.clock.After(backoff.Policy{Base: 20 * time.Millisecond, Cap: time.Second}.Delay(min(attempt, 10))):
 		}
 	}
 }
 
-func (l *Limiter) reserveOnce(ctx context.Context, r workflow.RateLimit) (time.Time, error) {
-	var cell Cell
+// errOvertaken: another start's reservation was written right after this one's, before
+// its read-back; this one's moment (which needs its own write's stamp) is not known,
+// and it is given up (a gap: never a start too many).
+var errOvertaken = errors.New("rates: overtaken before the read-back")
+
+// reserveOnce reads the key's entry, writes the next one on its revision (its Base the
+// read entry's TAT), and reads its own write back for the server's stamp.
+func (l *Limiter) reserveOnce(ctx context.Context, r workflow.RateLimit) (reservation, error) {
+	var base time.Time
 	e, err := l.cfg.KV.Latest(ctx, r.Key)
 	switch {
 	case errors.Is(err, port.ErrKeyNotFound):
 	case err != nil:
-		return time.Time{}, err
+		return reservation{}, err
 	case e.Op == port.OpPut:
-		if err := json.Unmarshal(e.Value, &cell); err != nil {
+		var c Cell
+		if err := json.Unmarshal(e.Value, &c); err != nil {
 			// A broken cell paces from now: the write below mends it.
 			l.log.Warn("rate limit: the key's cell is unreadable; pacing from now", "key", r.Key, "err", err)
-			cell = Cell{}
+		} else {
+			base = c.TAT(e.Created)
 		}
 	}
-	at := Next(cell, l.clock.Now())
-	next, err := json.Marshal(Cell{TAT: at.Add(r.Interval()), Limit: r.Limit, Per: time.Duration(r.Per)})
+	next := Cell{Base: base.UTC(), Limit: r.Limit, Per: time.Duration(r.Per)}
+	raw, err := json.Marshal(next)
 	if err != nil {
-		return time.Time{}, err
+		return reservation{}, err
 	}
+	var rev uint64
 	if e.Revision == 0 {
-		_, err = l.cfg.KV.Create(ctx, r.Key, next)
+		rev, err = l.cfg.KV.Create(ctx, r.Key, raw)
 	} else {
-		_, err = l.cfg.KV.Update(ctx, r.Key, next, e.Revision)
+		rev, err = l.cfg.KV.Update(ctx, r.Key, raw, e.Revision)
 	}
-	return at, err
+	if err != nil {
+		return reservation{}, err
+	}
+	taken := l.clock.Now()
+	mine, err := l.cfg.KV.Latest(ctx, r.Key)
+	switch {
+	case err != nil:
+		// Written, and its moment unknown: given up, as a gap.
+		return reservation{}, err
+	case mine.Revision != rev:
+		return reservation{}, errOvertaken
+	}
+	at := next.At(mine.Created)
+	return reservation{At: at, Taken: taken, Wait: at.Sub(mine.Created)}, nil
 }
 
 // Wait reserves a moment for w's start and waits for it; it returns nil when the start
@@ -203,18 +247,19 @@ func (l *Limiter) Wait(ctx context.Context, r workflow.RateLimit, w Waiter) erro
 	st := l.StatsOf(r.Key)
 	defer func() { st.WaitNanos.Add(int64(l.clock.Since(w.Since))) }()
 	for {
-		at, err := l.Reserve(ctx, r)
+		res, err := l.Reserve(ctx, r)
 		if err != nil {
 			return err
 		}
-		if d := at.Sub(l.clock.Now()); d > 0 {
+		due := res.Taken.Add(res.Wait)
+		if d := due.Sub(l.clock.Now()); d > 0 {
 			select {
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			case <-l.clock.After(d):
 			}
 		}
-		if late := l.clock.Since(at); late > Slack(r) {
+		if late := l.clock.Since(due); late > Slack(r) {
 			st.Late.Add(1)
 			l.log.Info("rate limit: woke past the reserved moment; reserving again", "key", r.Key, "late", late)
 			continue
@@ -229,9 +274,11 @@ type Rate struct {
 	Key   string
 	Limit int
 	Per   time.Duration
-	// Reserved counts the starts reserved and not yet due: (TAT-now)/interval.
+	// Reserved counts the starts reserved and not yet due: (TAT-now)/interval, by this
+	// node's clock (for people: nothing decides by it).
 	Reserved int
-	// Next is when a start reserved now would go.
+	// Next is the key's TAT (on the server's clock): a start reserved now goes then, or
+	// at once if it is past.
 	Next time.Time
 }
 
@@ -252,8 +299,8 @@ func (l *Limiter) List(ctx context.Context) ([]Rate, error) {
 		if json.Unmarshal(e.Value, &c) != nil || c.Limit <= 0 || c.Per <= 0 {
 			continue
 		}
-		r := Rate{Key: k, Limit: c.Limit, Per: c.Per, Next: Next(c, now)}
-		if ahead := c.TAT.Sub(now); ahead > 0 {
+		r := Rate{Key: k, Limit: c.Limit, Per: c.Per, Next: c.TAT(e.Created)}
+		if ahead := r.Next.Sub(now); ahead > 0 {
 			r.Reserved = int(ahead / (c.Per / time.Duration(c.Limit)))
 		}
 		out = append(out, r)
