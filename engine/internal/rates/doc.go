@@ -12,12 +12,11 @@
 // acknowledgement. Reservations are therefore spaced by the interval whichever node
 // made them, whatever the nodes' clocks say, across any failover of flow's leader (the
 // entry is replicated state; no flow leader holds it). A start that woke past its
-// moment's slack (a paused process, a node that slept) does not go: it reserves again,
-// behind the others.
+// moment's slack, counting its write's round trip (a paused process, a node that
+// slept, a slow path to the bucket), does not go: it reserves again, behind the others.
 //
 // The guarantee, with slack = min(100ms, per/10): in any window of length per, at most
-// limit + 1 + limit·slack/per starts go (1.1·limit + 1 at most), plus what a round
-// trip's delay between the write and its acknowledgement shifts. The one clock is the
+// limit + 1 + limit·slack/per starts go (1.1·limit + 1 at most). The one clock is the
 // bucket's leader's: when JetStream moves the bucket's leadership to a server whose
 // clock differs by d, the starts around that move may be d closer.
 //

@@ -146,6 +146,9 @@ type reservation struct {
 	At    time.Time
 	Taken time.Time
 	Wait  time.Duration
+	// RTT is the write's round trip: the server stamped it up to that long before Taken,
+	// so a start that goes Wait after Taken may be that much past its moment.
+	RTT time.Duration
 }
 
 // Reserve takes the key's next moment. Conflicts with other nodes' reservations are
@@ -209,6 +212,7 @@ func (l *Limiter) reserveOnce(ctx context.Context, r workflow.RateLimit) (reserv
 		return reservation{}, err
 	}
 	var rev uint64
+	sent := l.clock.Now()
 	if e.Revision == 0 {
 		rev, err = l.cfg.KV.Create(ctx, r.Key, raw)
 	} else {
@@ -227,7 +231,7 @@ func (l *Limiter) reserveOnce(ctx context.Context, r workflow.RateLimit) (reserv
 		return reservation{}, errOvertaken
 	}
 	at := next.At(mine.Created)
-	return reservation{At: at, Taken: taken, Wait: at.Sub(mine.Created)}, nil
+	return reservation{At: at, Taken: taken, Wait: at.Sub(mine.Created), RTT: taken.Sub(sent)}, nil
 }
 
 // Wait reserves a moment for w's start and waits for it; it returns nil when the start
@@ -259,7 +263,9 @@ func (l *Limiter) Wait(ctx context.Context, r workflow.RateLimit, w Waiter) erro
 			case <-l.clock.After(d):
 			}
 		}
-		if late := l.clock.Since(due); late > Slack(r) {
+		// Late by as much as it woke after its moment, and by as much as its write's
+		// stamp may precede the acknowledgement it counts from.
+		if late := max(l.clock.Since(due), 0) + max(res.RTT, 0); late > Slack(r) {
 			st.Late.Add(1)
 			l.log.Info("rate limit: woke past the reserved moment; reserving again", "key", r.Key, "late", late)
 			continue

@@ -150,6 +150,7 @@ func (c *simClient) start() {
 				c.signalStarts()
 				c.events()
 				c.labelled()
+				c.rated()
 				if s.cfg.Hold {
 					c.releaseAt(s.cfg.Release)
 				}
@@ -378,6 +379,45 @@ func (c *simClient) labelled() {
 				priority := []int{-5, 0, 5}[s.label.IntN(3)] // issue 39's priorities ride on these runs
 				c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
 					c.startGiven("fin", client.StartOptions{ID: id, Priority: &priority})
+				})
+			}
+		})
+	}
+	apply()
+}
+
+// rated applies the workflow "wallet" (rate_limit on its step pay), again a second
+// later while the cluster version is below 3, then starts the runs w1.. within a second
+// of each other: their pays contend for the wallet's rate from several nodes.
+func (c *simClient) rated() {
+	s := c.s
+	if s.cfg.RatedRuns == 0 {
+		return
+	}
+	var apply func()
+	apply = func() {
+		c.call("apply wallet", "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.ApplyWorkflow(ctx, "wallet.yaml", []byte(walletWorkflow))
+			return err
+		}, func(err error) {
+			if err != nil && strings.Contains(err.Error(), "rate_limit needs cluster version") {
+				if s.now.Before(T0.Add(s.cfg.FaultsFor + 15*time.Second)) {
+					c.later(time.Second, apply)
+				} else {
+					s.tracef("cl", "wallet not applied: the cluster version stays below 3")
+				}
+				return
+			}
+			if err != nil {
+				s.fail("sim", "apply wallet: %v", err)
+				return
+			}
+			at := time.Duration(s.rate.Int64N(int64(s.cfg.SubmitIn)))
+			for i := 1; i <= s.cfg.RatedRuns; i++ {
+				id := fmt.Sprintf("w%d", i)
+				s.walletRuns[id] = true
+				c.later(at+time.Duration(s.rate.Int64N(int64(time.Second))), func() {
+					c.startGiven("wallet", client.StartOptions{ID: id})
 				})
 			}
 		})
@@ -683,6 +723,22 @@ steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a], runs_on: [finance]}
 `
+
+// The wallet workflow's step pay is paced by the rate limit simwallet (issue 39's
+// rate_limit): walletItems pays a run, three at once, walletLimit a second across the
+// cluster (invariant "rate").
+const (
+	walletItems = 6
+	walletLimit = 4
+)
+
+var walletWorkflow = fmt.Sprintf(`name: wallet
+max_epochs: 6
+inputs:
+  items: {type: list, default: [1, 2, 3, 4, 5, 6]}
+steps:
+  - {name: pay, uses: sim, foreach: "{{ inputs.items }}", parallelism: 3, rate_limit: {key: simwallet, limit: %d, per: 1s}}
+`, walletLimit)
 
 // The alarm workflow sleeps until a time (its input). Its first step is long (items one
 // after the other) and its max_epochs 1: a run whose owners are lost twice is

@@ -79,6 +79,9 @@ func (s *Sim) startProc(p *proc) {
 		}
 		s.stats.LabelledSteps++
 	}
+	if s.walletRuns[p.in.Run] && p.in.Step == "pay" {
+		s.payStarted()
+	}
 	p.alive = true
 	n.procs[p] = struct{}{}
 	d := 10*time.Millisecond + time.Duration(s.rng.Int64N(int64(s.cfg.StepMax)))
@@ -148,5 +151,22 @@ func (s *Sim) sideEffect(n *node, p *proc) {
 	s.tracef(n.name, "side effect %s/%s[%d] by epoch %d", p.in.Run, p.in.Step, p.in.Item, p.in.Epoch)
 	if err := s.check.SideEffect(p.in.Run, p.in.Step, p.in.Item, p.in.Epoch); err != nil {
 		s.failErr(err)
+	}
+}
+
+// payStarted counts a rate-limited start now. Invariant "rate": within any second, at
+// most the rate's limit + 1 + limit·slack/per starts (engine/internal/rates: 1.1·limit
+// + 1), whichever nodes made them and whatever their clocks say.
+func (s *Sim) payStarted() {
+	s.payStarts = append(s.payStarts, s.now)
+	s.stats.PaySteps++
+	n := 0
+	for _, at := range s.payStarts {
+		if s.now.Sub(at) < time.Second {
+			n++
+		}
+	}
+	if bound := walletLimit + 1 + walletLimit/10; n > bound {
+		s.fail("rate", "%d pay starts within a second; the wallet's rate allows %d (limit %d/s)", n, bound, walletLimit)
 	}
 }

@@ -85,6 +85,12 @@ type Config struct {
 	// Drawn from a stream of their own (Sim.label), in half the seeds.
 	LabelledRuns int
 	FinanceNode  int
+	// RatedRuns are runs w1.. of the workflow "wallet", whose foreach step pay has
+	// rate_limit {key: simwallet, limit: WalletLimit, per: 1s}: started together, they
+	// run on several nodes at once, and no second of the simulation sees more pay starts
+	// than the rate allows (invariant "rate"). Drawn from a stream of their own (Sim.rate),
+	// in half the seeds.
+	RatedRuns int
 	// Skew is each node's clock offset from the simulation's (its clockwork clock's
 	// readings; durations are the same).
 	Skew       []time.Duration
@@ -186,7 +192,12 @@ type Sim struct {
 	// their IDs (invariant "label").
 	label   *rand.Rand
 	finRuns map[string]bool
-	now     time.Time
+	// rate draws the rate-limited runs (Config.RatedRuns); walletRuns are their IDs and
+	// payStarts the moments their pay processes started (invariant "rate").
+	rate       *rand.Rand
+	walletRuns map[string]bool
+	payStarts  []time.Time
+	now        time.Time
 
 	in     inbox
 	q      eventQueue
@@ -252,6 +263,8 @@ type Stats struct {
 	// LabelledSteps: step processes of runs that need the finance label, each on the
 	// finance node (invariant "label").
 	LabelledSteps int
+	// PaySteps: rate-limited step processes (invariant "rate").
+	PaySteps int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.
@@ -298,6 +311,14 @@ func New(seed uint64, sw Switches) *Sim {
 	// One node runs them all: liveness allows for them one after the other.
 	s.cfg.Settle += time.Duration(s.cfg.LabelledRuns) * 2 * s.cfg.StepMax
 	s.finRuns = map[string]bool{}
+	s.rate = rand.New(rand.NewPCG(seed^0xd6e8feb86659fd93, seed))
+	s.cfg.RatedRuns = []int{0, 0, 3, 5}[s.rate.IntN(4)]
+	if s.cfg.OldNode >= 0 && s.cfg.Upgrade == 0 {
+		s.cfg.RatedRuns = 0 // rate_limit needs cluster version 3 too
+	}
+	// Their pays go at the wallet's rate, one after the other.
+	s.cfg.Settle += time.Duration(s.cfg.RatedRuns*walletItems) * time.Second / walletLimit
+	s.walletRuns = map[string]bool{}
 	return s
 }
 

@@ -259,6 +259,7 @@ var controls = []control{
 	{"signal-start apart", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.SignalStartApart.Store(true) })}, []string{"sws"}, 1},
 	{"trigger ID per delivery", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.TriggerIDPerDelivery.Store(true) })}, []string{"event"}, 3},
 	{"labels off", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.LabelsOff.Store(true) })}, []string{"label"}, 6},
+	{"rates local", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.RatesLocal.Store(true) })}, []string{"rate"}, 2},
 }
 
 // hooks is a Hooks with set applied: the engine-level switches are atomics, set once
