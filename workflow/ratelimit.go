@@ -26,9 +26,11 @@ const (
 	MaxRateLimit = 1_000_000
 	MinRatePer   = time.Millisecond
 	MaxRatePer   = 24 * time.Hour
-	// MinRateInterval is the shortest spacing (Per/Limit) a rate may ask for: a
-	// cluster-wide bucket is a replicated write per start, it cannot pace finer.
-	MinRateInterval = 100 * time.Microsecond
+	// MinRateInterval is the shortest spacing (Per/Limit) a rate may ask for, 1000
+	// starts a second: a reservation is three round trips to one replicated entry
+	// (0.17 ms on loopback, more with contention and replicas: docs/perf.md), so a
+	// key cannot pace much finer.
+	MinRateInterval = time.Millisecond
 )
 
 // Interval is the spacing of the rate's starts: Per/Limit.
@@ -73,7 +75,7 @@ func (l *loader) rateLimit(n *yaml.Node) *RateLimit {
 		return nil
 	}
 	if r.Interval() < MinRateInterval {
-		l.fail(n, fmt.Sprintf("at most one start per %s (e.g. limit: 10000, per: 1s)", MinRateInterval), "rate_limit %d per %s is finer than the cluster can pace", r.Limit, time.Duration(r.Per))
+		l.fail(n, fmt.Sprintf("at most one start per %s (e.g. limit: 1000, per: 1s)", MinRateInterval), "rate_limit %d per %s is finer than the cluster can pace", r.Limit, time.Duration(r.Per))
 		return nil
 	}
 	return &r

@@ -20,7 +20,9 @@ import (
 
 // bucket opens the rates bucket of a fresh embedded NATS server, once per connection
 // asked for: each stands for a node.
-func buckets(t *testing.T, n int) []port.KV {
+func buckets(t *testing.T, n int) []port.KV { return benchBuckets(t, n) }
+
+func benchBuckets(t testing.TB, n int) []port.KV {
 	t.Helper()
 	srv, err := natsnode.Start(natsnode.Config{DataDir: t.TempDir(), NoSync: true})
 	if err != nil {
