@@ -150,3 +150,40 @@ func TestRunPageWaitingForALabel(t *testing.T) {
 		t.Fatalf("the page of a run waiting for a label:\n%s", page)
 	}
 }
+
+// A run one of whose steps waits for a rate limit's moment is shown waiting for the rate,
+// with the key and the step.
+func TestRunPageWaitingForARate(t *testing.T) {
+	n := startPeopleNode(t)
+	if err := n.e.Ops().WaitClusterVersion(ctxT(t), 3); err != nil {
+		t.Fatal(err)
+	}
+	n.apply(t, "name: paid\ninputs:\n  n: {type: list, default: [1, 2]}\nsteps:\n  - {name: pay, uses: noop, foreach: \"{{ inputs.n }}\", parallelism: 1, rate_limit: {key: wallet, limit: 1, per: 1h}}\n")
+	if _, err := n.e.StartRun(ctxT(t), "paid", nil, engine.RunOptions{ID: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	// The wait is seen from the node's report (every 5 s), not from a state change: poll.
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r, err := n.e.API().Run("p1")
+		if err == nil && r.Waiting != nil && r.Waiting.Kind == client.WaitRate {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("p1 never shown waiting for its rate: %+v %v", r, err)
+		}
+		<-tick.C
+	}
+	c := browser(t)
+	if code, _ := post(t, c, n.srv.URL+"/ui/login", url.Values{"user": {"vera"}, "password": {"v-pw"}, "next": {"/ui/"}}, nil); code != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d", code)
+	}
+	if _, page := get(t, c, n.srv.URL+"/ui/runs/p1"); !strings.Contains(page, "for the rate limit <b>wallet</b>: step pay waits") {
+		t.Fatalf("the page of a run waiting for a rate:\n%s", page)
+	}
+	if err := n.e.Cancel(ctxT(t), "p1", "enough"); err != nil {
+		t.Fatal(err)
+	}
+}
