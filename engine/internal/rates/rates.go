@@ -183,9 +183,9 @@ func (l *Limiter) Reserve(ctx context.Context, r workflow.RateLimit) (reservatio
 	}
 }
 
-// errOvertaken: another start's reservation was written right after this one's, before
-// its read-back; this one's moment (which needs its own write's stamp) is not known,
-// and it is given up (a gap: never a start too many).
+// errOvertaken: so many reservations were written after this one's before its
+// read-back that the bucket no longer keeps it (History); its moment (which needs its
+// own write's stamp) is not known, and it is given up (a gap: never a start too many).
 var errOvertaken = errors.New("rates: overtaken before the read-back")
 
 // reserveOnce reads the key's entry, writes the next one on its revision (its Base the
@@ -222,13 +222,13 @@ func (l *Limiter) reserveOnce(ctx context.Context, r workflow.RateLimit) (reserv
 		return reservation{}, err
 	}
 	taken := l.clock.Now()
-	mine, err := l.cfg.KV.Latest(ctx, r.Key)
+	mine, err := l.cfg.KV.Revision(ctx, r.Key, rev)
 	switch {
+	case errors.Is(err, port.ErrKeyNotFound):
+		return reservation{}, errOvertaken // gone under later writes: its moment is not known
 	case err != nil:
 		// Written, and its moment unknown: given up, as a gap.
 		return reservation{}, err
-	case mine.Revision != rev:
-		return reservation{}, errOvertaken
 	}
 	at := next.At(mine.Created)
 	return reservation{At: at, Taken: taken, Wait: at.Sub(mine.Created), RTT: taken.Sub(sent)}, nil

@@ -77,6 +77,10 @@ func (k kvPort) Latest(ctx context.Context, key string) (port.Entry, error) {
 	return entryOf(k.p.do(ctx, "kv.latest "+k.b.name+" "+key, nil, func() (any, error) { return k.b.latest(key) }))
 }
 
+func (k kvPort) Revision(ctx context.Context, key string, rev uint64) (port.Entry, error) {
+	return entryOf(k.p.do(ctx, "kv.revision "+k.b.name+" "+key+" "+strconv.FormatUint(rev, 10), nil, func() (any, error) { return k.b.revision(key, rev) }))
+}
+
 func (k kvPort) Keys(ctx context.Context) ([]string, error) {
 	v, err := k.p.do(ctx, "kv.keys "+k.b.name, nil, func() (any, error) { return k.b.keyList(), nil })
 	if err != nil {

@@ -2,9 +2,11 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -309,6 +311,16 @@ func (b *bucket) get(key string) (port.Entry, error) {
 		return port.Entry{Key: key, Value: e.value, Revision: e.rev, Op: port.OpPut, Created: e.created}, nil
 	}
 	return port.Entry{}, port.Wrap(port.ErrKeyNotFound, fmt.Errorf("sim: %s/%s not found", b.name, key))
+}
+
+// revision is key's write at rev (every write is kept: the simulated buckets keep their
+// whole history, a superset of what JetStream's History keeps).
+func (b *bucket) revision(key string, rev uint64) (port.Entry, error) {
+	i, found := slices.BinarySearchFunc(b.events, rev, func(e port.Entry, r uint64) int { return cmp.Compare(e.Revision, r) })
+	if !found || b.events[i].Key != key {
+		return port.Entry{}, port.Wrap(port.ErrKeyNotFound, fmt.Errorf("sim: %s/%s has no revision %d", b.name, key, rev))
+	}
+	return b.events[i], nil
 }
 
 // latest is a key's newest revision, markers included.

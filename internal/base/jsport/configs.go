@@ -74,7 +74,7 @@ func ClusterConfig(replicas int) jetstream.KeyValueConfig {
 // RatesConfig is the rate limits' bucket: one entry per key, its next moment (file
 // storage: a cluster restarted does not forget the moments it reserved ahead).
 func RatesConfig(replicas int) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{Bucket: port.RatesBucket, History: 1,
+	return jetstream.KeyValueConfig{Bucket: port.RatesBucket, History: 64, // a reservation reads its own write back after others wrote
 		Description: "flow rate limits: each key's next moment a rate-limited step may start",
 		Storage:     jetstream.FileStorage, Replicas: max(replicas, 1)}
 }

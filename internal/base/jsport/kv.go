@@ -160,7 +160,20 @@ func entryOf(e jetstream.KeyValueEntry) port.Entry {
 // than kv.Get, which on a replicated bucket may be answered by any replica with an older
 // revision (../shared/FACTS.md). Every decision made before a compare-and-set reads so.
 func (b *KV) Latest(ctx context.Context, key string) (port.Entry, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + b.cfg.Bucket + "." + key})
+	return b.msgGet(ctx, key, map[string]any{"last_by_subj": "$KV." + b.cfg.Bucket + "." + key})
+}
+
+// Revision implements port.KV: a direct read of the bucket stream's message rev through
+// its leader; ErrKeyNotFound when it is gone (the bucket keeps History revisions a key)
+// or is another key's.
+func (b *KV) Revision(ctx context.Context, key string, rev uint64) (port.Entry, error) {
+	return b.msgGet(ctx, key, map[string]any{"seq": rev})
+}
+
+// msgGet reads one message of the bucket's stream through its leader, asked by req, as
+// key's entry.
+func (b *KV) msgGet(ctx context.Context, key string, ask map[string]any) (port.Entry, error) {
+	req, _ := json.Marshal(ask)
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	resp, err := b.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+b.cfg.Bucket, req)
@@ -169,7 +182,8 @@ func (b *KV) Latest(ctx context.Context, key string) (port.Entry, error) {
 	}
 	var r struct {
 		Message *struct {
-			Seq  uint64    `json:"seq"`
+			Subject string `json:"subject"`
+			Seq     uint64 `json:"seq"`
 			Hdrs []byte    `json:"hdrs"`
 			Data []byte    `json:"data"`
 			Time time.Time `json:"time"`
@@ -191,6 +205,9 @@ func (b *KV) Latest(ctx context.Context, key string) (port.Entry, error) {
 	}
 	if r.Message == nil {
 		return port.Entry{}, fmt.Errorf("jsport: read %s/%s: empty answer", b.cfg.Bucket, key)
+	}
+	if r.Message.Subject != "$KV."+b.cfg.Bucket+"."+key {
+		return port.Entry{}, port.Wrap(port.ErrKeyNotFound, fmt.Errorf("jsport: read %s/%s: revision %d is another key's", b.cfg.Bucket, key, r.Message.Seq))
 	}
 	e := port.Entry{Key: key, Value: r.Message.Data, Revision: r.Message.Seq, Created: r.Message.Time}
 	if len(r.Message.Hdrs) > 0 {

@@ -62,6 +62,10 @@ type KV interface {
 	// lapse markers included (Op says which): the read before a compare-and-set.
 	// ErrKeyNotFound if the key was never written (or its history was purged).
 	Latest(ctx context.Context, key string) (Entry, error)
+	// Revision reads key's write at revision rev through the bucket's leader:
+	// ErrKeyNotFound if the bucket no longer keeps it (it keeps its History revisions
+	// of a key) or rev is not key's.
+	Revision(ctx context.Context, key string, rev uint64) (Entry, error)
 	// Keys lists the keys holding a value.
 	Keys(ctx context.Context) ([]string, error)
 	// Watch delivers key's changes (every key's with key ""): first the current value of

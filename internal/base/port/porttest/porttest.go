@@ -57,6 +57,7 @@ var Cases = []Case{
 	{"KVCreateOnce", kvCreateOnce},
 	{"KVUpdateAtRevision", kvUpdateAtRevision},
 	{"KVRevisionsGrowAcrossKeys", kvRevisionsGrow},
+	{"KVReadARevision", kvReadRevision},
 	{"KVConditionalDelete", kvConditionalDelete},
 	{"KVLapseLeavesAMarker", kvLapse},
 	{"KVWatchReplaysThenFollows", kvWatch},
@@ -85,6 +86,33 @@ func eventually(t T, within, step time.Duration, what string, cond func() bool) 
 			t.Fatalf("%s: not within %s", what, within)
 		}
 		time.Sleep(step)
+	}
+}
+
+// A write is read back by its revision, with its server stamp; a revision of another key
+// or none is not found (what a rate reservation's read-back relies on).
+func kvReadRevision(t T, env Env) {
+	ctx := ctxFor(t, time.Minute)
+	rev, err := env.KV.Create(ctx, "k", []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := env.KV.Put(ctx, "j", []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := env.KV.Revision(ctx, "k", rev)
+	if err != nil || string(e.Value) != "a" || e.Revision != rev || e.Key != "k" || e.Created.IsZero() {
+		t.Fatalf("revision %d of k: %+v %v", rev, e, err)
+	}
+	latest, err := env.KV.Latest(ctx, "k")
+	if err != nil || !latest.Created.Equal(e.Created) {
+		t.Fatalf("the stamp read back by revision %v differs from the latest's %v (%v)", e.Created, latest.Created, err)
+	}
+	for _, r := range []uint64{other, other + 100} {
+		if _, err := env.KV.Revision(ctx, "k", r); !errors.Is(err, port.ErrKeyNotFound) {
+			t.Fatalf("revision %d of k (j's, or none): %v; want ErrKeyNotFound", r, err)
+		}
 	}
 }
 
