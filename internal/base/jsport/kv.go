@@ -182,11 +182,11 @@ func (b *KV) msgGet(ctx context.Context, key string, ask map[string]any) (port.E
 	}
 	var r struct {
 		Message *struct {
-			Subject string `json:"subject"`
-			Seq     uint64 `json:"seq"`
-			Hdrs []byte    `json:"hdrs"`
-			Data []byte    `json:"data"`
-			Time time.Time `json:"time"`
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
 			Code    int    `json:"code"`
