@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,8 +34,9 @@ type labelView struct {
 	ok bool
 	// sets are the labels of each live node.
 	sets [][]string
-	// waits are the steps the live nodes reported waiting for a rate's moment, by run.
-	waits map[string]rateWaitAt
+	// waits are the steps the live nodes reported waiting for a rate's moment, oldest
+	// first.
+	waits []rateWaitAt
 }
 
 // rateWaitAt is a rate wait as a node reported it.
@@ -59,15 +61,19 @@ func (v *labelView) live() ([][]string, bool) {
 		return v.sets, v.ok
 	}
 	sets := make([][]string, 0, len(live))
-	waits := map[string]rateWaitAt{}
+	var waits []rateWaitAt
 	for node, r := range live {
 		sets = append(sets, r.Labels)
 		for _, w := range r.RateWaits {
-			if have, ok := waits[w.Run]; !ok || w.Since.Before(have.Since) {
-				waits[w.Run] = rateWaitAt{w, node}
-			}
+			waits = append(waits, rateWaitAt{w, node})
 		}
 	}
+	slices.SortFunc(waits, func(a, b rateWaitAt) int {
+		if c := a.Since.Compare(b.Since); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Run+"/"+a.Step, b.Run+"/"+b.Step)
+	})
 	v.sets, v.waits, v.at, v.ok = sets, waits, now, true
 	return sets, true
 }

@@ -44,9 +44,13 @@ func (e *Engine) rateWaiting(r *checkpoint.Run) *client.Waiting {
 	}
 	e.labels.live()
 	e.labels.mu.Lock()
-	w, ok := e.labels.waits[r.ID]
+	i := slices.IndexFunc(e.labels.waits, func(w rateWaitAt) bool { return w.Run == r.ID }) // its oldest
+	var w rateWaitAt
+	if i >= 0 {
+		w = e.labels.waits[i]
+	}
 	e.labels.mu.Unlock()
-	if !ok {
+	if i < 0 {
 		return nil
 	}
 	return &client.Waiting{Kind: client.WaitRate, Step: w.Step, Key: w.Key, Since: ts(w.Since)}
@@ -78,12 +82,8 @@ func (e *Engine) rateUses(ctx context.Context) ([]client.RateUse, error) {
 	}
 	e.labels.live()
 	e.labels.mu.Lock()
-	waits := make([]rateWaitAt, 0, len(e.labels.waits))
-	for _, w := range e.labels.waits {
-		waits = append(waits, w)
-	}
+	waits := slices.Clone(e.labels.waits)
 	e.labels.mu.Unlock()
-	slices.SortFunc(waits, func(a, b rateWaitAt) int { return a.Since.Compare(b.Since) })
 	users := map[string][]string{}
 	wfs, err := e.store.Workflows()
 	if err != nil {

@@ -166,7 +166,7 @@ func TestRateWaitIsShown(t *testing.T) {
 		t.Fatalf("limits %+v %v", l, err)
 	}
 	w := l.Rates[0]
-	if w.Key != "wallet" || w.Limit != 1 || w.Per != "1h0m0s" || w.Reserved != 1 || len(w.Waiting) != 1 || w.Waiting[0].Run != id || !slices.Equal(w.Workflows, []string{"paid"}) {
+	if w.Key != "wallet" || w.Limit != 1 || w.Per != "1h0m0s" || w.Reserved != 1 || len(w.Waiting) != 1 || w.Waiting[0].Run != id || w.Waiting[0].Step != "pay" || !slices.Equal(w.Workflows, []string{"paid"}) {
 		t.Fatalf("rate %+v", w)
 	}
 	ma, mb := a.Metrics(ctxT(t, 5*time.Second)).Rates["wallet"], b.Metrics(ctxT(t, 5*time.Second)).Rates["wallet"]
