@@ -46,9 +46,10 @@ func (a *arrivals) most(d time.Duration) (int, int) {
 }
 
 // A rate limit of 50 a second over three real flowd processes and six runs of sixty
-// credits, sixteen at once each (the runs could go far faster): the wallet never sees
-// more than 56 requests in any second (50, plus one, plus the 10% slack the design
-// states: engine/internal/rates), and every run succeeds.
+// credits, sixteen at once each (the runs could go far faster), one node SIGSTOPped
+// for more than a lease while it paces (its runs taken over) and then continued: the
+// wallet never sees more than 56 requests in any second (50, plus one, plus the 10%
+// slack the design states: engine/internal/rates), and every run succeeds.
 //
 // The control is flowd linked with engine.ratesLocal on every node: each node paces the
 // key alone, in its memory, and the wallet sees the nodes' rates added up.
@@ -110,6 +111,31 @@ steps:
 					t.Fatal(err)
 				}
 				ids = append(ids, id)
+			}
+			count := func() int { _, n := wallet.most(time.Second); return n }
+			if !control {
+				// A worker paused past its moments (and its lease) resumes: it spends none
+				// of the moments it reserved before the pause, nor a stale lease.
+				WaitFor(t, 60*time.Second, "80 credits paid", func() bool { return count() >= 80 })
+				var owner, run string
+				WaitFor(t, 30*time.Second, "a run being paid, and its owner", func() bool {
+					for _, id := range ids {
+						var r client.Run
+						if call(t, cl, "run.get", client.Request{ID: id}, &r) == nil && (r.Status == "running" || r.Status == "waiting") && r.Owner != "" {
+							owner, run = r.Owner, id
+							return true
+						}
+					}
+					return false
+				})
+				nodes[owner].Stop()
+				before := count()
+				WaitFor(t, 60*time.Second, "the stopped owner's run taken over", func() bool {
+					var r client.Run
+					return call(t, cl, "run.get", client.Request{ID: run}, &r) == nil && r.Owner != "" && r.Owner != owner
+				})
+				nodes[owner].Cont()
+				t.Logf("%s stopped while it paid %s, continued after its run was taken over and %d more credits", owner, run, count()-before)
 			}
 			owners := map[string]bool{}
 			WaitFor(t, 120*time.Second, "every run ended", func() bool {
