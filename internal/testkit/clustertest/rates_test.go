@@ -73,19 +73,7 @@ func TestRateLimitHoldsAcrossNodes(t *testing.T) {
 			srv := &http.Server{Handler: wallet, ReadHeaderTimeout: 5 * time.Second}
 			go func() { _ = srv.Serve(ln) }()
 			t.Cleanup(func() { _ = srv.Close() })
-			url := startNATSServer(t)
-			c := &Cluster{URLs: []string{url}}
-			names := []string{"node-a", "node-b", "node-c"}
-			nodes := map[string]*Proc{}
-			for _, name := range names {
-				nodes[name] = startFlowdBin(t, c, name, bin, append([]string{"--lease-ttl", "2s"}, stepsAsTestUser()...)...)
-			}
-			logsOnFailure(t, names, nodes)
-			cl := dial(t, c)
-			WaitFor(t, 60*time.Second, "a leader, three nodes, cluster version 3", func() bool {
-				st := statusOf(t, cl)
-				return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion >= 3
-			})
+			nodes, cl, _ := threeFlowdOnOneServer(t, bin)
 			yaml := fmt.Sprintf(`name: credit
 inputs:
   n: {type: list}
@@ -178,4 +166,24 @@ steps:
 			}
 		})
 	}
+}
+
+// threeFlowdOnOneServer starts node-a, node-b and node-c of bin (lease TTL 2 s) on one
+// NATS server (at url), and waits for a leader, all three, and cluster version 3.
+func threeFlowdOnOneServer(t *testing.T, bin string) (nodes map[string]*Proc, cl *client.Client, url string) {
+	t.Helper()
+	url = startNATSServer(t)
+	c := &Cluster{URLs: []string{url}}
+	names := []string{"node-a", "node-b", "node-c"}
+	nodes = map[string]*Proc{}
+	for _, name := range names {
+		nodes[name] = startFlowdBin(t, c, name, bin, append([]string{"--lease-ttl", "2s"}, stepsAsTestUser()...)...)
+	}
+	logsOnFailure(t, names, nodes)
+	cl = dial(t, c)
+	WaitFor(t, 60*time.Second, "a leader, three nodes, cluster version 3", func() bool {
+		st := statusOf(t, cl)
+		return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion >= 3
+	})
+	return nodes, cl, url
 }

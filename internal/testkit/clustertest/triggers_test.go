@@ -43,19 +43,7 @@ func TestTriggerStartsOneRunPerMessageAcrossFailover(t *testing.T) {
 			if control {
 				bin = FlowdLinkedWith(t, "github.com/flowrun/flow/engine.triggerIDPerDelivery=1")
 			}
-			url := startNATSServer(t)
-			c := &Cluster{URLs: []string{url}}
-			names := []string{"node-a", "node-b", "node-c"}
-			nodes := map[string]*Proc{}
-			for _, name := range names {
-				nodes[name] = startFlowdBin(t, c, name, bin, append([]string{"--lease-ttl", "2s"}, stepsAsTestUser()...)...)
-			}
-			logsOnFailure(t, names, nodes)
-			cl := dial(t, c)
-			WaitFor(t, 60*time.Second, "a leader, three nodes, cluster version 3", func() bool {
-				st := statusOf(t, cl)
-				return st.Leader != "" && len(st.Nodes) == 3 && st.ClusterVersion >= 3
-			})
+			nodes, cl, url := threeFlowdOnOneServer(t, bin)
 			if err := call(t, cl, "workflow.apply", client.Request{File: "ledger.yaml", YAML: ledgerTrigger}, nil); err != nil {
 				t.Fatal(err)
 			}
