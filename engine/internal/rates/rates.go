@@ -60,6 +60,8 @@ type Waiter struct {
 	Item  int       `json:"item"`
 	Key   string    `json:"key"`
 	Since time.Time `json:"since"`
+	// Attempt tells a step's attempts apart (not reported).
+	Attempt int `json:"-"`
 }
 
 // Stats count a limiter's work per key, for metrics.
@@ -250,6 +252,7 @@ func (l *Limiter) Wait(ctx context.Context, r workflow.RateLimit, w Waiter) erro
 	}()
 	st := l.StatsOf(r.Key)
 	defer func() { st.WaitNanos.Add(int64(l.clock.Since(w.Since))) }()
+	ctx = port.WithCallTag(ctx, fmt.Sprintf("%s/%s[%d]#%d", w.Run, w.Step, w.Item, w.Attempt))
 	for {
 		res, err := l.Reserve(ctx, r)
 		if err != nil {

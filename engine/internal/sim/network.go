@@ -108,6 +108,9 @@ func (c *pcall) wait(ctx context.Context) (any, error) {
 
 // call makes a call and waits for its answer, at most defaultTimeout.
 func (p nodePorts) call(ctx context.Context, label string, data []byte, op func(answer func(any, error))) (any, error) {
+	if tag := port.CallTag(ctx); tag != "" {
+		label += " [" + tag + "]"
+	}
 	return p.start(label, data, defaultTimeout, op).wait(ctx)
 }
 

@@ -135,7 +135,7 @@ func (x *runExec) attempts(st *workflow.Step, item int, scope map[string]any) (j
 	policy := backoff.Policy{Base: time.Duration(st.Retry.InitialInterval), Cap: time.Duration(st.Retry.MaxInterval), Multiplier: st.Retry.Multiplier, NoJitter: true}
 	restarts := 0 // attempts run again after a trust-deadline stop the lease outlived
 	for attempt := 1; ; attempt++ {
-		if err := x.paced(st, item); err != nil {
+		if err := x.paced(st, item, attempt); err != nil {
 			return nil, attempt, err
 		}
 		if err := x.lease.Check(); err != nil {
@@ -435,11 +435,11 @@ func runScope(r *checkpoint.Run, wf *workflow.Workflow, epoch int64) map[string]
 // is a start the downstream sees. The wait holds the epoch's worker and lease: the
 // moment is reserved, and known (docs/decisions.md, "Rate limits: a reserved moment").
 // The epoch's end ends the wait, and the lease is checked after it, before the start.
-func (x *runExec) paced(st *workflow.Step, item int) error {
+func (x *runExec) paced(st *workflow.Step, item, attempt int) error {
 	if st.RateLimit == nil || x.p.cfg.Rates == nil {
 		return nil
 	}
-	err := x.p.cfg.Rates.Wait(x.ctx, *st.RateLimit, rates.Waiter{Run: x.run.ID, Step: st.Name, Item: item})
+	err := x.p.cfg.Rates.Wait(x.ctx, *st.RateLimit, rates.Waiter{Run: x.run.ID, Step: st.Name, Item: item, Attempt: attempt})
 	if err != nil && x.ctx.Err() != nil {
 		return context.Cause(x.ctx)
 	}

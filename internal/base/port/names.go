@@ -70,3 +70,19 @@ type TermRaiser interface {
 // base64url, whose letters are all a subject token may hold (an ID's dots would split
 // it, and a person chooses IDs).
 func StepLogToken(run string) string { return base64.RawURLEncoding.EncodeToString([]byte(run)) }
+
+type callTagKey struct{}
+
+// WithCallTag names the calls made with ctx (a rate reservation's: its run, step, item
+// and attempt). JetStream ignores it; the simulation orders calls made at one moment by
+// what they ask, and two goroutines asking the same (three items reserving one key's
+// moment) are told apart by it rather than by which the Go scheduler ran first.
+func WithCallTag(ctx context.Context, tag string) context.Context {
+	return context.WithValue(ctx, callTagKey{}, tag)
+}
+
+// CallTag is ctx's call tag ("" for none).
+func CallTag(ctx context.Context) string {
+	tag, _ := ctx.Value(callTagKey{}).(string)
+	return tag
+}
