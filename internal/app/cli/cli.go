@@ -551,14 +551,16 @@ func limitsTable(w io.Writer, l client.Limits) {
 		return
 	}
 	// The rates: a step waiting for its moment holds its worker; RESERVED are the starts
-	// reserved ahead (each due an interval after the last).
+	// reserved ahead (each due an interval after the last). The waiting steps follow,
+	// one a line (a run ID alone takes a third of the width).
 	fmt.Fprintln(w, "\nRATE KEY\tRATE\tRESERVED\tWAITING\tWORKFLOWS")
 	for _, r := range l.Rates {
-		var waiting []string
+		fmt.Fprintf(w, "%s\t%d/%s\t%d\t%d\t%s\n", r.Key, r.Limit, r.Per, r.Reserved, len(r.Waiting), dash(strings.Join(r.Workflows, ",")))
+	}
+	for _, r := range l.Rates {
 		for _, x := range r.Waiting {
-			waiting = append(waiting, x.Run+"/"+x.Step+"@"+x.Node)
+			fmt.Fprintf(w, "  %s waits: %s/%s[%d] on %s\n", r.Key, x.Run, x.Step, x.Item, x.Node)
 		}
-		fmt.Fprintf(w, "%s\t%d/%s\t%d\t%s\t%s\n", r.Key, r.Limit, r.Per, r.Reserved, dash(strings.Join(waiting, ",")), dash(strings.Join(r.Workflows, ",")))
 	}
 }
 
