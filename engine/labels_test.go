@@ -49,7 +49,7 @@ func TestRunsOnWaitsForALabelledNode(t *testing.T) {
 	if _, err := b.WaitRun(ctxT(t, 30*time.Second), id); err != nil {
 		t.Fatal(err)
 	}
-	v, err := a.Run(id)
+	v, err := b.Run(id) // node-b's state, where WaitRun saw it end (node-a may not have applied it yet)
 	if err != nil || v.Run.Status != "succeeded" {
 		t.Fatalf("run %+v %v", v, err)
 	}
