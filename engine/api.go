@@ -59,22 +59,22 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if err := e.checkChildLoop(w); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrBadInput, file, err)
 	}
-	if w.Priority != 0 || len(w.Labels()) > 0 || len(w.RateLimits()) > 0 {
-		_ = e.flowControlVersion(ctx) // refused below if the version does not come in time
+	// What a node of an older release would ignore (a run taken by a node without the
+	// labels, a step started unpaced, admission by submission only) needs every node on
+	// this release: cluster version 3.
+	var needs3 []string
+	if w.Priority != 0 {
+		needs3 = append(needs3, "priority")
 	}
-	if w.Priority != 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
-		return nil, fmt.Errorf("%w: %s: priority needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
-			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	if len(w.Labels()) > 0 {
+		needs3 = append(needs3, "runs_on")
 	}
-	if labels := w.Labels(); len(labels) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
-		// A node of an older release ignores runs_on and would take the run anyway.
-		return nil, fmt.Errorf("%w: %s: runs_on needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
-			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	if len(w.RateLimits()) > 0 {
+		needs3 = append(needs3, "rate_limit")
 	}
-	if len(w.RateLimits()) > 0 && e.store.ClusterVersion() < checkpoint.LogFormatFlowControl {
-		// A node of an older release ignores rate_limit and would start the step unpaced.
-		return nil, fmt.Errorf("%w: %s: rate_limit needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
-			ErrBadInput, file, checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
+	if len(needs3) > 0 && !e.flowControlVersion(ctx) {
+		return nil, fmt.Errorf("%w: %s: %s needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
+			ErrBadInput, file, needs3[0], checkpoint.LogFormatFlowControl, e.store.ClusterVersion())
 	}
 	spec, err := json.Marshal(w)
 	if err != nil {

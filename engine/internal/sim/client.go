@@ -353,34 +353,43 @@ func (c *simClient) labelled() {
 	if s.cfg.LabelledRuns == 0 {
 		return
 	}
+	c.applyAtVersion3("fin", finWorkflow, "runs_on", time.Second, func() {
+		for i := 1; i <= s.cfg.LabelledRuns; i++ {
+			id := fmt.Sprintf("f%d", i)
+			s.finRuns[id] = true
+			priority := []int{-5, 0, 5}[s.label.IntN(3)] // issue 39's priorities ride on these runs
+			c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
+				c.startGiven("fin", client.StartOptions{ID: id, Priority: &priority})
+			})
+		}
+	})
+}
+
+// applyAtVersion3 applies workflow wf (src), which needs cluster version 3 for what
+// (runs_on, rate_limit), again every retry while the version is below 3, until a while
+// after the faults (a hold whose release was lost keeps the version at 1 for good, and
+// the seed then has none of those runs); applied, it calls then.
+func (c *simClient) applyAtVersion3(wf, src, what string, retry time.Duration, then func()) {
+	s := c.s
 	var apply func()
 	apply = func() {
-		c.call("apply fin", "ops", func(ctx context.Context, api *engine.API) error {
-			_, err := api.ApplyWorkflow(ctx, "fin.yaml", []byte(finWorkflow))
+		c.call("apply "+wf, "ops", func(ctx context.Context, api *engine.API) error {
+			_, err := api.ApplyWorkflow(ctx, wf+".yaml", []byte(src))
 			return err
 		}, func(err error) {
-			if err != nil && strings.Contains(err.Error(), "runs_on needs cluster version") {
-				// Until a while after the faults: a hold whose release was lost keeps
-				// the version at 1 for good, and the seed then has no labelled runs.
+			if err != nil && strings.Contains(err.Error(), what+" needs cluster version") {
 				if s.now.Before(T0.Add(s.cfg.FaultsFor + 15*time.Second)) {
-					c.later(time.Second, apply)
+					c.later(retry, apply)
 				} else {
-					s.tracef("cl", "fin not applied: the cluster version stays below 3")
+					s.tracef("cl", "%s not applied: the cluster version stays below 3", wf)
 				}
 				return
 			}
 			if err != nil {
-				s.fail("sim", "apply fin: %v", err)
+				s.fail("sim", "apply %s: %v", wf, err)
 				return
 			}
-			for i := 1; i <= s.cfg.LabelledRuns; i++ {
-				id := fmt.Sprintf("f%d", i)
-				s.finRuns[id] = true
-				priority := []int{-5, 0, 5}[s.label.IntN(3)] // issue 39's priorities ride on these runs
-				c.later(time.Duration(s.label.Int64N(int64(s.cfg.SubmitIn))), func() {
-					c.startGiven("fin", client.StartOptions{ID: id, Priority: &priority})
-				})
-			}
+			then()
 		})
 	}
 	apply()
@@ -394,26 +403,10 @@ func (c *simClient) rated() {
 	if s.cfg.RatedRuns == 0 {
 		return
 	}
-	var apply func()
-	apply = func() {
-		c.call("apply wallet", "ops", func(ctx context.Context, api *engine.API) error {
-			_, err := api.ApplyWorkflow(ctx, "wallet.yaml", []byte(walletWorkflow))
-			return err
-		}, func(err error) {
-			// (Applied 0.5 s after fin, below: two applies at one moment answer in the
-			// order the engine's goroutines end, which no replay repeats.)
-			if err != nil && strings.Contains(err.Error(), "rate_limit needs cluster version") {
-				if s.now.Before(T0.Add(s.cfg.FaultsFor + 15*time.Second)) {
-					c.later(time.Second+337*time.Millisecond, apply) // never beside fin's retries (labelled)
-				} else {
-					s.tracef("cl", "wallet not applied: the cluster version stays below 3")
-				}
-				return
-			}
-			if err != nil {
-				s.fail("sim", "apply wallet: %v", err)
-				return
-			}
+	// Half a second after fin, retried off fin's beat: two applies at one moment answer
+	// in the order the engine's goroutines end, which no replay repeats.
+	c.later(500*time.Millisecond, func() {
+		c.applyAtVersion3("wallet", walletWorkflow, "rate_limit", time.Second+337*time.Millisecond, func() {
 			at := time.Duration(s.rate.Int64N(int64(s.cfg.SubmitIn)))
 			for i := 1; i <= s.cfg.RatedRuns; i++ {
 				id := fmt.Sprintf("w%d", i)
@@ -423,8 +416,7 @@ func (c *simClient) rated() {
 				})
 			}
 		})
-	}
-	c.later(500*time.Millisecond, apply)
+	})
 }
 
 // signalStarts has one to three callers each signal-with-start the runs s1.. (of the
