@@ -86,6 +86,7 @@ func (tx *applyBatch) commit() error {
 				c.run.EndedAt = c.run.UpdatedAt
 			}
 		}
+		c.drainEnded(tx.s.hooks.NoStepDrain)
 		if c.runDirty {
 			c.run.UpdatedSeq = tx.seq
 			if err := tx.putJSON(keyRun(id), c.run); err != nil {
@@ -326,6 +327,9 @@ func (tx *applyBatch) judgeKind(idx int, e *Entry) error {
 		if herr := tx.startHandler(c, idx, e, OnDeadlineEvent); herr != nil {
 			return herr
 		}
+	}
+	if err == nil {
+		tx.settleSlots(c, e)
 	}
 	var fe *FencedError
 	switch {

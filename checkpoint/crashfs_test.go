@@ -59,7 +59,7 @@ import (
 // crashLogSeed, which accepts every kind of entry by then (checked).
 const (
 	crashLogSize = 96
-	crashLogSeed = 116
+	crashLogSeed = 45
 )
 
 // undecodable are messages the state rejects as a whole (the rejection path), put among

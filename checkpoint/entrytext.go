@@ -20,8 +20,9 @@ import (
 // version (default 1), trigger (default manual), max_tree, inputs=K:V,... (text values), handlers=EVENT:STEP,...; a child's submit (parent=RUN
 // parent_step=S parent_item=N) runs workflow wf-S unless workflow= says otherwise. A value with spaces is written in
 // double quotes. The waits' keys (wait.go): signal=NAME id=KEY data=JSON (signal);
-// approve, reject, comment=TEXT (decide); wait=signal|approval|timer name=SIGNAL
-// until=RFC3339 need=N exclude=USER not_the_starter (park); consume=SEQ (commit); park=SEQ (wake).
+// approve, reject, comment=TEXT (decide); wait=signal|approval|timer|child|concurrency
+// name=SIGNAL until=RFC3339 need=N exclude=USER not_the_starter keys=KEY:LIMIT,... (park);
+// consume=SEQ (commit); park=SEQ (wake).
 // epoch=@R is run R's current epoch; an assign without epoch= carries
 // the run's current epoch (what a scheduler reading the state writes).
 
@@ -100,7 +101,7 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 			case "comment":
 				e.Decision.Comment = v
 			}
-		case "wait", "name", "until", "need", "exclude", "not_the_starter":
+		case "wait", "name", "until", "need", "exclude", "not_the_starter", "keys":
 			if e.Wait == nil {
 				e.Wait = &Wait{}
 			}
@@ -116,6 +117,15 @@ func ParseEntryText(line string, at time.Time, epochOf func(run string) (int64, 
 				e.Wait.Need = int(n)
 			case "exclude":
 				e.Wait.Exclude = v
+			case "keys": // KEY:LIMIT,...
+				for kv := range strings.SplitSeq(v, ",") {
+					key, limit, ok := strings.Cut(kv, ":")
+					if !ok {
+						return Entry{}, fmt.Errorf("keys=%s: want KEY:LIMIT pairs, comma-separated", v)
+					}
+					n, err = strconv.ParseInt(limit, 10, 64)
+					e.Wait.Keys = append(e.Wait.Keys, SlotKey{Key: key, Limit: int(n)})
+				}
 			case "not_the_starter":
 				e.Wait.NotTheStarter, err = flagValue(v)
 			}

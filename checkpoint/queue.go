@@ -32,6 +32,10 @@ type runQueue struct {
 	// parked are the runs parked in a wait (StatusWaiting), by workflow: they hold no
 	// epoch, but they hold their concurrency keys' slots (KeyHolders).
 	parked map[string]string
+	// slotted are the runs not ended that hold or drain step slots, by workflow;
+	// slotWaits the runs parked for step slots (slots.go).
+	slotted   map[string]slotted
+	slotWaits map[string]SlotWaiter
 	// released are the last runs that stopped holding (left held and parked), in apply
 	// order: a ring of up to releasedCap, of which releases counts every one ever
 	// (Released).
@@ -87,12 +91,15 @@ func (q *runQueue) init() {
 	q.lines = map[lineKey]*line{}
 	q.held = map[string]heldRun{}
 	q.parked = map[string]string{}
+	q.slotted = map[string]slotted{}
+	q.slotWaits = map[string]SlotWaiter{}
 }
 
 // note records r's state after a change.
 func (q *runQueue) note(r *Run) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.noteSlots(r)
 	_, wasHeld := q.held[r.ID]
 	_, wasParked := q.parked[r.ID]
 	defer func() {
@@ -377,7 +384,8 @@ func (s *Store) AssignedRuns() []string {
 }
 
 // KeyHolders are the runs that hold their concurrency keys' slots by their state, sorted:
-// those holding an epoch (Held) and those parked in a wait, of the given workflows
+// those holding an epoch (Held), those parked in a wait, and those woken with their
+// step's slots (slots.go), of the given workflows
 // (engine/internal/leader keys.go; docs/checkpoint.md "Concurrency keys"); nil: of every
 // workflow.
 func (s *Store) KeyHolders(workflows map[string]bool) []string {
@@ -391,6 +399,17 @@ func (s *Store) KeyHolders(workflows map[string]bool) []string {
 	}
 	for id, wf := range s.queue.parked {
 		if workflows == nil || workflows[wf] {
+			ids = append(ids, id)
+		}
+	}
+	// A run woken with its step's slots (slots.go) keeps its workflow keys' slots too,
+	// while it waits for its next epoch: it held them parked, and the admission takes it
+	// without a key check (leader.PlanAssign). Giving them up there would let runs that
+	// hold them wait for its step's slots while it waits for theirs.
+	for id, rec := range s.queue.slotted {
+		_, held := s.queue.held[id]
+		_, parked := s.queue.parked[id]
+		if rec.holds && !held && !parked && (workflows == nil || workflows[rec.workflow]) {
 			ids = append(ids, id)
 		}
 	}

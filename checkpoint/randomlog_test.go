@@ -58,7 +58,7 @@ func everyKind() []string {
 	}
 	return append(want, "fail final", "fail not final", "cron_tick fired", "cron_tick not fired", "retry from a step",
 		"submit of a child", "submit by a message (format 3)", "commit consuming a signal", "deadline-missed of a tick", "park for signal",
-		"park for approval", "park for timer", "park for child", effectAgain, effectCascade, effectHandlers)
+		"park for approval", "park for timer", "park for child", "park for concurrency", effectAgain, effectCascade, effectHandlers)
 }
 
 // logCoverage is what applying a random log to a fresh store accepted and refused, by

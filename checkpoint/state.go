@@ -107,6 +107,11 @@ type Run struct {
 	Priority int `json:"priority,omitempty"`
 	// Waiting is what a parked run waits for (status waiting); nil otherwise.
 	Waiting *Waiting `json:"waiting,omitempty"`
+	// Slots are the step slots the run holds (slots.go): granted by the leader's wake,
+	// given back by its owner's entries. Draining are slots given back by someone else
+	// (a cancel, a retry) while an owner may still run: counted until the next claim.
+	Slots    []StepSlot `json:"slots,omitempty"`
+	Draining []StepSlot `json:"draining,omitempty"`
 	// Resume: the run woke from a park; its next epoch is not counted.
 	Resume bool `json:"resume,omitempty"`
 	// Inbox holds the run's signals in log order, consumed or not (wait.go).

@@ -129,7 +129,9 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	s.term.Store(int64(term))
 	s.clusterVersion.Store(max(int64(version), 1))
 	s.queue.init()
-	for _, st := range []RunStatus{StatusPending, StatusRunning} {
+	// Parked runs too: they hold their keys' slots, and those parked for step slots
+	// wait for the leader's grant (slots.go).
+	for _, st := range []RunStatus{StatusPending, StatusRunning, StatusWaiting} {
 		if err := s.EachRun(ListOptions{Status: st}, func(r *Run) bool {
 			s.noteQueue(r)
 			return true

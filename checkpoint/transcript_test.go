@@ -85,6 +85,7 @@ func TestTranscriptsInFormat2(t *testing.T) {
 // transcript change that moves or adds a place must say so here too.
 var guardCatches = map[string][]guardCatch{
 	"NoEpochCheck": {
+		{"slots.txt", "13.0 commit r1 pay: fenced: stale-epoch (epoch 11, run's 12)", "13.0 commit r1 pay: ok"}, // a zombie would give back the slot its run holds
 		{"complete.txt", "18.0 complete r3: fenced: stale-epoch (epoch 13, run's 15)", "18.0 complete r3: ok"},
 		{"fenced.txt", "6.0 start r1 a: fenced: stale-epoch (epoch 2, run's 4)", "6.0 start r1 a: ok"},
 		{"foreach.txt", "10.2 commit r1 b[1]: fenced: stale-epoch (epoch 2, run's 7)", "10.2 commit r1 b[1]: fenced: checkpoint-exists (epoch 2, run's 7)"},
@@ -100,6 +101,7 @@ var guardCatches = map[string][]guardCatch{
 		{"foreach.txt", "6.0 commit r1 b[2]: fenced: checkpoint-exists (epoch 2, run's 2)", "6.0 commit r1 b[2]: ok"},
 	},
 	"NoTermCheck": {
+		{"slots.txt", "8.0 wake r1 pay: rejected: stale term (term 1 < highest 2)", "8.0 wake r1 pay: ok"}, // a deposed leader grants a slot
 		{"stale-term.txt", "3.0 assign r2: rejected: stale term (term 1 < highest 2)", "3.0 assign r2: ok, epoch 3 (assigned)"},
 		{"waits.txt", "24.0 wake r4 nap: rejected: stale term (term 1 < highest 2)", "24.0 wake r4 nap: ok"},
 		{"nightly.txt", "11.0 deadline-missed d1: rejected: stale term (term 1 < highest 2)", "11.0 deadline-missed d1: ok"},
@@ -122,6 +124,7 @@ var guardCatches = map[string][]guardCatch{
 		{"waits.txt", `7.0 signal: accepted (signal go: id "k1" was applied at sequence 6; applied once)`, "7.0 signal: accepted (signal go)"},
 	},
 	"NoEarlySignals": {
+		{"slots.txt", "  signal 4 go from ann", "  epochs: 1 assigned (w1, term 1)"},
 		// The signal sent before the run reached its wait is dropped: the wait's commit
 		// finds nothing to take.
 		{"waits.txt", "4.0 commit r1 ledger: ok", "4.0 commit r1 ledger: invalid: run r1 has no signal at sequence 2"},
@@ -157,6 +160,10 @@ var guardCatches = map[string][]guardCatch{
 	"NoParkCheck": {
 		// A wake of the run's earlier park ends its later one, hours before that one's time.
 		{"waits.txt", `32.0 wake r5 s1: conflict: wake of run r5 (status waiting, epoch 30): the run is not parked at sequence 28 on step "s1"`, "32.0 wake r5 s1: ok"},
+	},
+	"NoStepDrain": {
+		// A cancel while the owner may still run the step frees its slots at once.
+		{"slots.txt", "  draining slot acct-x of step pay (limit 1), granted at seq 16", "  epochs: 15 assigned (w1, term 2); 16 resumed (w1, term 2)"},
 	},
 	"NoHandlerOnce": {
 		// The failed run's missed deadline starts its on_failure handler a second time.
@@ -354,6 +361,18 @@ func (tr *transcript) handle(t *testing.T, d *datadriven.TestData) string {
 			out += ", resumed by " + st.ResumedBy
 		}
 		return out + "\n"
+	case "slots": // the runs parked for step slots, in park order, and those holding them (slots.go)
+		var b strings.Builder
+		for _, w := range tr.s.SlotWaiters() {
+			fmt.Fprintf(&b, "waits: %s step %s park %d", w.Run, w.Step, w.ParkSeq)
+			for _, k := range w.Keys {
+				fmt.Fprintf(&b, " %s:%d", k.Key, k.Limit)
+			}
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "hold: %s\n", orDash(strings.Join(tr.s.SlotHolders(), " ")))
+		fmt.Fprintf(&b, "key holders: %s\n", orDash(strings.Join(tr.s.KeyHolders(nil), " ")))
+		return b.String()
 	case "timers": // the parked runs whose timer is due at=RFC3339 (DueTimers)
 		var at string
 		d.ScanArgs(t, "at", &at)
@@ -527,10 +546,19 @@ func (tr *transcript) printRun(t *testing.T, d *datadriven.TestData, b *strings.
 		if len(w.Children) > 0 {
 			fmt.Fprintf(b, ", children %s (ended: %s)", strings.Join(w.Children, " "), orDash(strings.Join(w.Ended, " ")))
 		}
+		for _, k := range w.Keys {
+			fmt.Fprintf(b, ", key %s limit %d", k.Key, k.Limit)
+		}
 		if !w.Until.IsZero() {
 			fmt.Fprintf(b, ", until %s", w.Until.UTC().Format(time.RFC3339))
 		}
 		b.WriteString("\n")
+	}
+	for _, s := range r.Slots {
+		fmt.Fprintf(b, "  slot %s of step %s (limit %d), granted at seq %d\n", s.Key, s.Step, s.Limit, s.Seq)
+	}
+	for _, s := range r.Draining {
+		fmt.Fprintf(b, "  draining slot %s of step %s (limit %d), granted at seq %d\n", s.Key, s.Step, s.Limit, s.Seq)
 	}
 	for _, sg := range r.Inbox {
 		fmt.Fprintf(b, "  signal %d %s", sg.Seq, sg.Name)

@@ -35,6 +35,7 @@ const (
 	WaitApproval = "approval"
 	WaitTimer    = "timer"
 	WaitChild    = "child"
+	// WaitConcurrency (slots.go) is the fifth.
 )
 
 // MaxDepth bounds how deep child runs nest (a run started by a run started by ...): a
@@ -92,6 +93,9 @@ type Wait struct {
 	Role          string `json:"role,omitempty"` // for people to read: who may decide
 	// Children, for a child wait: the child runs it waits for (all must end).
 	Children []string `json:"children,omitempty"`
+	// Keys, for a concurrency wait: the step's rendered keys, granted together
+	// (slots.go).
+	Keys []SlotKey `json:"keys,omitempty"`
 }
 
 // Waiting is a parked run's wait: the park's Wait, its step, and the park's sequence.
@@ -248,8 +252,12 @@ func (e *Entry) validateWait(bad func(string, ...any) error, needsEpoch, needsSt
 			return bad("a timer wait needs its time")
 		case w.Kind == WaitChild && (len(w.Children) == 0 || len(w.Children) > MaxChildren):
 			return bad("a child wait needs its children (1 to %d)", MaxChildren)
-		case w.Kind != WaitSignal && w.Kind != WaitApproval && w.Kind != WaitTimer && w.Kind != WaitChild:
-			return bad("wait kind %q: use signal, approval, timer or child", w.Kind)
+		case w.Kind == WaitConcurrency && validSlotKeys(w.Keys) != "":
+			return bad("%s", validSlotKeys(w.Keys))
+		case w.Kind == WaitConcurrency && !w.Until.IsZero():
+			return bad("a concurrency wait has no timer")
+		case w.Kind != WaitSignal && w.Kind != WaitApproval && w.Kind != WaitTimer && w.Kind != WaitChild && w.Kind != WaitConcurrency:
+			return bad("wait kind %q: use signal, approval, timer, child or concurrency", w.Kind)
 		}
 		for _, id := range w.Children {
 			if !ident.ValidID(id) {
@@ -422,6 +430,15 @@ func (tx *applyBatch) wake(c *cachedRun, e *Entry) error {
 	r := c.run
 	if r.Status != StatusWaiting || !tx.s.hooks.NoParkCheck && (r.Waiting.Seq != e.ParkSeq || r.Waiting.Step != e.Step) {
 		return tx.conflict(c, e, "the run is not parked at sequence %d on step %q", e.ParkSeq, e.Step)
+	}
+	if r.Waiting.Kind == WaitConcurrency {
+		// The leader's grant: its term was judged before this rule, so a deposed
+		// leader's wake is refused; the park's sequence makes a second wake a conflict.
+		c.touch(e)
+		c.grantSlots(tx.seq)
+		c.wakeRun()
+		tx.detail = "slots granted"
+		return nil
 	}
 	t := r.Timers[r.Waiting.Step]
 	if t == nil {

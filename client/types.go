@@ -166,7 +166,9 @@ const (
 	WaitTimer    = "timer"
 	WaitChild    = "child"
 	// WaitConcurrency: a queued run one of whose concurrency keys is full (Key, Limit,
-	// Holders); its status is shown as waiting, its state's is pending.
+	// Holders); its status is shown as waiting, its state's is pending. Or a run parked
+	// for its step's keys (Step set too; its state's status is waiting): the leader
+	// grants them when they have room.
 	WaitConcurrency = "concurrency"
 	// WaitLabel: a run no live node can take, for it needs worker labels (runs_on) none
 	// has (Label the first, Labels all of them); its status is shown as waiting, its

@@ -72,6 +72,9 @@ func (e *Engine) ApplyWorkflow(ctx context.Context, file string, data []byte) (*
 	if len(w.RateLimits()) > 0 {
 		needs3 = append(needs3, "rate_limit")
 	}
+	if w.StepKeys() {
+		needs3 = append(needs3, "concurrency on a step")
+	}
 	if len(needs3) > 0 && !e.flowControlVersion(ctx) {
 		return nil, fmt.Errorf("%w: %s: %s needs cluster version %d (every node on this release; the cluster is at %d): finish the upgrade (flowctl cluster status), then apply it again",
 			ErrBadInput, file, needs3[0], checkpoint.LogFormatFlowControl, e.store.ClusterVersion())

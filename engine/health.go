@@ -168,7 +168,7 @@ const MaxParkedCounted = 10000
 
 // parked counts the waiting runs by what they wait for (every kind present, 0 if none).
 func (e *Engine) parked() map[string]int {
-	out := map[string]int{checkpoint.WaitSignal: 0, checkpoint.WaitApproval: 0, checkpoint.WaitTimer: 0, checkpoint.WaitChild: 0}
+	out := map[string]int{checkpoint.WaitSignal: 0, checkpoint.WaitApproval: 0, checkpoint.WaitTimer: 0, checkpoint.WaitChild: 0, checkpoint.WaitConcurrency: 0}
 	runs, _, err := e.store.ListRuns(checkpoint.ListOptions{Status: checkpoint.StatusWaiting, Limit: MaxParkedCounted})
 	if err != nil {
 		return out

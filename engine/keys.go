@@ -49,9 +49,22 @@ func (e *Engine) keyUses(queued bool) (map[string]*keyUse, bool, error) {
 			u := use(k.Key, k.Limit, r.Workflow)
 			u.holders = append(u.holders, r.ID)
 		}
+		for _, k := range r.SlotKeys() { // its steps' slots (checkpoint/slots.go)
+			u := use(k.Key, k.Limit, r.Workflow)
+			u.holders = append(u.holders, r.ID)
+		}
 	}
 	if !queued {
 		return uses, true, nil
+	}
+	for _, w := range e.store.SlotWaiters() {
+		r, err := e.store.Run(w.Run)
+		if err != nil {
+			continue
+		}
+		for _, k := range w.Keys {
+			use(k.Key, k.Limit, r.Workflow).waiting++
+		}
 	}
 	const maxQueued = 10000
 	read, complete := 0, true
@@ -83,11 +96,27 @@ func keyWaiting(r *checkpoint.Run, keys []workflow.KeyLimit, uses map[string]*ke
 	return nil
 }
 
-// showKeyWaits marks the queued runs among runs whose key is full as waiting.
+// showKeyWaits marks the queued runs among runs whose key is full as waiting, and
+// names the full key and its holders of the runs parked for a step's slots.
 func (e *Engine) showKeyWaits(out []client.Run, runs []checkpoint.Run) {
 	var uses map[string]*keyUse
 	for i := range runs {
 		r := &runs[i]
+		if w := r.Waiting; r.Status == checkpoint.StatusWaiting && w != nil && w.Kind == checkpoint.WaitConcurrency && out[i].Waiting != nil {
+			if uses == nil {
+				var err error
+				if uses, _, err = e.keyUses(false); err != nil {
+					return
+				}
+			}
+			for _, k := range w.Keys {
+				if u := uses[k.Key]; u != nil && len(u.holders) >= k.Limit {
+					out[i].Waiting.Key, out[i].Waiting.Limit, out[i].Waiting.Holders = k.Key, k.Limit, u.holders
+					break
+				}
+			}
+			continue
+		}
 		if !r.NeedsAssign() {
 			continue
 		}

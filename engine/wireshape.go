@@ -103,6 +103,10 @@ func wireWaiting(r *checkpoint.Run) *client.Waiting {
 		out.ApprovedBy, _, _ = r.Approvals(w.Step, w.Rule())
 	case checkpoint.WaitChild:
 		out.Children = w.Children
+	case checkpoint.WaitConcurrency: // its first key until showKeyWaits names the full one
+		if len(w.Keys) > 0 {
+			out.Key, out.Limit = w.Keys[0].Key, w.Keys[0].Limit
+		}
 	}
 	return out
 }

@@ -419,9 +419,7 @@ func (l *loader) steps(key, n *yaml.Node, w *Workflow) {
 			case "timeout":
 				st.Timeout = l.duration(v, "timeout")
 			case "concurrency":
-				// The contract names it; a step's slot is not built yet (issue 39), and
-				// a limit silently ignored would be worse than a refused file.
-				l.fail(v, "put concurrency: {key, limit} on the workflow: a run then holds its key's slot from its start to its end", "concurrency on a step is not supported yet")
+				st.Concurrency, st.concurrencyNode = l.stepConcurrency(v), v
 			case "runs_on":
 				st.RunsOn = l.runsOn(v, "the step's")
 			case "rate_limit":

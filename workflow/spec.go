@@ -92,12 +92,16 @@ type Step struct {
 	// (Workflow.Labels).
 	RunsOn []string `json:"runs_on,omitempty"`
 	// RateLimit paces the step's attempts across the cluster (nil: unpaced).
-	RateLimit  *RateLimit `json:"rate_limit,omitempty"`
-	Line       int        `json:"line"`
-	templates  []tmplAt   // every templated string of the step, with its place
-	usesNode   *yaml.Node
-	withNode   *yaml.Node // nil when the step has no with
-	needsNodes []*yaml.Node
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+	// Concurrency are the step's keys (`concurrency: {key, limit}`): it runs only while
+	// its run holds a slot of each (concurrency.go, checkpoint/slots.go).
+	Concurrency     []KeyLimit `json:"concurrency,omitempty"`
+	concurrencyNode *yaml.Node
+	Line            int      `json:"line"`
+	templates       []tmplAt // every templated string of the step, with its place
+	usesNode        *yaml.Node
+	withNode        *yaml.Node // nil when the step has no with
+	needsNodes      []*yaml.Node
 }
 
 // tmplAt is a templated string and where it is in the file.

@@ -104,7 +104,10 @@ func TestBadWorkflows(t *testing.T) {
 		{"concurrency limit zero", "name: x\nconcurrency: {key: a, limit: 0}\n" + okSteps, 2, "out of range"},
 		{"concurrency key twice", "name: x\nconcurrency:\n  - {key: a, limit: 1}\n  - {key: a, limit: 2}\n" + okSteps, 4, "given twice"},
 		{"concurrency key empty list", "name: x\nconcurrency: []\n" + okSteps, 2, "concurrency lists 0 keys"},
-		{"concurrency on a step", "name: x\nsteps:\n  - name: a\n    uses: noop\n    concurrency: {key: a, limit: 1}\n", 5, "not supported yet"},
+		{"step concurrency a number", "name: x\nsteps:\n  - name: a\n    uses: noop\n    concurrency: 2\n", 5, "a step's concurrency must not be \"2\""},
+		{"step concurrency reads a step", "name: x\nsteps:\n  - name: a\n    uses: noop\n    concurrency: {key: \"{{ steps.a.output }}\", limit: 1}\n", 5, "can read only inputs"},
+		{"step concurrency on a wait", "name: x\nsteps:\n  - name: a\n    uses: wait\n    with: {signal: go}\n    concurrency: {key: a, limit: 1}\n", 6, "holds nothing"},
+		{"step concurrency the workflow's key", "name: x\nconcurrency: {key: a, limit: 1}\nsteps:\n  - name: a\n    uses: noop\n    concurrency: {key: a, limit: 1}\n", 6, "would wait for its own run"},
 	}
 	if len(cases) < 25 {
 		t.Fatalf("only %d bad files", len(cases))

@@ -29,6 +29,7 @@ func (l *loader) validate(w *Workflow, opts Options) {
 	}
 	l.checkWith(w, opts)
 	l.checkOutputs(w)
+	l.checkStepKeys(w)
 }
 
 // checkOutputs checks the workflow's outputs: templates that read inputs, run.id and

@@ -131,14 +131,14 @@ func (g *generator) waiting(id string, r *run) []entry {
 	case 0:
 		return []entry{g.cancel(id, r)}
 	case 1, 2, 3, 5, 6:
-		if r.waitKind != "timer" && rng.IntN(12) > 0 {
+		if r.waitKind != "timer" && r.waitKind != "concurrency" && rng.IntN(12) > 0 {
 			return []entry{g.outside(id, r)}
 		}
 		e := entry{Kind: "wake", Run: id, Term: g.term, Owner: "leader", Step: r.parkStep, Item: itemWhole, ParkSeq: r.parkSeq}
 		switch {
 		case rng.IntN(6) == 0:
 			e.ParkSeq++ // a park that is not the one the run waits on
-		case r.waitKind == "timer":
+		case r.waitKind == "timer" || r.waitKind == "concurrency": // a due timer; a grant of the step's slots
 			g.accepted = max(g.accepted, g.term)
 			g.wake(r)
 		}
@@ -271,12 +271,12 @@ func (g *generator) running(id string, r *run) []entry {
 }
 
 // park ends the owner's epoch to wait at step: for a signal, approvals (some not the
-// starter's), a timer, or the run's children; sometimes with an epoch it no longer
-// holds (fenced).
+// starter's), a timer, the run's children, or the step's concurrency slots (some with
+// a bad limit: refused); sometimes with an epoch it no longer holds (fenced).
 func (g *generator) park(id string, r *run, step, kind string) entry {
 	rng := g.rng
 	if kind == "" {
-		kind = []string{"signal", "approval", "timer", "child"}[rng.IntN(4)]
+		kind = []string{"signal", "approval", "timer", "child", "concurrency"}[rng.IntN(5)]
 	}
 	wt := &wait{Kind: kind}
 	switch wt.Kind {
@@ -297,6 +297,15 @@ func (g *generator) park(id string, r *run, step, kind string) entry {
 		}
 		if len(wt.Children) == 0 || rng.IntN(8) == 0 {
 			wt.Children = []string{id + ".nobody"} // not its child: refused
+		}
+	case "concurrency":
+		wt.Keys = []slotKey{{Key: fmt.Sprintf("acct-%d", rng.IntN(3)), Limit: 1 + rng.IntN(2)}}
+		if rng.IntN(3) == 0 {
+			wt.Keys = append(wt.Keys, slotKey{Key: "bank", Limit: 2})
+		}
+		if rng.IntN(10) == 0 {
+			wt.Keys[0].Limit = 0 // refused: invalid
+			return entry{Kind: "park", Run: id, Epoch: r.epoch, Owner: r.owner, Step: step, Item: itemWhole, Wait: wt}
 		}
 	}
 	e := entry{Kind: "park", Run: id, Epoch: r.epoch, Owner: r.owner, Step: step, Item: itemWhole, Wait: wt}

@@ -69,6 +69,13 @@ type wait struct {
 	Exclude       string    `json:"exclude,omitempty"`
 	NotTheStarter bool      `json:"not_the_starter,omitempty"`
 	Children      []string  `json:"children,omitempty"`
+	Keys          []slotKey `json:"keys,omitempty"`
+}
+
+// slotKey is a concurrency wait's key (checkpoint.SlotKey).
+type slotKey struct {
+	Key   string `json:"key"`
+	Limit int    `json:"limit"`
 }
 
 // schedule is a cron_pause's or cron_resume's content.

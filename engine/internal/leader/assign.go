@@ -73,6 +73,15 @@ func PlanAssign(st State, specs Specs, room int, opts PlanOptions) ([]*checkpoin
 			}
 		}
 		keys := RunKeys(specs, r)
+		if len(r.Slots) > 0 {
+			// Woken with its step's slots: it kept its keys' slots (it is among the
+			// holders, checkpoint.Store.KeyHolders), so it is counted already and
+			// waits for none of them.
+			if taken != nil && len(keys) > 0 {
+				taken(r.ID, keys)
+			}
+			keys = nil
+		}
 		if len(keys) > 0 {
 			if !asked && slots != nil {
 				asked = true

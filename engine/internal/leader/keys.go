@@ -66,6 +66,14 @@ type SlotView struct {
 	Unapplied bool
 	// NoDrain is the control: the state's holders alone are counted.
 	NoDrain bool
+	// StepKeys, if not nil, gives the keys a run's step slots count against, read
+	// afresh at each count: a step's owner gives its slot back while the run goes on.
+	// StepHolders are the runs not ended that hold or drain step slots
+	// (checkpoint.Store.SlotHolders): counted for those alone when nothing else counts
+	// them (a run woken with its slots, queued for its next epoch, holds its step's
+	// slots but not its workflow's keys, which it must be admitted with again).
+	StepKeys    func(run string) []workflow.KeyLimit
+	StepHolders []string
 }
 
 // slotCounter remembers, across the passes of one term, the runs that stopped holding
@@ -95,11 +103,15 @@ func newSlotCounter(termStart time.Time) *slotCounter {
 func (c *slotCounter) Count(v SlotView, keysOf func(run string) []workflow.KeyLimit) (KeyCounts, bool) {
 	if v.NoDrain { // the control: the state's holders alone, and nothing remembered
 		counts := KeyCounts{}
+		counted := map[string]bool{}
 		for _, id := range v.Holders {
+			counted[id] = true
 			for _, k := range keysOf(id) {
 				counts[k.Key]++
 			}
+			v.countSteps(counts, id)
 		}
+		v.countStepHolders(counts, counted)
 		return counts, true
 	}
 	if !v.ReleasedComplete {
@@ -140,13 +152,34 @@ func (c *slotCounter) Count(v SlotView, keysOf func(run string) []workflow.KeyLi
 		for _, k := range kl {
 			counts[k.Key]++
 		}
+		v.countSteps(counts, id)
 	}
+	v.countStepHolders(counts, counted)
 	for id := range c.keys {
 		if !counted[id] {
 			delete(c.keys, id)
 		}
 	}
 	return counts, true
+}
+
+// countSteps counts run's step slots.
+func (v SlotView) countSteps(counts KeyCounts, run string) {
+	if v.StepKeys == nil {
+		return
+	}
+	for _, k := range v.StepKeys(run) {
+		counts[k.Key]++
+	}
+}
+
+// countStepHolders counts the step slots of the step holders not counted already.
+func (v SlotView) countStepHolders(counts KeyCounts, counted map[string]bool) {
+	for _, id := range v.StepHolders {
+		if !counted[id] {
+			v.countSteps(counts, id)
+		}
+	}
 }
 
 // admitted records the keys a pass admitted run with (fresh: its inputs may have changed

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flowrun/flow/checkpoint"
 	"github.com/flowrun/flow/engine/internal/specs"
+	"github.com/flowrun/flow/internal/base/testhooks"
 	"github.com/flowrun/flow/internal/testkit/failtb"
 	"github.com/flowrun/flow/workflow"
 )
@@ -47,6 +48,10 @@ type keyWorld struct {
 	leases map[string]*modelLease
 	keyOf  map[string]string
 	runs   []string
+	// slotted are the runs of paystep (its step b holds the key, not the run); inStep
+	// those whose owner runs step b now (under the lease it holds).
+	slotted map[string]bool
+	inStep  map[string]bool
 }
 
 type modelLease struct{ made, ended time.Time }
@@ -57,23 +62,30 @@ type keyGuards struct {
 	noUnapplied bool // SlotView.Unapplied never set: count while own assigns are unapplied
 	noBarrier   bool // a new term's counter without its barrier (the term's start)
 	noTermTail  bool // a new leader does not wait for the last leader's assigns to apply
+	noStepDrain bool // Hooks.NoStepDrain: a step slot released by a cancel is free at once
 }
 
 const keyLimit = 1
 
 func newKeyWorld(t *rapid.T, dir string, guards keyGuards) *keyWorld {
-	s, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{FS: vfs.NewMem()})
+	s, err := checkpoint.OpenStore(dir, checkpoint.StoreOptions{FS: vfs.NewMem(), Hooks: &testhooks.Hooks{NoStepDrain: guards.noStepDrain}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := &keyWorld{t: t, s: s, specs: specs.New(s), slots: newSlotCounter(t0.Add(-time.Hour)), guards: guards, term: 1, now: t0,
-		asOf: t0.Add(-time.Millisecond), leases: map[string]*modelLease{}, keyOf: map[string]string{}}
-	wf, err := workflow.Load("wf.yaml", []byte(fmt.Sprintf("name: pay\nconcurrency: {key: \"{{ inputs.acct }}\", limit: %d}\nsteps:\n  - {name: a, uses: noop}\n", keyLimit)), func(string) bool { return true })
-	if err != nil {
-		t.Fatal(err)
+		asOf: t0.Add(-time.Millisecond), leases: map[string]*modelLease{}, keyOf: map[string]string{}, slotted: map[string]bool{}, inStep: map[string]bool{}}
+	for _, src := range []string{
+		fmt.Sprintf("name: pay\nconcurrency: {key: \"{{ inputs.acct }}\", limit: %d}\nsteps:\n  - {name: a, uses: noop}\n", keyLimit),
+		// The same key on a step: a step's slot and a run's exclude each other.
+		fmt.Sprintf("name: paystep\nsteps:\n  - {name: a, uses: noop}\n  - {name: b, uses: noop, needs: [a], concurrency: {key: \"{{ inputs.acct }}\", limit: %d}}\n", keyLimit),
+	} {
+		wf, err := workflow.Load("wf.yaml", []byte(src), func(string) bool { return true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, _ := json.Marshal(wf)
+		_ = w.apply(checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: "api", Workflow: &checkpoint.WorkflowDef{Name: wf.Name, Digest: wf.Digest, Spec: spec}})
 	}
-	spec, _ := json.Marshal(wf)
-	_ = w.apply(checkpoint.Entry{Kind: checkpoint.KindWorkflow, Owner: "api", Workflow: &checkpoint.WorkflowDef{Name: wf.Name, Digest: wf.Digest, Spec: spec}})
 	return w
 }
 
@@ -155,14 +167,34 @@ func (w *keyWorld) live() []string {
 	return out
 }
 
-// pass is one leader pass: count, plan, write the assigns (their applying may lag).
+// pass is one leader pass: count once, grant step slots, plan, write the wakes and
+// assigns (their applying may lag), as termServices.assignPending does.
 func (w *keyWorld) pass() {
+	var counts KeyCounts
+	counted, canCount := false, false
 	slots := func() (KeyCounts, bool) {
+		if counted {
+			return counts, canCount
+		}
+		counted = true
 		released, next, complete := w.s.Released(w.cursor)
 		w.cursor = next
-		return w.slots.Count(SlotView{Holders: w.s.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: w.live(),
-			AsOf: w.asOf, Now: w.now, Unapplied: w.behind() && !w.guards.noUnapplied, NoDrain: w.guards.noDrain},
+		counts, canCount = w.slots.Count(SlotView{Holders: w.s.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: w.live(),
+			AsOf: w.asOf, Now: w.now, Unapplied: w.behind() && !w.guards.noUnapplied, NoDrain: w.guards.noDrain,
+			StepKeys: func(id string) []workflow.KeyLimit { return slotKeys(w.s.SlotKeysOf(id)) }, StepHolders: w.s.SlotHolders()},
 			func(id string) []workflow.KeyLimit { return RunKeys(w.specs, w.run(id)) })
+		return counts, canCount
+	}
+	if waiters := w.s.SlotWaiters(); len(waiters) > 0 {
+		if c, ok := slots(); ok {
+			for _, g := range PlanGrants(waiters, c) {
+				e := GrantEntry(g)
+				e.Term, e.Owner = w.term, "leader"
+				w.unapplied = append(w.unapplied, []checkpoint.Entry{e})
+				w.written++
+				w.reliesOn = w.written
+			}
+		}
 	}
 	plan, err := PlanAssign(w.s, w.specs, 4, PlanOptions{Slots: slots, Taken: w.slots.admitted})
 	if err != nil {
@@ -176,11 +208,12 @@ func (w *keyWorld) pass() {
 	w.tick()
 }
 
-// running are the runs whose owner may be running a step now: their lease is held.
+// running are the runs whose owner may be running a keyed step now: their lease is held
+// (and, for a paystep run, its owner is in step b).
 func (w *keyWorld) running() map[string][]string {
 	byKey := map[string][]string{}
 	for _, id := range w.runs {
-		if l := w.leases[id]; l != nil && l.ended.IsZero() {
+		if l := w.leases[id]; l != nil && l.ended.IsZero() && (!w.slotted[id] || w.inStep[id]) {
 			byKey[w.keyOf[id]] = append(byKey[w.keyOf[id]], id)
 		}
 	}
@@ -208,12 +241,17 @@ func (w *keyWorld) step(t *rapid.T) {
 		id := fmt.Sprintf("r%d", len(w.runs))
 		acct := rapid.SampledFrom([]string{"a", "b"}).Draw(t, "acct")
 		in, _ := json.Marshal(map[string]string{"acct": acct})
-		if err := w.apply(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "api",
-			Submit: &checkpoint.Submit{Workflow: "pay", Version: 1, Trigger: checkpoint.TriggerManual, Inputs: in, Steps: []checkpoint.StepSpec{{Name: "a"}}}})[0]; err != nil {
+		sub := &checkpoint.Submit{Workflow: "pay", Version: 1, Trigger: checkpoint.TriggerManual, Inputs: in, Steps: []checkpoint.StepSpec{{Name: "a"}}}
+		slotted := rapid.Bool().Draw(t, "step key")
+		if slotted {
+			sub.Workflow, sub.Steps = "paystep", []checkpoint.StepSpec{{Name: "a"}, {Name: "b"}}
+		}
+		if err := w.apply(checkpoint.Entry{Kind: checkpoint.KindSubmit, Run: id, Owner: "api", Submit: sub})[0]; err != nil {
 			t.Fatalf("submit %s: %v", id, err)
 		}
 		w.runs = append(w.runs, id)
 		w.keyOf[id] = acct
+		w.slotted[id] = slotted
 	case 1, 2: // the leader's pass
 		w.pass()
 	case 3: // a worker takes an assigned run: its lease first, then its claim
@@ -229,6 +267,8 @@ func (w *keyWorld) step(t *rapid.T) {
 		if err := w.apply(checkpoint.Entry{Kind: checkpoint.KindClaim, Run: id, Epoch: r.Epoch, Owner: "w"})[0]; err != nil {
 			w.leases[id].ended = w.now // refused: the worker lets go
 			w.tick()
+		} else if w.slotted[id] && w.run(id).HoldsSlots("b", []checkpoint.SlotKey{{Key: w.keyOf[id], Limit: keyLimit}}) {
+			w.inStep[id] = true // a resumed epoch with its slot starts step b at once
 		}
 	case 4: // the owner finishes its run, and lets go of its lease
 		id, ok := pick("finish", func(r *checkpoint.Run, l *modelLease) bool {
@@ -238,6 +278,10 @@ func (w *keyWorld) step(t *rapid.T) {
 			return
 		}
 		r := w.run(id)
+		if w.slotted[id] {
+			w.stepSlotted(id, r)
+			return
+		}
 		w.apply(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: id, Epoch: r.Epoch, Owner: "w", Step: "a", Item: checkpoint.ItemWhole, Output: json.RawMessage(`{}`)})
 		w.leases[id].ended = w.now
 		w.tick()
@@ -282,6 +326,51 @@ func (w *keyWorld) step(t *rapid.T) {
 	}
 }
 
+// stepSlotted is one move of a paystep run's owner (the worker's runStep and park): it
+// commits a; at b, with the slot in its state, it runs b (inStep) and then commits b and
+// ends the run, letting go of its lease; without the slot it parks on the key and lets
+// go of its lease (the leader's grant wakes the run for a new epoch).
+func (w *keyWorld) stepSlotted(id string, r *checkpoint.Run) {
+	v, err := w.s.View(id)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	aDone := false
+	for _, st := range v.Steps {
+		if st.Name == "a" && st.Status == checkpoint.StepSucceeded {
+			aDone = true
+		}
+	}
+	letGo := func() {
+		w.inStep[id] = false
+		w.leases[id].ended = w.now
+		w.tick()
+	}
+	keys := []checkpoint.SlotKey{{Key: w.keyOf[id], Limit: keyLimit}}
+	commit := func(step string) error {
+		return w.apply(checkpoint.Entry{Kind: checkpoint.KindCommit, Run: id, Epoch: r.Epoch, Owner: "w", Step: step, Item: checkpoint.ItemWhole, Output: json.RawMessage(`{}`)})[0]
+	}
+	switch {
+	case !aDone:
+		if commit("a") != nil {
+			letGo()
+		}
+	case w.inStep[id]:
+		if commit("b") != nil {
+			letGo()
+			return
+		}
+		w.apply(checkpoint.Entry{Kind: checkpoint.KindComplete, Run: id, Epoch: r.Epoch, Owner: "w", Status: checkpoint.StatusSucceeded})
+		letGo()
+	case r.HoldsSlots("b", keys):
+		w.inStep[id] = true
+	default:
+		w.apply(checkpoint.Entry{Kind: checkpoint.KindPark, Run: id, Epoch: r.Epoch, Owner: "w", Step: "b", Item: checkpoint.ItemWhole,
+			Wait: &checkpoint.Wait{Kind: checkpoint.WaitConcurrency, Keys: keys}})
+		letGo()
+	}
+}
+
 // keysProperty is the slots' invariant over random interleavings: at no moment do more
 // runs of a key hold a lease (and so possibly run a step) than its limit, however the
 // leader's passes, the workers' takes, the owners' ends, operators' cancels of runs
@@ -320,7 +409,9 @@ func TestKeySlotsNeverExceedTheLimitInRealTime(t *testing.T) {
 //     cancelled run's (released before the term began) and starts the next run;
 //   - a new term's catch-up (Hooks.NoTermTail): a new leader whose state has not
 //     applied the last leader's final assign admits an older run of the key, queued
-//     again by a retry, beside it.
+//     again by a retry, beside it;
+//   - a step slot's drain (Hooks.NoStepDrain): a paystep run cancelled while its owner
+//     runs step b gives its slot back at once, and another run of the key starts.
 func TestKeySlotsControls(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -330,6 +421,7 @@ func TestKeySlotsControls(t *testing.T) {
 		{"unapplied off", keyGuards{noUnapplied: true}},
 		{"barrier off", keyGuards{noBarrier: true}},
 		{"term tail off", keyGuards{noTermTail: true}},
+		{"step drain off", keyGuards{noStepDrain: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			setRapidFlag(t, "rapid.checks", "5000")

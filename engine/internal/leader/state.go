@@ -20,6 +20,11 @@ type State interface {
 	HeldByWorkflow() map[string]int
 	// KeyHolders are the runs holding or parked, of the workflows given (nil: all).
 	KeyHolders(workflows map[string]bool) []string
+	// SlotWaiters are the runs parked for step slots, in park order; SlotKeysOf the
+	// keys a run's step slots count against (checkpoint/slots.go).
+	SlotWaiters() []checkpoint.SlotWaiter
+	SlotKeysOf(run string) []checkpoint.SlotKey
+	SlotHolders() []string
 	// ReleaseCursor and Released give the runs that stopped holding since a cursor.
 	ReleaseCursor() uint64
 	Released(cursor uint64) (runs []string, next uint64, complete bool)

@@ -169,9 +169,21 @@ func (t *termServices) write(ctx context.Context, entries ...checkpoint.Entry) *
 func (t *termServices) assignPending(ctx context.Context) {
 	s := t.s
 	t.readTail(ctx)
+	// One count a pass, shared by the step slots' grants and the admission of runs with
+	// keys: each sees what the other took.
+	var counts KeyCounts
+	counted, canCount := false, false
+	count := func() (KeyCounts, bool) {
+		if !counted {
+			counted = true
+			counts, canCount = t.countSlots()
+		}
+		return counts, canCount
+	}
+	t.grantSlots(ctx, count)
 	assigned, _ := s.cfg.State.Held()
 	room := s.cfg.Admission.Room(assigned)
-	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, PlanOptions{Slots: t.countSlots, Taken: t.slots.admitted, Placeable: s.cfg.Placeable,
+	runs, err := PlanAssign(s.cfg.State, s.cfg.Specs, room, PlanOptions{Slots: count, Taken: t.slots.admitted, Placeable: s.cfg.Placeable,
 		Now: s.clock.Now(), Aging: s.cfg.PriorityAging})
 	if err != nil {
 		s.log.Error("list pending runs", "err", err)
@@ -254,7 +266,8 @@ func (t *termServices) countSlots() (KeyCounts, bool) {
 	t.releasedAt = next
 	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: t.watcher.LiveRuns(),
 		AsOf: t.watcher.CaughtUpAsOf(), Now: s.clock.Now(), Unapplied: !t.tailRead && noTermTail == "" && !s.hooks.NoTermTail.Load() || s.cfg.State.Applied() < t.wrote,
-		NoDrain: s.hooks.NoSlotDrain.Load() || noSlotDrain != ""}
+		NoDrain:  s.hooks.NoSlotDrain.Load() || noSlotDrain != "",
+		StepKeys: func(id string) []workflow.KeyLimit { return slotKeys(s.cfg.State.SlotKeysOf(id)) }, StepHolders: s.cfg.State.SlotHolders()}
 	return t.slots.Count(v, func(id string) []workflow.KeyLimit {
 		r, err := s.cfg.State.Run(id)
 		if err != nil {

@@ -301,20 +301,39 @@ func (c *simClient) submitAll() {
 // submitKeyed starts the keyed runs k1.. over two accounts at times of their own stream,
 // cancels some of them a little later (often while they run: a cancel whose owner is
 // paused or cut off is what the slot's drain is for), and retries one of them later (a
-// cancelled one goes back to its first place in the queue).
+// cancelled one goes back to its first place in the queue). Half of them are of the
+// slotted workflow, whose step b holds the account's key: a step's slot and a run's of
+// one key exclude each other.
 func (c *simClient) submitKeyed() {
 	s := c.s
 	retried := false
+	var slotted []func() // the slotted runs' starts and retries, once their workflow is applied
 	for i := 1; i <= s.cfg.KeyedRuns; i++ {
 		at := time.Duration(s.keyed.Int64N(int64(s.cfg.SubmitIn)))
 		id := fmt.Sprintf("k%d", i)
 		acct := []string{"x", "y"}[s.keyed.IntN(2)]
 		s.keyOf[id] = acct
-		switch s.keyed.IntN(3) {
-		case 0:
-			c.cancelLater(id, at+time.Duration(s.keyed.Int64N(int64(4*time.Second))))
-		case 1:
-			c.stopAndCancel(id, at+time.Duration(s.keyed.Int64N(int64(2*time.Second))), 10)
+		wf := "keyed"
+		if s.keyed.IntN(2) == 0 {
+			wf = "slotted"
+			s.keyStep[id] = "b"
+		}
+		var then []func()
+		switch fault := s.keyed.IntN(3); {
+		case fault == 0 && wf == "slotted":
+			// A slotted run is stopped mid-step more often: its slot drains only then.
+			d := at + time.Duration(s.keyed.Int64N(int64(4*time.Second)))
+			then = append(then, func() { c.stopAndCancel(id, d, 40) })
+		case fault == 0:
+			d := at + time.Duration(s.keyed.Int64N(int64(4*time.Second)))
+			then = append(then, func() { c.cancelLater(id, d) })
+		case fault == 1:
+			d := at + time.Duration(s.keyed.Int64N(int64(2*time.Second)))
+			tries := 10
+			if wf == "slotted" {
+				tries = 40 // its step b, after a and a grant
+			}
+			then = append(then, func() { c.stopAndCancel(id, d, tries) })
 		}
 		// A retry puts a cancelled run back at its first place in the queue, ahead of
 		// later runs of its key (the leader's unapplied-assign and term-tail guards).
@@ -322,10 +341,31 @@ func (c *simClient) submitKeyed() {
 		// account must all end within the liveness bound.
 		if !retried && s.keyed.IntN(2) == 0 {
 			retried = true
-			c.retryLater(id, "keyed", at+2*time.Second+time.Duration(s.keyed.Int64N(int64(6*time.Second))))
+			d := at + 2*time.Second + time.Duration(s.keyed.Int64N(int64(6*time.Second)))
+			then = append(then, func() { c.retryLater(id, wf, d) })
 		}
-		c.later(at, func() { c.startGiven("keyed", client.StartOptions{ID: id, Inputs: map[string]string{"acct": acct}}) })
+		then = append(then, func() {
+			c.later(at, func() { c.startGiven(wf, client.StartOptions{ID: id, Inputs: map[string]string{"acct": acct}}) })
+		})
+		if wf == "slotted" {
+			slotted = append(slotted, then...)
+			continue
+		}
+		for _, f := range then {
+			f()
+		}
 	}
+	if len(slotted) == 0 {
+		return
+	}
+	// A step's concurrency needs cluster version 3; applied off fin's and wallet's beats.
+	c.later(250*time.Millisecond, func() {
+		c.applyAtVersion3("slotted", slottedWorkflow, "concurrency on a step", time.Second+171*time.Millisecond, func() {
+			for _, f := range slotted {
+				f()
+			}
+		})
+	})
 }
 
 // startGiven starts a run of wf under the ID opts gives: a conflict is an earlier try
@@ -496,7 +536,8 @@ func (c *simClient) deliver(i int, msg workflow.TriggerMessage, when time.Durati
 	})
 }
 
-// stopAndCancel is the slot drain's fault: when run id has a process alive (tried tries
+// stopAndCancel is the slot drain's fault: when run id has a process alive that holds its
+// account (any step of a keyed run, step b of a slotted one; tried tries
 // times, 200ms apart, from at on), its node is paused for 1.5 TTL and the run cancelled
 // meanwhile: the books close while the process runs on until its watchdog stops it.
 func (c *simClient) stopAndCancel(id string, at time.Duration, tries int) {
@@ -504,7 +545,7 @@ func (c *simClient) stopAndCancel(id string, at time.Duration, tries int) {
 	c.later(at, func() {
 		for _, n := range s.nodes {
 			for p := range n.procs {
-				if p.alive && p.in.Run == id && s.faultOn && n.alive && !n.paused {
+				if p.alive && p.in.Run == id && s.holdsKey(p.in) != "" && s.faultOn && n.alive && !n.paused {
 					s.stats.StopCancels++
 					n.pause()
 					s.after(s.cfg.TTL*3/2, n.resume)
@@ -694,6 +735,21 @@ inputs:
 steps:
   - {name: a, uses: sim}
   - {name: b, uses: sim, needs: [a]}
+`
+
+// The slotted workflow's step b holds the run's account key (a step's concurrency):
+// invariant "key" holds its process as it holds a keyed run's. Its own workflow key
+// (two runs of an account at once) is kept by a run parked for b's slot and woken with
+// it: the two keys must never wait for each other (invariant "liveness").
+var slottedWorkflow = `name: slotted
+max_epochs: 4
+concurrency: {key: "slotted-{{ inputs.acct }}", limit: 2}
+inputs:
+  acct: {type: string}
+steps:
+  - {name: a, uses: sim}
+  - {name: b, uses: sim, needs: [a], concurrency: {key: "acct-{{ inputs.acct }}", limit: 1}}
+  - {name: c, uses: sim, needs: [b]}
 `
 
 // The ledger workflow is started by messages (issue 39's on:): the run ID is the

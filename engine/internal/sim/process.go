@@ -54,18 +54,27 @@ func (n *node) stepKind(inc int) steps.Step {
 	})
 }
 
+// holdsKey is the account a process of a keyed or slotted run holds ("" if none).
+func (s *Sim) holdsKey(in steps.Input) string {
+	if step, slotted := s.keyStep[in.Run]; slotted && step != in.Step {
+		return ""
+	}
+	return s.keyOf[in.Run]
+}
+
 func (s *Sim) startProc(p *proc) {
 	n := p.n
 	if p.inc != n.inc || !n.alive {
 		p.reply <- result{err: errDead}
 		return
 	}
-	if key := s.keyOf[p.in.Run]; key != "" {
+	if key := s.holdsKey(p.in); key != "" {
 		// Invariant "key": no other run of the key has a process alive now, on any node
-		// (a paused node's processes run on until their watchdog stops them).
+		// (a paused node's processes run on until their watchdog stops them). A slotted
+		// run holds its account only in its keyed step.
 		for _, m := range s.nodes {
 			for q := range m.procs {
-				if q.alive && q.in.Run != p.in.Run && s.keyOf[q.in.Run] == key {
+				if q.alive && q.in.Run != p.in.Run && s.holdsKey(q.in) == key {
 					s.fail("key", "%s starts while %s of the same key runs (%s)", p.key, q.key, key)
 				}
 			}

@@ -180,6 +180,8 @@ type Sim struct {
 	// submitKeyed), apart from rng too: a seed without them runs as before they came.
 	keyed *rand.Rand
 	keyOf map[string]string // a keyed run's key (invariant "key")
+	// keyStep is a slotted run's keyed step: it holds its key only there.
+	keyStep map[string]string
 	// signalStart draws the signal-with-start runs (Config.SignalStarts); signalStarted
 	// are those a call said it started or signalled (invariant "sws").
 	signalStart   *rand.Rand
@@ -265,6 +267,8 @@ type Stats struct {
 	LabelledSteps int
 	// PaySteps: rate-limited step processes (invariant "rate").
 	PaySteps int
+	// SlotGrants: the leader's grants of a slotted run's step slots (invariant "key").
+	SlotGrants int
 }
 
 // Failure is a broken invariant, with the time and event it was found at.
@@ -295,6 +299,7 @@ func New(seed uint64, sw Switches) *Sim {
 	// keyed run 150 s after the faults, progressing all along.
 	s.cfg.Settle += time.Duration(s.cfg.KeyedRuns) * s.cfg.StepMax
 	s.keyOf = map[string]string{}
+	s.keyStep = map[string]string{}
 	s.signalStart = rand.New(rand.NewPCG(seed^0x2545f4914f6cdd1d, seed))
 	s.cfg.SignalStarts = []int{0, 0, 1, 2}[s.signalStart.IntN(4)]
 	s.signalStarted = map[string]bool{}

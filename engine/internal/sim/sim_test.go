@@ -260,6 +260,8 @@ var controls = []control{
 	{"trigger ID per delivery", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.TriggerIDPerDelivery.Store(true) })}, []string{"event"}, 5},
 	{"labels off", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.LabelsOff.Store(true) })}, []string{"label"}, 6},
 	{"rates local", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.RatesLocal.Store(true) })}, []string{"rate"}, 2},
+	{"no step slots", Switches{Hooks: hooks(func(h *testhooks.Hooks) { h.NoStepSlots.Store(true) })}, []string{"key"}, 1},
+	{"no step drain", Switches{Hooks: &testhooks.Hooks{NoStepDrain: true}}, []string{"key"}, 409},
 }
 
 // hooks is a Hooks with set applied: the engine-level switches are atomics, set once

@@ -389,6 +389,9 @@ func (s *Sim) observe(entries []checkpoint.Entry, verdicts []error) {
 			if s.alarms[e.Run] {
 				s.stats.UntilWakes++
 			}
+			if _, slotted := s.keyStep[e.Run]; slotted {
+				s.stats.SlotGrants++
+			}
 		case checkpoint.KindClusterVersion:
 			s.stats.Raises++
 		case checkpoint.KindSignal:

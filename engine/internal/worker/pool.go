@@ -113,6 +113,7 @@ type Stats struct {
 	StepAttempts  atomic.Int64
 	StepFailures  atomic.Int64
 	Parked        atomic.Int64 // epochs that ended parked on a wait
+	SlotWaits     atomic.Int64 // steps that asked to park for their concurrency keys' slots
 }
 
 // Pool is this node's workers: it takes tasks while a slot is free, takes the run's

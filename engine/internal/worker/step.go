@@ -67,6 +67,9 @@ func (x *runExec) runStep(st *workflow.Step) error {
 			return nil
 		}
 	}
+	if err := x.stepSlots(st, scope); err != nil {
+		return err
+	}
 	if st.Uses == steps.KindWorkflow {
 		return x.traced(st, func() error { return x.runChild(st, scope) })
 	}

@@ -115,6 +115,12 @@ func waitingLine(r client.Run) string {
 		s = fmt.Sprintf("%d child run(s) of step %s: %s", len(w.Children), w.Step, strings.Join(w.Children, ", "))
 	case client.WaitConcurrency:
 		s = fmt.Sprintf("concurrency key %q (limit %d), held by %s", w.Key, w.Limit, strings.Join(w.Holders, ", "))
+		if w.Step != "" {
+			s = fmt.Sprintf("concurrency key %q of step %s (limit %d), held by %s", w.Key, w.Step, w.Limit, strings.Join(w.Holders, ", "))
+		}
+		if len(w.Holders) == 0 { // by this node's state, the key has room: the leader's grant is on its way
+			s = strings.TrimSuffix(s, ", held by ") + ", being granted"
+		}
 	case client.WaitLabel:
 		s = fmt.Sprintf("a node with worker label %s (runs_on; no live node has it: start one with flowd --labels %s)", strings.Join(w.Labels, ", "), strings.Join(w.Labels, ","))
 	case client.WaitRate:

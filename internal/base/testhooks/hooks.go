@@ -33,6 +33,7 @@ type Hooks struct {
 	NoInboxBytes      bool `guard:"store"` // a signal is kept whatever the bytes the run's inbox holds
 	NoParkCheck       bool `guard:"store"` // a wake ends the run's current park whatever park (and step) it names
 	NoHandlerOnce     bool `guard:"store"` // a handler run starts on every accepted entry that leaves its run failed, not only on the one that failed it
+	NoStepDrain       bool `guard:"store"` // a step's slot given back by someone other than its owner (a cancel, a retry) is free at once, whatever its owner's lease
 
 	// Guards of a run lease (epoch). Both together are the seeds' scenario C: a worker
 	// without its heartbeat, which never renews and never notices it lost its lease.
@@ -76,6 +77,7 @@ type Hooks struct {
 	NoTermTail            atomic.Bool  // a new leader counts concurrency keys' slots without first applying what the last leader wrote (TestKeySlotsControls' "term tail off")
 	SignalStartApart      atomic.Bool  // signal-with-start writes the submit and the signal as two log messages (the simulation's "sws" control)
 	LabelsOff             atomic.Bool  // workers take every task, whatever runs_on its run needs (the worker labels' control)
+	NoStepSlots           atomic.Bool  // a worker runs a step with concurrency keys without holding their slots (the step slots' control)
 	RatesLocal            atomic.Bool  // each node paces rate_limit keys alone, in its memory (the shared bucket's control)
 	KeySchemeOff          atomic.Bool  // every run's http keys are run, step and item only, whatever its key scheme (TestRetryWithAnotherDatePaysItOnce's control)
 	TriggerIDPerDelivery  atomic.Bool  // a trigger's run ID also names the message's stream sequence, so it de-duplicates nothing (TestTriggers' control)

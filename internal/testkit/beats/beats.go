@@ -29,6 +29,22 @@ func Workflow(t testing.TB, name, dir string, n, limit int) string {
 		name, limit, script)
 }
 
+// StepWorkflow is a workflow named name whose step pay (after a step prep that does
+// nothing) is keyed by `concurrency: {key: "acct-{{ inputs.acct }}", limit: limit}` and
+// writes a beat to dir/beats every 20ms, n times: the step's slots, not the run's. The
+// workflow also has a key of its own, "runs-{{ inputs.acct }}" with limit+1: a run
+// parked for its step's slot keeps the workflow's, and the two never wait for each
+// other.
+func StepWorkflow(t testing.TB, name, dir string, n, limit int) string {
+	t.Helper()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $FLOW_EPOCH $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
+	return fmt.Sprintf("name: %s\nconcurrency: {key: \"runs-{{ inputs.acct }}\", limit: %d}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: prep\n    uses: noop\n  - name: pay\n    uses: exec\n    needs: [prep]\n    concurrency: {key: \"acct-{{ inputs.acct }}\", limit: %d}\n    with: {command: [sh, -c, %q]}\n",
+		name, limit+1, limit, script)
+}
+
 // Interval is the first and last beat of a run (Unix ns).
 type Interval struct{ First, Last int64 }
 

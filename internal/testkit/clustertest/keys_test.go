@@ -17,6 +17,13 @@ import (
 // step).
 func keyCluster(t *testing.T, bin, ttl string, n int, extra ...string) (*client.Client, map[string]*Proc, string) {
 	t.Helper()
+	return keyClusterOf(t, beats.Workflow, bin, ttl, n, extra...)
+}
+
+// keyClusterOf is keyCluster with the workflow "keyed" that workflowOf gives (beats'
+// Workflow: the run holds the key; StepWorkflow: its step pay does).
+func keyClusterOf(t *testing.T, workflowOf func(testing.TB, string, string, int, int) string, bin, ttl string, n int, extra ...string) (*client.Client, map[string]*Proc, string) {
+	t.Helper()
 	url := startNATSServer(t)
 	c := &Cluster{URLs: []string{url}}
 	names := []string{"node-a", "node-b", "node-c"}
@@ -31,7 +38,7 @@ func keyCluster(t *testing.T, bin, ttl string, n int, extra ...string) (*client.
 		return st.Leader != "" && len(st.Nodes) == 3
 	})
 	dir := t.TempDir()
-	if err := call(t, cl, "workflow.apply", client.Request{File: "keyed.yaml", YAML: beats.Workflow(t, "keyed", dir, n, 1)}, nil); err != nil {
+	if err := call(t, cl, "workflow.apply", client.Request{File: "keyed.yaml", YAML: workflowOf(t, "keyed", dir, n, 1)}, nil); err != nil {
 		t.Fatal(err)
 	}
 	return cl, nodes, dir
@@ -118,62 +125,13 @@ func TestKeyHoldsOneRunAtATime(t *testing.T) {
 	t.Parallel()
 	t.Run("guard", func(t *testing.T) {
 		cl, nodes, dir := keyCluster(t, filepath.Join(Binaries(t), "flowd"), "2s", 50)
-		ids := startKeyed(t, cl, 20)
-		skip := map[string]bool{}
-
-		killed, owner := beatingOffLeader(t, cl, dir, ids, skip)
-		skip[killed] = true
-		nodes[owner].Kill()
-		nodes[owner].Restart(t)
-		t.Logf("%s's owner %s SIGKILLed and restarted", killed, owner)
-
-		stopped, owner := beatingOffLeader(t, cl, dir, ids, skip)
-		skip[stopped] = true
-		nodes[owner].Stop()
-		WaitFor(t, 60*time.Second, stopped+" taken over from its paused owner", func() bool {
-			var r client.Run
-			return call(t, cl, "run.get", client.Request{ID: stopped}, &r) == nil && r.Owner != owner && len(r.Epochs) > 1
-		})
-		nodes[owner].Cont()
-		t.Logf("%s's owner %s SIGSTOPped past its lease and let go on", stopped, owner)
-
-		cancelled, owner := beatingOffLeader(t, cl, dir, ids, skip)
-		nodes[owner].Stop()
-		cancelRun(t, cl, cancelled)
-		WaitFor(t, 60*time.Second, "a run after the cancelled one beating", func() bool {
-			ivs := beats.Intervals(dir)
-			for _, id := range ids {
-				if iv, ok := ivs[id]; ok && iv.First > ivs[cancelled].Last {
-					return true
-				}
-			}
-			return false
-		})
-		nodes[owner].Cont()
-		t.Logf("%s cancelled while its owner %s was SIGSTOPped", cancelled, owner)
-
-		WaitFor(t, 180*time.Second, "every run ended", func() bool {
-			for _, id := range ids {
-				var r client.Run
-				if call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || (r.Status != "succeeded" && r.Status != "cancelled") {
-					return false
-				}
-			}
-			return true
-		})
-		ivs := beats.Intervals(dir)
-		if c := beats.Crossings(ivs, ids); len(c) > 0 {
-			t.Fatalf("runs of one key ran at once: %v", c)
-		}
-		// Nor two epochs of one run: the paused owner's step stopped at its trust
-		// deadline, before its run's next epoch began.
-		if ex := beats.Executions(dir); len(beats.Crossings(ex, beats.Keys(ex))) > 0 {
-			t.Fatalf("executions of one key ran at once: %v", beats.Crossings(ex, beats.Keys(ex)))
-		}
-		t.Logf("the shortest time between one run's last beat and the next one's first: %s", beats.ShortestGap(ivs))
-		if len(ivs) < len(ids)-1 {
-			t.Fatalf("only %d of %d runs beat: the test saw too little", len(ivs), len(ids))
-		}
+		keyFaults(t, cl, nodes, dir, startKeyed(t, cl, 20))
+	})
+	// The same faults on a step's key: the runs park at step pay for its slot (no lease,
+	// no worker) and hold it only there.
+	t.Run("guard-step-key", func(t *testing.T) {
+		cl, nodes, dir := keyClusterOf(t, beats.StepWorkflow, filepath.Join(Binaries(t), "flowd"), "2s", 50)
+		keyFaults(t, cl, nodes, dir, startKeyed(t, cl, 12))
 	})
 	t.Run("control-no-drain", func(t *testing.T) {
 		bin := FlowdLinkedWith(t, "github.com/flowrun/flow/engine/internal/leader.noSlotDrain=1")
@@ -225,4 +183,67 @@ func TestKeyHoldsOneRunAtATime(t *testing.T) {
 		ex := beats.Executions(dir)
 		t.Logf("control: %v", beats.Crossings(ex, beats.Keys(ex)))
 	})
+}
+
+// keyFaults is TestKeyHoldsOneRunAtATime's guard on runs ids of one key: a holder's node
+// SIGKILLed and restarted, another SIGSTOPped past its lease until its run is taken over,
+// a third's run cancelled while its node is SIGSTOPped; every run ends and no two runs'
+// (nor two epochs') beats cross.
+func keyFaults(t *testing.T, cl *client.Client, nodes map[string]*Proc, dir string, ids []string) {
+	t.Helper()
+	skip := map[string]bool{}
+
+	killed, owner := beatingOffLeader(t, cl, dir, ids, skip)
+	skip[killed] = true
+	nodes[owner].Kill()
+	nodes[owner].Restart(t)
+	t.Logf("%s's owner %s SIGKILLed and restarted", killed, owner)
+
+	stopped, owner := beatingOffLeader(t, cl, dir, ids, skip)
+	skip[stopped] = true
+	nodes[owner].Stop()
+	WaitFor(t, 60*time.Second, stopped+" taken over from its paused owner", func() bool {
+		var r client.Run
+		return call(t, cl, "run.get", client.Request{ID: stopped}, &r) == nil && r.Owner != owner && len(r.Epochs) > 1
+	})
+	nodes[owner].Cont()
+	t.Logf("%s's owner %s SIGSTOPped past its lease and let go on", stopped, owner)
+
+	cancelled, owner := beatingOffLeader(t, cl, dir, ids, skip)
+	nodes[owner].Stop()
+	cancelRun(t, cl, cancelled)
+	WaitFor(t, 60*time.Second, "a run after the cancelled one beating", func() bool {
+		ivs := beats.Intervals(dir)
+		for _, id := range ids {
+			if iv, ok := ivs[id]; ok && iv.First > ivs[cancelled].Last {
+				return true
+			}
+		}
+		return false
+	})
+	nodes[owner].Cont()
+	t.Logf("%s cancelled while its owner %s was SIGSTOPped", cancelled, owner)
+
+	WaitFor(t, 180*time.Second, "every run ended", func() bool {
+		for _, id := range ids {
+			var r client.Run
+			if call(t, cl, "run.get", client.Request{ID: id}, &r) != nil || (r.Status != "succeeded" && r.Status != "cancelled") {
+				return false
+			}
+		}
+		return true
+	})
+	ivs := beats.Intervals(dir)
+	if c := beats.Crossings(ivs, ids); len(c) > 0 {
+		t.Fatalf("runs of one key ran at once: %v", c)
+	}
+	// Nor two epochs of one run: the paused owner's step stopped at its trust
+	// deadline, before its run's next epoch began.
+	if ex := beats.Executions(dir); len(beats.Crossings(ex, beats.Keys(ex))) > 0 {
+		t.Fatalf("executions of one key ran at once: %v", beats.Crossings(ex, beats.Keys(ex)))
+	}
+	t.Logf("the shortest time between one run's last beat and the next one's first: %s", beats.ShortestGap(ivs))
+	if len(ivs) < len(ids)-1 {
+		t.Fatalf("only %d of %d runs beat: the test saw too little", len(ivs), len(ids))
+	}
 }
