@@ -105,7 +105,8 @@ func (o Ops) HoldClusterVersion(ctx context.Context, hold bool, by, reason strin
 	return err
 }
 
-// WaitClusterVersion waits until this node applied cluster version v (or ctx ends).
+// WaitClusterVersion waits until this node applied cluster version v (or ctx ends, or
+// the node stops: a request waiting for the version must not outlive its node).
 func (o Ops) WaitClusterVersion(ctx context.Context, v int) error {
 	e := o.e
 	for e.store.ClusterVersion() < v {
@@ -116,6 +117,8 @@ func (o Ops) WaitClusterVersion(ctx context.Context, v int) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-e.stopped:
+			return ErrNotStarted
 		case <-changed:
 		case <-time.After(time.Second):
 		}
