@@ -12,7 +12,6 @@ import (
 	"github.com/flowrun/flow/internal/base/backoff"
 	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/logstream"
-	"github.com/flowrun/flow/workflow"
 )
 
 // termServices are the leader's services for one term: the assigner (assignment,
@@ -242,39 +241,6 @@ func (t *termServices) assignAll(ctx context.Context, runs []*checkpoint.Run) {
 			s.log.Warn("task not queued; reconcile will retry", "err", err)
 		}
 	}
-}
-
-// readTail reads the log's last sequence once a term, until it has: a new leader's
-// state may not have applied the last leader's final assigns yet (their runs still look
-// queued), and counts no slot before it has (keys.go, SlotView.Unapplied).
-func (t *termServices) readTail(ctx context.Context) {
-	if t.tailRead || noTermTail != "" || t.s.hooks.NoTermTail.Load() {
-		return
-	}
-	last, err := t.s.cfg.Log.LastSeq(ctx)
-	if err != nil {
-		t.s.log.Warn("read the log's last sequence (runs with concurrency keys wait)", "err", err)
-		return
-	}
-	t.wrote, t.tailRead = max(t.wrote, last), true
-}
-
-// countSlots counts the concurrency keys' slots for a pass (keys.go).
-func (t *termServices) countSlots() (KeyCounts, bool) {
-	s := t.s
-	released, next, complete := s.cfg.State.Released(t.releasedAt)
-	t.releasedAt = next
-	v := SlotView{Holders: s.cfg.State.KeyHolders(nil), Released: released, ReleasedComplete: complete, Live: t.watcher.LiveRuns(),
-		AsOf: t.watcher.CaughtUpAsOf(), Now: s.clock.Now(), Unapplied: !t.tailRead && noTermTail == "" && !s.hooks.NoTermTail.Load() || s.cfg.State.Applied() < t.wrote,
-		NoDrain:  s.hooks.NoSlotDrain.Load() || noSlotDrain != "",
-		StepKeys: func(id string) []workflow.KeyLimit { return slotKeys(s.cfg.State.SlotKeysOf(id)) }, StepHolders: s.cfg.State.SlotHolders()}
-	return t.slots.Count(v, func(id string) []workflow.KeyLimit {
-		r, err := s.cfg.State.Run(id)
-		if err != nil {
-			return nil
-		}
-		return RunKeys(s.cfg.Specs, r)
-	})
 }
 
 func (t *termServices) assignFailed(run string, err error) {

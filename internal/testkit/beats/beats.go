@@ -21,10 +21,7 @@ import (
 // made writable by anyone: steps may run as another user.
 func Workflow(t testing.TB, name, dir string, n, limit int) string {
 	t.Helper()
-	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $FLOW_EPOCH $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
+	script := beatScript(t, dir, n)
 	return fmt.Sprintf("name: %s\nconcurrency: {key: \"acct-{{ inputs.acct }}\", limit: %d}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: pay\n    uses: exec\n    with: {command: [sh, -c, %q]}\n",
 		name, limit, script)
 }
@@ -37,12 +34,19 @@ func Workflow(t testing.TB, name, dir string, n, limit int) string {
 // other.
 func StepWorkflow(t testing.TB, name, dir string, n, limit int) string {
 	t.Helper()
+	script := beatScript(t, dir, n)
+	return fmt.Sprintf("name: %s\nconcurrency: {key: \"runs-{{ inputs.acct }}\", limit: %d}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: prep\n    uses: noop\n  - name: pay\n    uses: exec\n    needs: [prep]\n    concurrency: {key: \"acct-{{ inputs.acct }}\", limit: %d}\n    with: {command: [sh, -c, %q]}\n",
+		name, limit+1, limit, script)
+}
+
+// beatScript is the shell of a step that writes "RUN EPOCH NANOS" to dir/beats every
+// 20ms, n times; dir is made writable by anyone (steps may run as another user).
+func beatScript(t testing.TB, dir string, n int) string {
+	t.Helper()
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	script := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $FLOW_EPOCH $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
-	return fmt.Sprintf("name: %s\nconcurrency: {key: \"runs-{{ inputs.acct }}\", limit: %d}\ninputs:\n  acct: {type: string}\nsteps:\n  - name: prep\n    uses: noop\n  - name: pay\n    uses: exec\n    needs: [prep]\n    concurrency: {key: \"acct-{{ inputs.acct }}\", limit: %d}\n    with: {command: [sh, -c, %q]}\n",
-		name, limit+1, limit, script)
+	return fmt.Sprintf(`i=0; while [ $i -lt %d ]; do echo "$FLOW_RUN_ID $FLOW_EPOCH $(date +%%s%%N)" >> %s/beats; sleep 0.02; i=$((i+1)); done`, n, dir)
 }
 
 // Interval is the first and last beat of a run (Unix ns).
