@@ -200,7 +200,9 @@ func (p *partitioned) checkHealed(bTerm int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	id := fmt.Sprintf("probe-%d", p.runSeq)
+	began := time.Now()
 	err := callCtx(ctx, p.cl, "run.start", client.Request{Workflow: "probe", ID: id}, &run)
+	startTook := time.Since(began)
 	if err == nil {
 		err = callCtx(ctx, p.cl, "run.wait", client.Request{ID: id, Wait: "20s"}, &run)
 	}
@@ -212,7 +214,7 @@ func (p *partitioned) checkHealed(bTerm int64) {
 		defer gcancel()
 		var now client.Run
 		gerr := callCtx(gctx, p.cl, "run.get", client.Request{ID: id}, &now)
-		t.Fatalf("a run after the heal, node-a alone: %v, %+v; run.get now: status %q, err %v", err, run, now.Status, gerr)
+		t.Fatalf("a run after the heal, node-a alone (its start answered after %s): %v, %+v; run.get now: status %q, err %v", startTook.Round(10*time.Millisecond), err, run, now.Status, gerr)
 	}
 }
 
