@@ -16,7 +16,7 @@ import (
 )
 
 // register adds the service's endpoints and the node subscription.
-func (s *Server) register() error {
+func (s *Server) register(stopWait context.Context) error {
 	nc := s.nc
 	svc, err := micro.AddService(nc, micro.Config{Name: "flow", Version: "1.0.0",
 		Description: "flow workflow engine API"})
@@ -31,7 +31,7 @@ func (s *Server) register() error {
 		}
 		if err := svc.AddEndpoint(name, s.async(s.wrap(h), slots, wait), micro.WithEndpointSubject(client.Subject+"."+op),
 			micro.WithEndpointQueueGroup("flow-api")); err != nil {
-			s.stopRegistration(svc, nil)
+			s.stopRegistration(stopWait, svc, nil)
 			return fmt.Errorf("api: endpoint %s: %w", op, err)
 		}
 	}
@@ -40,12 +40,12 @@ func (s *Server) register() error {
 		_ = m.Respond(b)
 	})
 	if err != nil {
-		s.stopRegistration(svc, nil)
+		s.stopRegistration(stopWait, svc, nil)
 		return err
 	}
 	// A round trip: the server has every subscription before a client can ask.
 	if err := nc.Flush(); err != nil {
-		s.stopRegistration(svc, node)
+		s.stopRegistration(stopWait, svc, node)
 		return fmt.Errorf("api: %w", err)
 	}
 	s.mu.Lock()
@@ -61,7 +61,7 @@ func (s *Server) unregister() {
 	s.svc, s.node = nil, nil
 	s.mu.Unlock()
 	if svc != nil {
-		s.stopRegistration(svc, node)
+		s.stopRegistration(s.closing, svc, node)
 	}
 }
 
@@ -73,12 +73,13 @@ func (s *Server) unregister() {
 // healed partition; a CI run's probe start and run.wait lost after one). Draining while
 // connected leaves no such subscription, so the stop waits for the connection for as
 // long as it takes: the part is down meanwhile, and it could only register again once
-// connected anyway. Only Stop ends the wait (the node's connection closes after it,
-// and every subscription of a closed connection is gone from the server).
-func (s *Server) stopRegistration(svc micro.Service, node *nats.Subscription) {
+// connected anyway. Only wait's end ends it: Stop (the node's connection closes after
+// it, and every subscription of a closed connection is gone from the server), or a
+// failed first registration's bound (the node then fails to start and closes it).
+func (s *Server) stopRegistration(wait context.Context, svc micro.Service, node *nats.Subscription) {
 	s.stops.begun.Add(1)
 	defer s.stops.done.Add(1)
-	ctx, cancel := context.WithCancel(s.closing)
+	ctx, cancel := context.WithCancel(wait)
 	defer cancel()
 	if drainWaitLimit > 0 { // the control: the bounded wait of before
 		ctx, cancel = context.WithTimeout(ctx, drainWaitLimit)

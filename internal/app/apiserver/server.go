@@ -121,6 +121,10 @@ type Config struct {
 	Silence time.Duration
 }
 
+// firstStopWait bounds how long a first registration that failed waits for the
+// connection before it stops what it made: Serve then fails, and so does the node.
+const firstStopWait = 10 * time.Second
+
 // defaultSilence is Config.Silence's default.
 const defaultSilence = 4 * time.Second
 
@@ -155,7 +159,10 @@ func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) 
 	s.waitCtx, s.stopWait = context.WithCancel(context.Background())
 	s.closing, s.closeNow = context.WithCancel(context.Background())
 	// The first registration is made here, so that a node that cannot serve fails to start.
-	if err := s.register(); err != nil {
+	firstWait, cancelFirst := context.WithTimeout(s.closing, firstStopWait)
+	err := s.register(firstWait)
+	cancelFirst()
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -167,7 +174,7 @@ func serveWith(cfg Config, slots, waiting chan struct{}, perUser perUserLimits) 
 				if err := waitConnected(ctx, s.nc); err != nil {
 					return err
 				}
-				if err := s.register(); err != nil {
+				if err := s.register(s.closing); err != nil {
 					return err
 				}
 			}
