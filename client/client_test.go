@@ -529,17 +529,21 @@ func TestClusterStatus(t *testing.T) {
 	c := dial(t, n.url)
 	ctx := ctxT(t, 30*time.Second)
 	apply(t, c, "w.yaml", wfV1) // something applied
+	// The cluster's leader (the key's holder) and the node's own answer are read apart:
+	// on a busy machine the node's election part may be restarting while it still holds
+	// the key (a fresh-clone CI run with busy loops saw "election: starting"), so both
+	// are waited for.
 	var st client.ClusterStatus
-	waitFor(t, "node-a to lead", func() (bool, string) {
+	waitFor(t, "node-a to lead, and to say so", func() (bool, string) {
 		var err error
 		st, err = c.ClusterStatus(ctx)
-		return err == nil && st.Leader == "node-a", fmt.Sprintf("%+v %v", st, err)
+		return err == nil && st.Leader == "node-a" && len(st.Nodes) == 1 && st.Nodes[0].Leader, fmt.Sprintf("%+v %v", st, err)
 	})
-	if st.Term <= 0 || len(st.Nodes) != 1 {
-		t.Fatalf("cluster status %+v; want a term and one node", st)
+	if st.Term <= 0 {
+		t.Fatalf("cluster status %+v; want a term", st)
 	}
-	if nd := st.Nodes[0]; nd.ID != "node-a" || !nd.Leader || nd.Applied == 0 {
-		t.Fatalf("node %+v; want node-a, leading, with entries applied", nd)
+	if nd := st.Nodes[0]; nd.ID != "node-a" || nd.Applied == 0 {
+		t.Fatalf("node %+v; want node-a, with entries applied", nd)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/flowrun/flow/checkpoint"
+	"github.com/flowrun/flow/internal/base/jsport"
 	"github.com/flowrun/flow/internal/base/port"
 	"github.com/flowrun/flow/internal/base/testhooks"
 )
@@ -57,7 +58,13 @@ func startOnWith(t *testing.T, env *testEnv, store *checkpoint.Store, node strin
 func startOnFreshStream(t *testing.T, env *testEnv, store *checkpoint.Store, node string) *Log {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		l, err := Open(testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond }))
+		// The stream is created here first: testConfig's creation panics on a refusal
+		// (seen under busy loops beside the suite), and the refusal is this retry's to take.
+		_, err := jsport.OpenStream(ctxT(t), env.js, jsport.LogConfig(1))
+		var l *Log
+		if err == nil {
+			l, err = Open(testConfig(env.js, store, node, func(c *Config) { c.StallTimeout = 400 * time.Millisecond }))
+		}
 		if err == nil {
 			if err = l.Start(ctxT(t)); err == nil {
 				t.Cleanup(l.Stop)
